@@ -1,0 +1,177 @@
+"""``RLLoss``: the training loss the policy's train step calls once per microbatch.
+
+    loss, metrics = loss_fn(logprobs [b, T] (requires grad), batch: Trajectories (a microbatch), counts)
+
+    per-token  l_t = policy_loss(logprobs, old, A, mask)_t * w_t + beta * kl_t
+    loss           = aggregate(l, mask, counts)
+
+with ``old = batch.prev_logprobs`` (or ``logprobs.detach()`` when absent: on-policy), ``w`` the off-policy
+correction between ``prev_logprobs`` and ``batch.generator_logprobs``, ``beta =
+reference_policy_kl_penalty`` and ``kl`` the per-token estimate against ``batch.ref_logprobs``. Every piece
+is looked up by name in a registry (``losses``, ``correction``, ``kl``, ``aggregation``).
+
+Metric contract: every value is this microbatch's contribution normalised by the *global* ``counts``
+(0-dim, detached), so summing the dicts of all microbatches (and ranks) gives the whole-batch value.
+Token-level metrics are sums over the microbatch's valid tokens divided by ``counts.valid_tokens``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+
+from rlkit.algorithms.aggregation import AGGREGATIONS, AggregationName
+from rlkit.algorithms.correction import CORRECTIONS, CorrectionName, CorrectionParams, mult_prob_error_sum
+from rlkit.algorithms.kl import KL_ESTIMATORS, KLEstimatorName, kl_penalty
+from rlkit.algorithms.losses import POLICY_LOSSES, PolicyLossFn, PolicyLossName, PolicyLossParams
+from rlkit.algorithms.registry import Registry
+from rlkit.errors import ConfigError, StageOrderError
+from rlkit.trajectories import LossCounts, Trajectories
+
+_P, _C = PolicyLossParams, CorrectionParams  # defaults live on those classes; LossParams reuses them
+
+
+@dataclass(frozen=True)
+class LossParams:
+    """Everything ``RLLoss`` needs, flat, with NeMo-RL names where NeMo-RL has the knob."""
+
+    policy_loss: Union[PolicyLossName, PolicyLossFn] = "ppo_clip"  # or a callable with PolicyLossFn's signature
+    ratio_clip_min: float = _P.ratio_clip_min
+    ratio_clip_max: float = _P.ratio_clip_max
+    ratio_clip_c: Optional[float] = _P.ratio_clip_c
+    cispo_clip_max: float = _P.cispo_clip_max
+    aggregation: AggregationName = "token_mean"
+    seq_sum_constant: Optional[float] = None  # seq_sum_constant aggregation: max generation length
+    reference_policy_kl_penalty: float = 0.0  # beta of the KL-to-reference loss term
+    kl_estimator: KLEstimatorName = "k3"  # NeMo-RL: reference_policy_kl_type
+    kl_clamp: Optional[float] = None  # clamps log-ratio and KL to [-kl_clamp, kl_clamp]
+    off_policy_correction: CorrectionName = "none"
+    tis_cap: float = _C.tis_cap
+    seq_mask_low: float = _C.seq_mask_low
+    seq_mask_high: float = _C.seq_mask_high
+
+    def __post_init__(self) -> None:
+        problems = self.problems()
+        if problems:
+            raise ConfigError(problems)
+
+    def problems(self) -> list[str]:
+        """Every invalid setting, each as ``key: reason; fix`` (empty when the params are usable)."""
+        out = [
+            f"{key}: {registry.unknown_message(getattr(self, key))}"
+            for key, registry in (
+                ("policy_loss", POLICY_LOSSES),
+                ("aggregation", AGGREGATIONS),
+                ("kl_estimator", KL_ESTIMATORS),
+                ("off_policy_correction", CORRECTIONS),
+            )
+            if not _known(registry, getattr(self, key))
+        ]
+        checks = [
+            (self.ratio_clip_min < 0 or self.ratio_clip_min > 1, "ratio_clip_min", "must be in [0, 1]; 0.2 is usual"),
+            (self.ratio_clip_max < 0, "ratio_clip_max", "must be >= 0; 0.2 (0.28 for DAPO clip-higher)"),
+            (self.ratio_clip_c is not None and self.ratio_clip_c <= 1, "ratio_clip_c", "must be > 1 (3 is usual) or None"),
+            (self.cispo_clip_max < 0, "cispo_clip_max", "must be >= 0"),
+            (
+                self.aggregation == "seq_sum_constant" and not (self.seq_sum_constant or 0) > 0,
+                "seq_sum_constant",
+                "aggregation 'seq_sum_constant' needs a positive constant: set it to the max generation length",
+            ),
+            (self.reference_policy_kl_penalty < 0, "reference_policy_kl_penalty", "must be >= 0 (0 disables KL)"),
+            (self.kl_clamp is not None and self.kl_clamp <= 0, "kl_clamp", "must be > 0 or None"),
+            (self.tis_cap <= 0, "tis_cap", "must be > 0; 2.0 is usual"),
+            (
+                not 0 <= self.seq_mask_low <= self.seq_mask_high,
+                "seq_mask_low",
+                f"need 0 <= seq_mask_low <= seq_mask_high (seq_mask_high={self.seq_mask_high})",
+            ),
+        ]
+        return out + [f"{key}={getattr(self, key)!r}: {fix}" for bad, key, fix in checks if bad]
+
+    def policy_params(self) -> PolicyLossParams:
+        return PolicyLossParams(**{f.name: getattr(self, f.name) for f in fields(PolicyLossParams)})
+
+    def correction_params(self) -> CorrectionParams:
+        return CorrectionParams(**{f.name: getattr(self, f.name) for f in fields(CorrectionParams)})
+
+
+def _known(registry: Registry, name_or_fn: object) -> bool:
+    return callable(name_or_fn) or name_or_fn in registry
+
+
+class RLLoss:
+    """Callable loss built from ``LossParams``; see the module docstring for the formula and metrics.
+
+    ``kl_in_reward`` tells the loss that the advantage estimator folded KL into the reward (REINFORCE++
+    with ``AdvantageParams.kl_coef != 0``), so ``needs_reference`` is True even with a zero KL penalty.
+    """
+
+    def __init__(self, params: LossParams = LossParams(), *, kl_in_reward: bool = False):
+        self.params = params
+        self.kl_in_reward = kl_in_reward
+        self._policy_loss = POLICY_LOSSES.get(params.policy_loss)
+        self._correction = CORRECTIONS.get(params.off_policy_correction)
+        self._aggregate = AGGREGATIONS.get(params.aggregation)
+        self._policy_params = params.policy_params()
+        self._correction_params = params.correction_params()
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the caller must fill ``batch.ref_logprobs`` (else it can skip the reference forward)."""
+        return self.params.reference_policy_kl_penalty != 0 or self.kl_in_reward
+
+    def __call__(self, logprobs: Tensor, batch: Trajectories, counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:
+        p = self.params
+        mask = batch.loss_mask.bool()  # [b, T]
+        if logprobs.shape != mask.shape:
+            raise ValueError(f"logprobs {tuple(logprobs.shape)} do not match loss_mask {tuple(mask.shape)}")
+        advantages = batch.require("advantages", "advantages()")  # [b, T]
+        old = batch.prev_logprobs if batch.prev_logprobs is not None else logprobs.detach()  # [b, T]
+        ref = batch.ref_logprobs
+        if p.reference_policy_kl_penalty != 0 and ref is None:
+            raise StageOrderError(
+                f"reference_policy_kl_penalty={p.reference_policy_kl_penalty} needs ref_logprobs, but this batch "
+                "has none: run logprobs() with the reference policy (it does when loss_fn.needs_reference), "
+                "or set reference_policy_kl_penalty=0"
+            )
+
+        def agg(values: Tensor) -> Tensor:
+            return self._aggregate(values, mask, counts, p.seq_sum_constant)
+
+        correction = self._correction(old, batch.generator_logprobs, mask, self._correction_params)
+        pg, pg_maps = self._policy_loss(logprobs, old, advantages, mask, self._policy_params)
+        pg_loss = agg(pg * correction.weights)
+        kl = kl_penalty(logprobs, ref, p.kl_estimator, p.kl_clamp) if ref is not None else None  # [b, T]
+        if p.reference_policy_kl_penalty != 0:
+            kl_loss = agg(p.reference_policy_kl_penalty * kl)
+        else:
+            kl_loss = torch.zeros((), dtype=pg_loss.dtype, device=pg_loss.device)
+        loss = pg_loss + kl_loss
+
+        n_tokens = max(counts.valid_tokens, 1)
+
+        def token_share(values: Tensor) -> Tensor:  # this microbatch's share of the global token mean
+            return torch.where(mask, values.detach().float(), 0.0).sum() / n_tokens
+
+        zero = torch.zeros((), device=mask.device)
+        metrics = {"loss": loss.detach(), "pg_loss": pg_loss.detach(), "kl_penalty": kl_loss.detach()}
+        metrics.update({name: token_share(value) for name, value in pg_maps.items()})
+        metrics["kl"] = token_share(kl) if kl is not None else zero
+        if batch.entropy is not None:
+            metrics["approx_entropy"] = token_share(batch.entropy)
+        metrics["token_mult_prob_error"] = mult_prob_error_sum(old, batch.generator_logprobs, mask).float() / n_tokens
+        metrics.update(correction.metrics(mask, counts))
+        return loss, metrics
+
+    def __repr__(self) -> str:
+        p = self.params
+        loss_name = p.policy_loss if isinstance(p.policy_loss, str) else getattr(p.policy_loss, "__name__", "custom")
+        parts = [loss_name, f"clip=({p.ratio_clip_min}, {p.ratio_clip_max})", f"aggregation={p.aggregation}"]
+        if p.reference_policy_kl_penalty:
+            parts.append(f"kl={p.reference_policy_kl_penalty}*{p.kl_estimator}")
+        if p.off_policy_correction != "none":
+            parts.append(f"correction={p.off_policy_correction}")
+        return "RLLoss(" + ", ".join(parts) + ")"

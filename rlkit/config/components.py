@@ -1,0 +1,87 @@
+"""Typed configs of the engines: policy (optimizer, scheduler, parallel layout) and generation.
+
+Key names follow NeMo-RL where it has one (``policy.megatron_cfg.tensor_model_parallel_size``,
+``policy.generation.vllm_cfg``, ``policy.train_micro_batch_size`` ...). Defaults live here and only here.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Section(BaseModel):
+    """A config section: unknown keys are errors, values are validated, instances are immutable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class OptimizerConfig(Section):
+    name: Literal["adamw"] = "adamw"
+    lr: float = Field(1e-4, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+
+
+class SchedulerConfig(Section):
+    """Linear warm-up over ``warmup_steps``, then constant, linear or cosine decay to ``min_lr_ratio``."""
+
+    warmup_steps: int = Field(0, ge=0)
+    decay_style: Literal["constant", "linear", "cosine"] = "constant"
+    decay_steps: Optional[int] = Field(None, gt=0)  # steps after warm-up to reach min_lr_ratio
+    min_lr_ratio: float = Field(0.0, ge=0, le=1)
+
+
+class MegatronConfig(Section):
+    enabled: bool = True
+    tensor_model_parallel_size: int = Field(1, ge=1)
+    pipeline_model_parallel_size: int = Field(1, ge=1)
+    context_parallel_size: int = Field(1, ge=1)
+    expert_model_parallel_size: int = Field(1, ge=1)
+    expert_tensor_parallel_size: Optional[int] = Field(None, ge=1)
+    sequence_parallel: bool = False
+
+
+class DTensorConfig(Section):
+    enabled: bool = False
+
+
+class VllmConfig(Section):
+    kv_cache_space_gib: float = Field(1.0, gt=0)  # VLLM_CPU_KVCACHE_SPACE on CPU machines
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)  # GPU machines only
+    enforce_eager: bool = True  # torch.compile adds 20-50 s of start-up on CPU for no speed
+    enable_prefix_caching: bool = True
+    max_model_len: Optional[int] = Field(None, gt=0)  # default: policy.max_total_sequence_length
+
+
+class ColocatedConfig(Section):
+    enabled: bool = True
+
+
+class GenerationConfig(Section):
+    backend: Literal["vllm", "hf"] = "vllm"
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: Optional[int] = Field(None, ge=1)
+    max_new_tokens: int = Field(16, ge=1)
+    stop_strings: tuple[str, ...] = ()
+    refit_bucket_size_mb: float = Field(256.0, gt=0)  # cap per weight-sync bucket (whole fused groups)
+    vllm_cfg: VllmConfig = VllmConfig()
+    colocated: ColocatedConfig = ColocatedConfig()
+
+
+class PolicyConfig(Section):
+    model_name: str = "models/tiny"  # an HF model folder (make one with `rlkit make-model`)
+    precision: Literal["float32"] = "float32"
+    train_global_batch_size: Optional[int] = Field(None, ge=1)  # default: every sample of the step
+    train_micro_batch_size: int = Field(8, ge=1)
+    logprob_batch_size: int = Field(32, ge=1)
+    max_total_sequence_length: int = Field(64, ge=2)
+    max_grad_norm: Optional[float] = Field(1.0, gt=0)
+    optimizer: OptimizerConfig = OptimizerConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    megatron_cfg: MegatronConfig = MegatronConfig()
+    dtensor_cfg: DTensorConfig = DTensorConfig()
+    generation: GenerationConfig = GenerationConfig()

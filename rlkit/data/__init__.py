@@ -1,0 +1,15 @@
+"""Prompt data: datasets (generated or from files), chat-template rendering, resumable sampling, SFT batches."""
+
+from rlkit.data.prompts import DataParams, load_prompt_dataset, render_prompt_texts, render_prompts
+from rlkit.data.sampler import PromptSampler
+from rlkit.data.sft import SFTBatch, build_sft_batch
+
+__all__ = [
+    "DataParams",
+    "PromptSampler",
+    "SFTBatch",
+    "build_sft_batch",
+    "load_prompt_dataset",
+    "render_prompt_texts",
+    "render_prompts",
+]

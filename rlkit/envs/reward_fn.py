@@ -1,0 +1,115 @@
+"""Turn a plain reward function into a single-turn environment.
+
+The function has TRL's signature, ``f(prompts, completions, **columns) -> list[float]``, where
+``columns`` are the dataset row fields as lists (every field except ``prompt`` and ``completion``, which
+TRL also leaves out), so reward functions written for TRL work unchanged.
+
+Why the robustness: a user's reward function sees whatever the policy writes, and a single odd completion
+(an unparsable number, an empty string) should cost that sample its reward, not the training step. So:
+
+- the function is first called on the whole batch; if it raises, it is called once per sample to find the
+  samples that fail, and only those get reward 0 and an error message;
+- a value that is NaN, infinite or not a number gives that sample reward 0 and an error message;
+- a list of the wrong length is a bug in the function, not in a sample, and raises ``RewardError``.
+
+Deliberate simplifications: the prompt handed to the function is the text of the last user message (the
+raw prompt, not the chat-templated one); functions run in the calling process with no timeout (wrap slow
+checks yourself, as ``MathEnvironment`` does).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+from rlkit.envs.base import (
+    Conversation,
+    Environment,
+    EnvReturn,
+    as_reward,
+    check_batch,
+    completion_of,
+    prompt_of,
+    sample_error,
+)
+from rlkit.errors import RewardError
+
+RewardFn = Callable[..., list[float]]  # f(prompts: list[str], completions: list[str], **columns) -> list[float]
+
+_NOT_COLUMNS = ("prompt", "completion")
+
+
+class RewardFunctionEnvironment(Environment):
+    """A single-turn environment whose reward is ``fn(prompts, completions, **columns)``."""
+
+    def __init__(self, fn: RewardFn, name: Optional[str] = None):
+        if not callable(fn):
+            raise TypeError(f"RewardFunctionEnvironment needs a callable, got {type(fn).__name__}")
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", type(fn).__name__)
+
+    def step(self, conversations: list[Conversation], rows: list[dict[str, Any]]) -> EnvReturn:
+        check_batch(conversations, rows)
+        prompts = [prompt_of(c) for c in conversations]
+        completions = [completion_of(c) for c in conversations]
+        columns = _columns(rows)
+        batch_size = len(completions)
+        if batch_size == 0:
+            return EnvReturn.single_turn([], [], [])
+
+        try:
+            raw = self._call(prompts, completions, columns, expected=batch_size)
+            isolated = False
+        except RewardError:
+            raise
+        except Exception:
+            # Which samples broke the batch call? Ask one at a time.
+            raw, isolated = [], True
+            for i in range(batch_size):
+                one = {k: [v[i]] for k, v in columns.items()}
+                try:
+                    raw.append(self._call([prompts[i]], [completions[i]], one, expected=1)[0])
+                except RewardError:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - contained to this sample by design
+                    raw.append(exc)
+
+        rewards, errors, metadata = [], [], []
+        for i, value in enumerate(raw):
+            try:
+                if isinstance(value, Exception):
+                    raise value
+                rewards.append(as_reward(value))
+            except Exception as exc:  # noqa: BLE001
+                rewards.append(0.0)
+                errors.append(f"{self.name}: {sample_error(i, exc)}")
+            metadata.append({"isolated": isolated})
+        return EnvReturn.single_turn(rewards, metadata, errors)
+
+    def _call(self, prompts: list[str], completions: list[str], columns: dict[str, list[Any]], expected: int) -> list:
+        out = self.fn(prompts, completions, **columns)
+        try:
+            if isinstance(out, (str, bytes)):
+                raise TypeError
+            received = len(out)
+        except TypeError:
+            raise RewardError(
+                f"reward function {self.name!r} returned {type(out).__name__}, expected a list of {expected} "
+                "floats (one per completion)"
+            ) from None
+        if received != expected:
+            raise RewardError(
+                f"reward function {self.name!r} returned {received} rewards for {expected} completions; "
+                "it must return exactly one reward per completion"
+            )
+        return list(out)
+
+    def __repr__(self) -> str:
+        return f"RewardFunctionEnvironment(fn={self.name!r})"
+
+
+def _columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
+    """Row fields as lists, TRL-style; a field missing from some rows is None there."""
+    keys: dict[str, None] = {}
+    for row in rows:
+        keys.update(dict.fromkeys(k for k in row if k not in _NOT_COLUMNS))
+    return {k: [row.get(k) for row in rows] for k in keys}

@@ -1,0 +1,26 @@
+"""Typed exceptions for user-facing problems. Each message says what is wrong and how to fix it."""
+
+
+class RLKitError(Exception):
+    """Base class of every error rlkit raises on purpose."""
+
+
+class ConfigError(RLKitError, ValueError):
+    """One or more configuration problems, all reported together before anything heavy starts."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        lines = "\n".join(f"  - {p}" for p in self.problems)
+        super().__init__(f"{len(self.problems)} configuration problem(s):\n{lines}")
+
+
+class StageOrderError(RLKitError, RuntimeError):
+    """A stage was called before the stage that produces its input."""
+
+
+class ModelError(RLKitError, ValueError):
+    """A model folder, architecture or tokenizer that rlkit cannot use as asked."""
+
+
+class RewardError(RLKitError, RuntimeError):
+    """A reward function failed in a way that cannot be contained to single samples."""

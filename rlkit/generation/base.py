@@ -1,0 +1,69 @@
+"""The Generator protocol: sample completions with their token ids and logprobs; take new weights.
+
+Logprob convention: every backend reports the logprob of each sampled token under the distribution it
+sampled from after temperature (vLLM's ``processed_logprobs``), which is what the trainer computes with
+its logits divided by the same temperature. With ``top_p < 1`` or ``top_k`` the generator's distribution is
+truncated and renormalised while the trainer's is not; the mismatch metric shows the difference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Optional, Protocol, runtime_checkable
+
+from rlkit.policy.base import HFGroup
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: Optional[int] = None
+    max_new_tokens: int = 16
+    stop_strings: tuple[str, ...] = ()
+    seed: Optional[int] = None  # per-call seed: the same seed and prompts give the same samples
+
+
+@dataclass(frozen=True)
+class Generation:
+    """``B = N * G`` samples, the ``G`` samples of prompt ``i`` at rows ``i*G .. i*G+G-1``."""
+
+    prompt_token_ids: tuple[tuple[int, ...], ...]  # [N] ragged
+    token_ids: tuple[tuple[int, ...], ...]  # [B] ragged, sampled tokens (EOS included when sampled)
+    logprobs: tuple[tuple[float, ...], ...]  # [B] ragged, aligned with token_ids
+    texts: tuple[str, ...]  # [B] decoded completion, stop string excluded
+    finish_reasons: tuple[str, ...]  # [B] "stop" | "length"
+    group_size: int  # G
+
+
+@runtime_checkable
+class Generator(Protocol):
+    def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingSettings) -> Generation:
+        """``n`` samples for each prompt (token ids, chat template already applied)."""
+        ...
+
+    def update_weights(self, bucket: Iterable[tuple[str, "object"]]) -> None:
+        """Load HF-named tensors; a bucket holds whole fused groups (q, k, v together; gate, up together)."""
+        ...
+
+    def reset_prefix_cache(self) -> None:
+        """Drop cached prefix KV: required after new weights, or later samples use stale attention state."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def bucket_groups(groups: Iterable[HFGroup], max_bytes: float) -> Iterable[HFGroup]:
+    """Concatenate whole groups into buckets of at most ``max_bytes`` (a single larger group is its own
+    bucket). Groups are never split, so fused tensors travel together."""
+    bucket: HFGroup = []
+    size = 0
+    for group in groups:
+        group_bytes = sum(t.numel() * t.element_size() for _, t in group)
+        if bucket and size + group_bytes > max_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.extend(group)
+        size += group_bytes
+    if bucket:
+        yield bucket

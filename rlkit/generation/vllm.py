@@ -1,0 +1,137 @@
+"""vLLM generator, in this process (colocated with the policy).
+
+Settings measured to work on CPU machines (see the project's STACK notes): the engine runs in-process
+(``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no spawn, and weights can be passed as tensors), eager mode (compiling
+adds 20-50 s of start-up and no speed), a fixed KV-cache size (``VLLM_CPU_KVCACHE_SPACE``; the automatic one
+reads NUMA meminfo and has failed), and ``OMP_NUM_THREADS`` set (else the engine drops torch to one thread).
+
+Weights are refit through vLLM's public ``collective_rpc("reload_weights", ...)`` in buckets of whole fused
+groups, then the prefix cache is reset: without that reset, later samples reuse attention state computed
+with the old weights and their logprobs are silently wrong.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from rlkit.config.components import GenerationConfig
+from rlkit.generation.base import Generation, SamplingSettings
+from rlkit.models.factory import check_head_dim, read_hf_config
+
+
+def _cpu_engine_environment(kv_cache_space_gib: float) -> None:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_space_gib))))
+    os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+
+
+class VllmGenerator:
+    """Batched sampling with token ids and logprobs on a vLLM ``LLM`` engine (implements ``Generator``)."""
+
+    def __init__(self, model_path: str | Path, cfg: GenerationConfig, max_model_len: int, seed: int = 0):
+        config = read_hf_config(model_path)
+        head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+        on_cpu = not torch.cuda.is_available()
+        if on_cpu:
+            check_head_dim(head_dim)  # fail here, not at the first generate call deep inside vLLM
+            _cpu_engine_environment(cfg.vllm_cfg.kv_cache_space_gib)
+        from vllm import LLM
+
+        self.cfg = cfg
+        self.model_path = str(model_path)
+        self.max_model_len = max_model_len
+        kwargs = dict(
+            model=self.model_path,
+            dtype="float32",
+            seed=seed,
+            enforce_eager=cfg.vllm_cfg.enforce_eager,
+            max_model_len=max_model_len,
+            enable_prefix_caching=cfg.vllm_cfg.enable_prefix_caching,
+            logprobs_mode="processed_logprobs",
+        )
+        if not on_cpu:
+            kwargs["gpu_memory_utilization"] = cfg.vllm_cfg.gpu_memory_utilization
+        self.llm = LLM(**kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+
+    def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingSettings) -> Generation:
+        from vllm import SamplingParams
+
+        too_long = [len(p) for p in prompt_token_ids if len(p) + sampling.max_new_tokens > self.max_model_len]
+        if too_long:
+            raise ValueError(
+                f"{len(too_long)} prompt(s) of up to {max(too_long)} tokens plus max_new_tokens="
+                f"{sampling.max_new_tokens} exceed max_model_len={self.max_model_len}. Fix: raise "
+                f"policy.max_total_sequence_length or lower policy.generation.max_new_tokens."
+            )
+        params = [
+            SamplingParams(
+                n=n,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k or 0,
+                max_tokens=sampling.max_new_tokens,
+                stop=list(sampling.stop_strings) or None,
+                logprobs=0,
+                seed=None if sampling.seed is None else sampling.seed + i,
+            )
+            for i in range(len(prompt_token_ids))
+        ]
+        prompts = [{"prompt_token_ids": list(p)} for p in prompt_token_ids]
+        outputs = []
+        for rows in self._unchunked_calls(prompt_token_ids, n):
+            outputs += self.llm.generate([prompts[i] for i in rows], [params[i] for i in rows], use_tqdm=False)
+        token_ids, logprobs, texts, reasons = [], [], [], []
+        for request in outputs:
+            for sample in request.outputs:
+                ids = tuple(sample.token_ids)
+                token_ids.append(ids)
+                logprobs.append(tuple(float(step[tok].logprob) for tok, step in zip(ids, sample.logprobs)))
+                texts.append(sample.text)
+                reasons.append("length" if sample.finish_reason == "length" else "stop")
+        return Generation(
+            prompt_token_ids=tuple(tuple(p) for p in prompt_token_ids),
+            token_ids=tuple(token_ids),
+            logprobs=tuple(logprobs),
+            texts=tuple(texts),
+            finish_reasons=tuple(reasons),
+            group_size=n,
+        )
+
+    def _unchunked_calls(self, prompt_token_ids: list[list[int]], n: int) -> list[range]:
+        """Split the prompts into calls whose prefills all fit in the engine's first scheduler step.
+
+        vLLM rewinds a seeded request's generator when its prefill is split over steps, which CPU
+        generators cannot do ("CPU Generator does not use offset"). Keeping every call's prefill within
+        one step's token and sequence budget avoids the split and keeps per-request seeds usable.
+        """
+        sched = self.llm.llm_engine.vllm_config.scheduler_config
+        calls, start, tokens = [], 0, 0
+        for i, prompt in enumerate(prompt_token_ids):
+            cost = len(prompt) * n
+            if i > start and (tokens + cost > sched.max_num_batched_tokens or (i - start + 1) * n > sched.max_num_seqs):
+                calls.append(range(start, i))
+                start, tokens = i, 0
+            tokens += cost
+        calls.append(range(start, len(prompt_token_ids)))
+        return calls
+
+    def update_weights(self, bucket: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": list(bucket), "is_checkpoint_format": True}
+        )
+
+    def reset_prefix_cache(self) -> None:
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        self.llm = None
+
+    def __repr__(self) -> str:
+        return f"VllmGenerator({Path(self.model_path).name}, max_model_len={self.max_model_len})"

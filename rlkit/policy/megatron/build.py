@@ -1,0 +1,123 @@
+"""Build a Megatron-Core ``GPTModel`` that matches an HF Llama / Qwen2 config.
+
+The mapping of architecture knobs (verified to ~1e-7 in fp32 against transformers):
+RMSNorm with ``layernorm_epsilon = rms_norm_eps``; SwiGLU (``gated_linear_unit`` + SiLU); RoPE with
+``rotary_base = rope_theta`` and no permutation of the HF weights; GQA with
+``num_query_groups = num_key_value_heads`` and ``kv_channels = head_dim``; no linear biases except the
+QKV bias of Qwen2; tied or untied output layer.
+
+Deliberate simplifications: the local (non-Transformer-Engine) layer spec, fp32 parameters, no dropout.
+RoPE scaling variants (Llama 3.1 "llama3", YaRN) are rejected rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from rlkit.errors import ModelError
+from rlkit.models.factory import SUPPORTED_ARCHITECTURES, read_hf_config
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """The facts of an HF decoder config that the Megatron model and the weight conversion need."""
+
+    family: str  # "llama" | "qwen2"
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    ffn_hidden_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    rope_theta: float
+    rms_norm_eps: float
+    tie_word_embeddings: bool
+    qkv_bias: bool
+
+    @classmethod
+    def from_hf_folder(cls, folder: str | Path) -> "Architecture":
+        return cls.from_hf_config(read_hf_config(folder))
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict) -> "Architecture":
+        family = next(SUPPORTED_ARCHITECTURES[a] for a in cfg["architectures"] if a in SUPPORTED_ARCHITECTURES)
+        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default"))
+        if rope_type not in ("default", None):
+            raise ModelError(f"RoPE scaling type {rope_type!r} is not supported yet; only plain RoPE is.")
+        heads = cfg["num_attention_heads"]
+        return cls(
+            family=family,
+            hidden_size=cfg["hidden_size"],
+            num_layers=cfg["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            ffn_hidden_size=cfg["intermediate_size"],
+            vocab_size=cfg["vocab_size"],
+            max_position_embeddings=cfg["max_position_embeddings"],
+            rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+            rms_norm_eps=cfg["rms_norm_eps"],
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            qkv_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
+        )
+
+
+def transformer_config(arch: Architecture, tensor_parallel_size: int = 1, params_dtype=torch.float32):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return TransformerConfig(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        num_attention_heads=arch.num_attention_heads,
+        num_query_groups=arch.num_key_value_heads,
+        kv_channels=arch.head_dim,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        tensor_model_parallel_size=tensor_parallel_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=arch.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.qkv_bias,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        params_dtype=params_dtype,
+        use_cpu_initialization=not torch.cuda.is_available(),
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        attention_softmax_in_fp32=True,
+    )
+
+
+def build_gpt_model(arch: Architecture, tensor_parallel_size: int = 1):
+    """A ``GPTModel`` with random weights in the layout of ``arch``. Needs Megatron's parallel state."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    config = transformer_config(arch, tensor_parallel_size)
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        vocab_size=arch.vocab_size,
+        max_sequence_length=arch.max_position_embeddings,
+        pre_process=True,
+        post_process=True,
+        parallel_output=True,
+        share_embeddings_and_output_weights=arch.tie_word_embeddings,
+        position_embedding_type="rope",
+        rotary_base=int(arch.rope_theta),
+    )
+    if torch.cuda.is_available():
+        model = model.cuda()
+    return model

@@ -1,0 +1,164 @@
+"""HF <-> Megatron-Core weight conversion for Llama / Qwen2 decoders, with tensor-parallel sharding.
+
+Layouts (exact to ~1e-7 in fp32 against transformers; ``g`` = KV group, ``q_g`` = the query heads of group g):
+
+=============================================  ================================================================
+Megatron (local spec)                          HF
+=============================================  ================================================================
+embedding.word_embeddings.weight   [V, H]      model.embed_tokens.weight
+decoder.layers.i.input_layernorm.weight        model.layers.i.input_layernorm.weight
+decoder.layers.i.self_attention.linear_qkv     q/k/v_proj fused per KV group: [q_g; k_g; v_g] for g = 0..G-1
+decoder.layers.i.self_attention.linear_proj    model.layers.i.self_attn.o_proj.weight
+decoder.layers.i.pre_mlp_layernorm.weight      model.layers.i.post_attention_layernorm.weight
+decoder.layers.i.mlp.linear_fc1.weight         [gate_proj; up_proj]
+decoder.layers.i.mlp.linear_fc2.weight         model.layers.i.mlp.down_proj.weight
+decoder.final_layernorm.weight                 model.norm.weight
+output_layer.weight                            lm_head.weight (absent when embeddings are tied)
+=============================================  ================================================================
+
+Tensor parallelism: vocabulary, QKV (whole KV groups) and fc1 shard along dim 0, linear_proj and fc2
+along dim 1, norms are replicated. fc1 is special: each rank holds ``[gate shard; up shard]``, so gate and
+up are split separately, not the fused tensor. Conversion works on full tensors; :func:`shard` and
+:func:`unshard` move between full tensors and one rank's piece, so no code here assumes TP=1.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, Mapping
+
+import torch
+from torch import Tensor
+
+from rlkit.policy.megatron.build import Architecture
+
+HFGroup = list[tuple[str, Tensor]]  # HF-named tensors that must travel together (whole fused groups)
+
+
+# ---- full-tensor layout ----------------------------------------------------------------------------
+def fuse_qkv(q: Tensor, k: Tensor, v: Tensor, arch: Architecture) -> Tensor:
+    """[nh*d, ...], [ng*d, ...], [ng*d, ...] -> [ng*(nh/ng + 2)*d, ...] interleaved per KV group."""
+    ng, d = arch.num_key_value_heads, arch.head_dim
+    rest = q.shape[1:]
+    parts = (q.reshape(ng, -1, *rest), k.reshape(ng, d, *rest), v.reshape(ng, d, *rest))
+    return torch.cat(parts, dim=1).reshape(-1, *rest)
+
+
+def split_qkv(qkv: Tensor, arch: Architecture) -> tuple[Tensor, Tensor, Tensor]:
+    """Inverse of :func:`fuse_qkv`."""
+    ng, d = arch.num_key_value_heads, arch.head_dim
+    q_per_group = arch.num_attention_heads // ng * d
+    rest = qkv.shape[1:]
+    grouped = qkv.reshape(ng, q_per_group + 2 * d, *rest)
+    q, k, v = torch.split(grouped, [q_per_group, d, d], dim=1)
+    return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
+
+
+def hf_layer_to_megatron(hf: Mapping[str, Tensor], i: int, arch: Architecture) -> dict[str, Tensor]:
+    """Full Megatron tensors of decoder layer ``i`` from HF tensors."""
+    h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
+    out = {
+        m + "input_layernorm.weight": hf[h + "input_layernorm.weight"],
+        m + "self_attention.linear_qkv.weight": fuse_qkv(
+            *(hf[h + f"self_attn.{x}_proj.weight"] for x in "qkv"), arch
+        ),
+        m + "self_attention.linear_proj.weight": hf[h + "self_attn.o_proj.weight"],
+        m + "pre_mlp_layernorm.weight": hf[h + "post_attention_layernorm.weight"],
+        m + "mlp.linear_fc1.weight": torch.cat([hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"]]),
+        m + "mlp.linear_fc2.weight": hf[h + "mlp.down_proj.weight"],
+    }
+    if arch.qkv_bias:
+        out[m + "self_attention.linear_qkv.bias"] = fuse_qkv(*(hf[h + f"self_attn.{x}_proj.bias"] for x in "qkv"), arch)
+    return out
+
+
+def megatron_layer_to_hf(mc: Mapping[str, Tensor], i: int, arch: Architecture) -> HFGroup:
+    """HF tensors of decoder layer ``i`` from full Megatron tensors (inverse of :func:`hf_layer_to_megatron`)."""
+    h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
+    q, k, v = split_qkv(mc[m + "self_attention.linear_qkv.weight"], arch)
+    gate, up = torch.chunk(mc[m + "mlp.linear_fc1.weight"], 2, dim=0)
+    out = [
+        (h + "input_layernorm.weight", mc[m + "input_layernorm.weight"]),
+        (h + "self_attn.q_proj.weight", q),
+        (h + "self_attn.k_proj.weight", k),
+        (h + "self_attn.v_proj.weight", v),
+        (h + "self_attn.o_proj.weight", mc[m + "self_attention.linear_proj.weight"]),
+        (h + "post_attention_layernorm.weight", mc[m + "pre_mlp_layernorm.weight"]),
+        (h + "mlp.gate_proj.weight", gate),
+        (h + "mlp.up_proj.weight", up),
+        (h + "mlp.down_proj.weight", mc[m + "mlp.linear_fc2.weight"]),
+    ]
+    if arch.qkv_bias:
+        qb, kb, vb = split_qkv(mc[m + "self_attention.linear_qkv.bias"], arch)
+        out += [(h + "self_attn.q_proj.bias", qb), (h + "self_attn.k_proj.bias", kb), (h + "self_attn.v_proj.bias", vb)]
+    return out
+
+
+def hf_to_megatron(hf: Mapping[str, Tensor], arch: Architecture) -> dict[str, Tensor]:
+    """All full Megatron tensors from an HF state dict."""
+    out = {"embedding.word_embeddings.weight": hf["model.embed_tokens.weight"]}
+    for i in range(arch.num_layers):
+        out.update(hf_layer_to_megatron(hf, i, arch))
+    out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
+    if not arch.tie_word_embeddings:
+        out["output_layer.weight"] = hf["lm_head.weight"]
+    return out
+
+
+def megatron_to_hf_groups(full: Callable[[str], Tensor], arch: Architecture) -> Iterator[HFGroup]:
+    """HF tensors in groups that keep fused tensors whole: embeddings, each layer, final norm + head.
+
+    ``full(name)`` returns the full (unsharded) Megatron tensor ``name``; it is called lazily, one group
+    at a time, so a sharded policy gathers only one layer beyond the model at once.
+    """
+    yield [("model.embed_tokens.weight", full("embedding.word_embeddings.weight"))]
+    for i in range(arch.num_layers):
+        prefix = f"decoder.layers.{i}."
+        names = layer_param_names(i, arch)
+        yield megatron_layer_to_hf({n: full(n) for n in names}, i, arch)
+    last = [("model.norm.weight", full("decoder.final_layernorm.weight"))]
+    if not arch.tie_word_embeddings:
+        last.append(("lm_head.weight", full("output_layer.weight")))
+    yield last
+
+
+def layer_param_names(i: int, arch: Architecture) -> list[str]:
+    m = f"decoder.layers.{i}."
+    names = [m + s for s in ("input_layernorm.weight", "self_attention.linear_qkv.weight",
+                             "self_attention.linear_proj.weight", "pre_mlp_layernorm.weight",
+                             "mlp.linear_fc1.weight", "mlp.linear_fc2.weight")]
+    if arch.qkv_bias:
+        names.append(m + "self_attention.linear_qkv.bias")
+    return names
+
+
+# ---- tensor-parallel sharding ----------------------------------------------------------------------
+def shard_dim(name: str) -> int | None:
+    """The dimension ``name`` is split along under tensor parallelism (None: replicated)."""
+    if name.endswith(("word_embeddings.weight", "output_layer.weight", "linear_qkv.weight", "linear_qkv.bias",
+                      "linear_fc1.weight")):
+        return 0
+    if name.endswith(("linear_proj.weight", "linear_fc2.weight")):
+        return 1
+    return None
+
+
+def shard(name: str, full: Tensor, rank: int, size: int) -> Tensor:
+    """Rank ``rank``'s piece of the full tensor ``name`` (of ``size`` ranks)."""
+    dim = shard_dim(name)
+    if dim is None or size == 1:
+        return full
+    if name.endswith("linear_fc1.weight"):
+        gate, up = torch.chunk(full, 2, dim=0)
+        return torch.cat([torch.chunk(gate, size)[rank], torch.chunk(up, size)[rank]])
+    return torch.chunk(full, size, dim=dim)[rank]
+
+
+def unshard(name: str, pieces: list[Tensor]) -> Tensor:
+    """The full tensor ``name`` from every rank's piece, in rank order (inverse of :func:`shard`)."""
+    dim = shard_dim(name)
+    if dim is None or len(pieces) == 1:
+        return pieces[0]
+    if name.endswith("linear_fc1.weight"):
+        halves = [torch.chunk(p, 2, dim=0) for p in pieces]
+        return torch.cat([h[0] for h in halves] + [h[1] for h in halves])
+    return torch.cat(pieces, dim=dim)

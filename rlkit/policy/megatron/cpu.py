@@ -1,0 +1,81 @@
+"""CPU stand-ins for the two CUDA-only pieces Megatron-Core 0.16 needs, applied only when CUDA is absent.
+
+Megatron-Core targets GPUs; on a CPU machine (our CI, a laptop) two things break and nothing else:
+
+1. ``torch.cuda.current_device()`` is called to pick a device for buffers (the attention memory buffer, RoPE
+   frequencies, tensor-parallel gathers). Without CUDA it raises. We make it return ``"cpu"``, which every
+   one of those call sites accepts as a ``device=`` argument.
+2. The RNG state tracker (``tensor_parallel.random``) forks *CUDA* generator states so that dropout differs
+   across tensor-parallel ranks. We install a tracker with the same interface that forks the CPU generator,
+   so the stock ``model_parallel_cuda_manual_seed`` works unchanged.
+
+Both are process-wide and idempotent. On a CUDA machine :func:`apply_cpu_fallbacks` does nothing, so the
+same policy code runs on GPUs with Megatron's own implementations.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+_APPLIED = False
+
+
+class CPURNGStatesTracker:
+    """Drop-in for Megatron's ``CudaRNGStatesTracker`` that tracks named CPU generator states."""
+
+    def __init__(self, *_, **__):
+        self.reset()
+
+    def reset(self) -> None:
+        self.states_: dict[str, torch.Tensor] = {}
+        self.seeds_: set[int] = set()
+        self._is_initialized = False
+
+    def is_initialized(self) -> bool:
+        return self._is_initialized
+
+    def get_states(self) -> dict[str, torch.Tensor]:
+        return dict(self.states_)
+
+    def set_states(self, states: dict[str, torch.Tensor]) -> None:
+        self._is_initialized = True
+        self.states_ = dict(states)
+
+    def add(self, name: str, seed: int) -> None:
+        if seed in self.seeds_:
+            raise ValueError(f"RNG seed {seed} already registered")
+        if name in self.states_:
+            raise ValueError(f"RNG state {name!r} already registered")
+        self._is_initialized = True
+        self.seeds_.add(seed)
+        self.states_[name] = torch.Generator().manual_seed(seed).get_state()
+
+    @contextlib.contextmanager
+    def fork(self, name: str = "model-parallel-rng"):
+        if name not in self.states_:
+            raise KeyError(f"RNG state {name!r} was never added")
+        outer = torch.get_rng_state()
+        torch.set_rng_state(self.states_[name])
+        try:
+            yield
+        finally:
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(outer)
+
+
+def apply_cpu_fallbacks() -> bool:
+    """Install the CPU stand-ins if CUDA is unavailable. Returns True when they are in effect."""
+    global _APPLIED
+    if torch.cuda.is_available():
+        return False
+    if _APPLIED:
+        return True
+    from megatron.core.tensor_parallel import random as mcore_random
+
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    mcore_random._CUDA_RNG_STATE_TRACKER = CPURNGStatesTracker()
+    mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    _APPLIED = True
+    return True

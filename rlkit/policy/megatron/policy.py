@@ -1,0 +1,265 @@
+"""The Megatron-Core policy: a GPTModel built from an HF folder, scored and trained in this process.
+
+Why in-process: a notebook kernel holds the model, so a researcher can change the loss and re-run one
+step in seconds. The same class is what a Ray worker runs per rank, so no code here assumes TP=1 or DP=1:
+weights are sharded per tensor-parallel rank, gradients are summed over the data-parallel group and the
+loss is normalised by counts over the global batch.
+
+Deliberate simplifications: plain ``torch.optim.AdamW`` (Megatron's distributed optimizer hard-codes CUDA
+in places), fp32 weights, no pipeline parallelism, microbatches run one after another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Iterator, Mapping
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from rlkit.config.components import PolicyConfig, SchedulerConfig
+from rlkit.policy.base import HFGroup, LossFn, TokenScores, TrainStepResult
+from rlkit.policy.megatron import convert, parallel
+from rlkit.policy.megatron.build import Architecture, build_gpt_model
+from rlkit.policy.megatron.scores import shifted_entropy, shifted_token_logprobs
+from rlkit.trajectories import LossCounts, Trajectories
+
+
+def load_hf_state(folder: str | Path) -> dict[str, Tensor]:
+    """Every tensor of the safetensors files in an HF model folder."""
+    from safetensors.torch import load_file
+
+    state: dict[str, Tensor] = {}
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        state.update(load_file(str(file)))
+    return state
+
+
+def lr_lambda(cfg: SchedulerConfig):
+    """Multiplier of the base learning rate at scheduler step ``s`` (warm-up, then the decay style)."""
+
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.decay_style == "constant" or cfg.decay_steps is None:
+            return 1.0
+        progress = min(1.0, (step - cfg.warmup_steps) / cfg.decay_steps)
+        shape = 1 - progress if cfg.decay_style == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
+
+    return factor
+
+
+@contextlib.contextmanager
+def defer_keyboard_interrupt():
+    """Hold a Ctrl-C / Jupyter stop until the block ends, so an optimizer update is never half applied."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda *args: received.append(args))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            raise KeyboardInterrupt
+
+
+class MegatronPolicy:
+    """A causal LM on Megatron-Core with HF weights in and out (implements :class:`rlkit.policy.base.Policy`)."""
+
+    def __init__(self, cfg: PolicyConfig, seed: int = 0):
+        self.cfg = cfg
+        self.arch = Architecture.from_hf_folder(cfg.model_name)
+        mc = cfg.megatron_cfg
+        self.layout = parallel.ParallelLayout(**mc.model_dump(exclude={"enabled"}))
+        parallel.init_parallel(self.layout, seed)
+        self.tp_rank, self.tp_size = parallel.tp_rank_and_size()
+        self.model = build_gpt_model(self.arch, self.tp_size)
+        self.load_hf_state(load_hf_state(cfg.model_name))
+        opt = cfg.optimizer
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg.scheduler))
+        self.temperature = cfg.generation.temperature
+        self.version = 0
+        self._reference: dict[str, Tensor] | None = None
+        self.set_reference_to_current()
+
+    # ---- weights ----------------------------------------------------------------------------------
+    def load_hf_state(self, hf: Mapping[str, Tensor]) -> None:
+        """Load HF-named full tensors; this rank keeps its tensor-parallel shard. Strict on names and shapes."""
+        full = convert.hf_to_megatron(hf, self.arch)
+        params = dict(self.model.named_parameters())
+        missing = sorted(set(params) - set(full))
+        if missing:
+            raise KeyError(f"no HF weights for Megatron parameters {missing[:5]}")
+        with torch.no_grad():
+            for name, param in params.items():
+                piece = convert.shard(name, full[name], self.tp_rank, self.tp_size)
+                if piece.shape != param.shape:
+                    raise ValueError(f"{name}: HF weights give shape {tuple(piece.shape)}, model has {tuple(param.shape)}")
+                param.copy_(piece)
+
+    def _full_tensor(self, name: str, params: Mapping[str, Tensor]) -> Tensor:
+        local = params[name].detach()
+        if self.tp_size == 1 or convert.shard_dim(name) is None:
+            return local
+        pieces = [torch.empty_like(local) for _ in range(self.tp_size)]
+        dist.all_gather(pieces, local.contiguous(), group=parallel.tp_group())
+        return convert.unshard(name, pieces)
+
+    def export_hf_groups(self) -> Iterator[HFGroup]:
+        """HF-named full tensors, one fused group at a time. At TP=1 they are views of the live weights:
+        copy them if you keep them past the next optimizer step."""
+        params = dict(self.model.named_parameters())
+        yield from convert.megatron_to_hf_groups(lambda n: self._full_tensor(n, params), self.arch)
+
+    def hf_state_dict(self) -> dict[str, Tensor]:
+        return {name: t.clone() for group in self.export_hf_groups() for name, t in group}
+
+    def set_reference_to_current(self) -> None:
+        """Freeze the current weights as the KL reference (a weight copy, no optimizer state)."""
+        self._reference = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+
+    @contextlib.contextmanager
+    def _reference_weights(self):
+        """Swap the reference weights in for the block, and back even if it raises."""
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            live = {n: p.detach().clone() for n, p in params.items()}
+            try:
+                for n, p in params.items():
+                    p.copy_(self._reference[n])
+                yield
+            finally:
+                for n, p in params.items():
+                    p.copy_(live[n])
+
+    # ---- scoring ----------------------------------------------------------------------------------
+    def _logits(self, input_ids: Tensor) -> Tensor:
+        """input_ids [b, T] -> logits [b, T, V/tp], divided by the sampling temperature."""
+        b, t = input_ids.shape
+        positions = torch.arange(t).unsqueeze(0).expand(b, t)
+        causal = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)[None, None]
+        logits = self.model(input_ids, positions, causal)
+        return logits / self.temperature if self.temperature != 1.0 else logits
+
+    @torch.no_grad()
+    def score(self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False) -> TokenScores:
+        """Per-token logprobs (and entropy) [B, T] of ``input_ids`` [B, T]; 0 at position 0 and on padding."""
+        self.model.eval()
+        logprobs, entropy = torch.zeros(input_ids.shape), torch.zeros(input_ids.shape)
+        step = self.cfg.logprob_batch_size
+        for start in range(0, input_ids.shape[0], step):
+            rows = slice(start, start + step)
+            t = int(attention_mask[rows].sum(1).max())
+            ids, mask = input_ids[rows, :t], attention_mask[rows, :t]
+            logits = self._logits(ids)
+            logprobs[rows, :t] = shifted_token_logprobs(logits, ids) * mask
+            if with_entropy:
+                entropy[rows, :t] = shifted_entropy(logits, parallel.tp_group()) * mask
+        return TokenScores(logprobs, entropy if with_entropy else None)
+
+    def reference_score(self, input_ids: Tensor, attention_mask: Tensor) -> TokenScores:
+        with self._reference_weights():
+            return self.score(input_ids, attention_mask)
+
+    # ---- training ---------------------------------------------------------------------------------
+    def global_counts(self, loss_mask: Tensor) -> LossCounts:
+        """Counts over this rank's batch summed over the data-parallel group."""
+        local = torch.tensor([loss_mask.sum(), (loss_mask.sum(1) > 0).sum(), loss_mask.shape[0]], dtype=torch.float64)
+        if parallel.dp_size() > 1:
+            dist.all_reduce(local, group=parallel.dp_group())
+        tokens, seqs, n = (int(x) for x in local.tolist())
+        return LossCounts(valid_tokens=tokens, valid_sequences=seqs, num_sequences=n)
+
+    def _grad_norm(self) -> float:
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+
+        sq = torch.zeros((), dtype=torch.float64)
+        for p in self.model.parameters():
+            if p.grad is not None and param_is_not_tensor_parallel_duplicate(p):
+                sq += p.grad.double().pow(2).sum()
+        if self.tp_size > 1:
+            dist.all_reduce(sq, group=parallel.tp_group())
+        return float(sq.sqrt())
+
+    def train_step(self, batch: Trajectories, loss_fn: LossFn) -> TrainStepResult:
+        """One optimizer step over ``batch`` in microbatches of ``train_micro_batch_size`` rows.
+
+        All or nothing: gradients are accumulated first and dropped if anything (a KeyboardInterrupt
+        included) interrupts them; the optimizer and scheduler update runs with Ctrl-C deferred.
+        """
+        t0 = time.perf_counter()
+        counts = self.global_counts(batch.loss_mask)
+        mbs = self.cfg.train_micro_batch_size
+        sums: dict[str, Tensor] = {}
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        try:
+            n_micro = 0
+            for start in range(0, batch.batch_size, mbs):
+                micro = batch.select(slice(start, start + mbs))
+                t = int(micro.attention_mask.sum(1).max())
+                ids = micro.input_ids[:, :t]
+                logprobs = shifted_token_logprobs(self._logits(ids), ids) * micro.attention_mask[:, :t]
+                logprobs = torch.nn.functional.pad(logprobs, (0, micro.input_ids.shape[1] - t))
+                loss, metrics = loss_fn(logprobs, micro, counts)
+                loss.backward()
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + v.detach().double()
+                n_micro += 1
+            if parallel.dp_size() > 1:
+                for p in self.model.parameters():
+                    if p.grad is not None:
+                        dist.all_reduce(p.grad, group=parallel.dp_group())
+                for v in sums.values():
+                    dist.all_reduce(v, group=parallel.dp_group())
+            grad_norm = self._grad_norm()
+            if not math.isfinite(grad_norm):
+                raise FloatingPointError(f"gradient norm is {grad_norm}; the step was skipped, weights unchanged")
+        except BaseException:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise
+        lr = self.scheduler.get_last_lr()[0]
+        with defer_keyboard_interrupt():
+            if self.cfg.max_grad_norm is not None and grad_norm > self.cfg.max_grad_norm:
+                scale = self.cfg.max_grad_norm / (grad_norm + 1e-6)
+                for p in self.model.parameters():
+                    if p.grad is not None:
+                        p.grad.mul_(scale)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.version += 1
+        return TrainStepResult(
+            metrics={k: float(v) for k, v in sums.items()},
+            grad_norm=grad_norm,
+            learning_rate=lr,
+            num_microbatches=n_micro,
+            version=self.version,
+            timings={"train_step": time.perf_counter() - t0},
+        )
+
+    def close(self) -> None:
+        """Release the model and Megatron's global parallel state (a new policy can be built after)."""
+        self.model = None
+        self.optimizer = None
+        self._reference = None
+        parallel.destroy_parallel()
+
+    def __repr__(self) -> str:
+        a = self.arch
+        return (
+            f"MegatronPolicy({a.family}, {a.num_layers}x{a.hidden_size}, TP={self.tp_size}, "
+            f"DP={parallel.dp_size() if self.model is not None else '?'}, version={self.version})"
+        )

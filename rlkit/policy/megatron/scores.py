@@ -1,0 +1,40 @@
+"""Per-token logprobs and entropy from vocabulary-parallel logits, without gathering the vocabulary.
+
+With tensor parallelism each rank holds logits ``[b, T, V/tp]``. Logprobs go through Megatron's
+``vocab_parallel_cross_entropy`` (autograd-aware, all-reduces only ``[b, T]`` statistics); entropy is a
+metric, so it is computed without grad from three all-reduced statistics: max, sum of exp, and sum of
+exp * logit. At TP=1 the all-reduces are no-ops over a group of one.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+def shifted_token_logprobs(logits: Tensor, input_ids: Tensor) -> Tensor:
+    """logits [b, T, V/tp] (position t predicts token t+1), input_ids [b, T] -> logprobs [b, T].
+
+    Output position t holds log p(input_ids[:, t] | input_ids[:, :t]); position 0 holds 0.
+    """
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    # vocab_parallel_cross_entropy modifies its input in place, so it gets its own copy.
+    nll = vocab_parallel_cross_entropy(logits[:, :-1].contiguous().float(), input_ids[:, 1:].contiguous())
+    return torch.nn.functional.pad(-nll, (1, 0))
+
+
+@torch.no_grad()
+def shifted_entropy(logits: Tensor, group) -> Tensor:
+    """logits [b, T, V/tp] -> entropy [b, T] of the distribution that predicted each token (position 0: 0)."""
+    z = logits[:, :-1].float()
+    z_max = z.max(dim=-1).values
+    dist.all_reduce(z_max, op=dist.ReduceOp.MAX, group=group)
+    e = torch.exp(z - z_max.unsqueeze(-1))
+    sum_e = e.sum(dim=-1)
+    sum_ez = (e * z).sum(dim=-1)
+    dist.all_reduce(sum_e, group=group)
+    dist.all_reduce(sum_ez, group=group)
+    entropy = z_max + torch.log(sum_e) - sum_ez / sum_e
+    return torch.nn.functional.pad(entropy, (1, 0))

@@ -1,0 +1,131 @@
+"""The one batch type that flows through the stages.
+
+Padding convention (stated once, used everywhere): every tensor of shape ``[B, T]`` holds the prompt
+followed by the completion, **right-padded** to a common length ``T``. ``B = N * G``: the ``G`` samples of
+one prompt are contiguous rows, so ``tensor.view(N, G, ...)`` groups them.
+
+Per-token values are aligned with the token they score: ``generator_logprobs[i, t]`` is
+``log p(input_ids[i, t] | input_ids[i, :t])``. Positions outside the completion (prompt and padding) hold 0
+and are excluded by ``loss_mask``.
+
+Each stage returns a new instance (``dataclasses.replace``); nothing mutates a batch in place, so a notebook
+cell can be re-run safely.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from rlkit.errors import StageOrderError
+
+
+@dataclass(frozen=True)
+class Trajectories:
+    """A batch of ``B = N * G`` sampled completions (``G`` per prompt), filled in stage by stage."""
+
+    prompts: tuple[str, ...]  # [B] rendered prompt text (chat template applied)
+    completions: tuple[str, ...]  # [B] generated text, stop string excluded
+    input_ids: Tensor  # [B, T] int64 prompt + completion tokens, right-padded with pad_token_id
+    attention_mask: Tensor  # [B, T] bool, True on real (prompt or completion) tokens
+    loss_mask: Tensor  # [B, T] bool, True on completion tokens (the ones the loss sees)
+    generator_logprobs: Tensor  # [B, T] float32, generator's logprob of each completion token, 0 elsewhere
+    finish_reasons: tuple[str, ...]  # [B] "stop" (EOS or stop string) or "length" (hit max_new_tokens)
+    group_size: int  # G
+    policy_version: int  # optimizer steps the generating weights had taken
+    rows: tuple[dict[str, Any], ...] = ()  # [N] the dataset rows the prompts came from (answers, ...)
+
+    # Filled in by later stages.
+    rewards: Optional[Tensor] = None  # [B] float32, from score()
+    reward_errors: tuple[str, ...] = ()  # messages of samples whose reward function failed (reward 0)
+    advantages: Optional[Tensor] = None  # [B, T] float32, 0 outside loss_mask, from advantages()
+    prev_logprobs: Optional[Tensor] = None  # [B, T] float32, trainer logprobs before the update, from logprobs()
+    ref_logprobs: Optional[Tensor] = None  # [B, T] float32, frozen reference policy, from logprobs()
+    entropy: Optional[Tensor] = None  # [B, T] float32, trainer's per-token entropy, from logprobs()
+    info: dict[str, Any] = field(default_factory=dict)  # small per-batch facts (timings, counts)
+
+    # ---- shape facts -------------------------------------------------------------------------------
+    @property
+    def batch_size(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def num_prompts(self) -> int:
+        return self.batch_size // self.group_size
+
+    @property
+    def completion_lengths(self) -> Tensor:  # [B] int64
+        return self.loss_mask.sum(dim=1)
+
+    @property
+    def prompt_lengths(self) -> Tensor:  # [B] int64
+        return (self.attention_mask & ~self.loss_mask).sum(dim=1)
+
+    @property
+    def truncated(self) -> Tensor:  # [B] bool
+        return torch.tensor([r == "length" for r in self.finish_reasons])
+
+    @property
+    def row_of_sample(self) -> tuple[dict[str, Any], ...]:  # [B] the dataset row behind each sample
+        return tuple(self.rows[i // self.group_size] for i in range(self.batch_size)) if self.rows else ()
+
+    # ---- guards and slicing ------------------------------------------------------------------------
+    def require(self, field_name: str, stage: str) -> Tensor:
+        """Return ``field_name`` or raise a guard error that names the stage that fills it."""
+        value = getattr(self, field_name)
+        if value is None:
+            raise StageOrderError(f"this batch has no {field_name} yet: run {stage} on it first")
+        return value
+
+    def with_(self, **changes: Any) -> "Trajectories":
+        """A copy with ``changes`` applied (``dataclasses.replace``); the original is untouched."""
+        return dataclasses.replace(self, **changes)
+
+    def select(self, index: slice | Tensor) -> "Trajectories":
+        """Rows ``index`` of every per-sample field (for microbatching). Group structure is not kept."""
+        if isinstance(index, slice):
+            idx = list(range(self.batch_size))[index]
+        else:
+            idx = index.tolist()
+        pick = lambda seq: tuple(seq[i] for i in idx) if seq else seq  # noqa: E731
+        tensors = {
+            f.name: getattr(self, f.name)[idx]
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), Tensor)
+        }
+        return dataclasses.replace(
+            self,
+            prompts=pick(self.prompts),
+            completions=pick(self.completions),
+            finish_reasons=pick(self.finish_reasons),
+            rows=(),
+            group_size=1,
+            **tensors,
+        )
+
+    def __len__(self) -> int:
+        return self.batch_size
+
+    def __repr__(self) -> str:
+        filled = [n for n in ("rewards", "advantages", "prev_logprobs", "ref_logprobs") if getattr(self, n) is not None]
+        return (
+            f"Trajectories(B={self.batch_size} = {self.num_prompts} prompts x {self.group_size}, "
+            f"T={self.input_ids.shape[1]}, policy_version={self.policy_version}, filled={filled})"
+        )
+
+
+@dataclass(frozen=True)
+class LossCounts:
+    """Counts over the *global* batch (all microbatches, all data-parallel ranks).
+
+    A loss function normalises by these instead of by its microbatch's own counts, so that summing the
+    gradients of the microbatches gives exactly the gradient of the whole batch.
+    """
+
+    valid_tokens: int  # sum of loss_mask over the global batch
+    valid_sequences: int  # sequences with at least one valid token
+    num_sequences: int  # all sequences in the global batch

@@ -1,0 +1,88 @@
+"""The reward-function adapter contains per-sample failures and raises on programming errors."""
+
+import math
+
+import pytest
+
+from rlkit.envs import RewardFunctionEnvironment
+from rlkit.errors import RewardError
+
+
+def _conv(prompt, completion):
+    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}]
+
+
+ROWS = [{"prompt": "1+1", "answer": "2", "level": 1}, {"prompt": "2+2", "answer": "4", "level": 2},
+        {"prompt": "3+3", "answer": "6", "level": 3}]
+
+
+def test_trl_style_call_and_values():
+    seen = {}
+
+    def exact(prompts, completions, answer, level):
+        seen.update(prompts=prompts, completions=completions, answer=answer, level=level)
+        return [float(c.strip() == a) for c, a in zip(completions, answer)]
+
+    env = RewardFunctionEnvironment(exact)
+    out = env.step([_conv("1+1", " 2"), _conv("2+2", "5"), _conv("3+3", "6\n")], ROWS)
+    assert out.rewards.tolist() == [1.0, 0.0, 1.0]
+    assert out.done.tolist() == [True] * 3 and out.observations == [None] * 3 and out.errors == []
+    # Row fields arrive as lists; "prompt" is not passed as a column (TRL leaves it out too).
+    assert seen == {"prompts": ["1+1", "2+2", "3+3"], "completions": [" 2", "5", "6\n"],
+                    "answer": ["2", "4", "6"], "level": [1, 2, 3]}
+    assert env.name == "exact" and repr(env) == "RewardFunctionEnvironment(fn='exact')"
+
+
+def test_raising_function_is_isolated_to_the_failing_sample():
+    calls = []
+
+    def parse_int(prompts, completions, **_):
+        calls.append(len(completions))
+        return [float(int(c)) for c in completions]
+
+    out = RewardFunctionEnvironment(parse_int).step([_conv("a", "3"), _conv("b", "x"), _conv("c", "5")], ROWS)
+    assert calls == [3, 1, 1, 1]  # one batch call, then one call per sample
+    assert out.rewards.tolist() == [3.0, 0.0, 5.0]
+    assert len(out.errors) == 1
+    assert out.errors[0].startswith("parse_int: sample 1: ValueError: invalid literal")
+    assert [m["isolated"] for m in out.metadata] == [True] * 3
+
+
+def test_nan_inf_and_non_numbers_give_zero_and_one_error_each():
+    values = [math.nan, 0.5, math.inf, "1.0", None]
+    env = RewardFunctionEnvironment(lambda prompts, completions, **_: values, name="bad_values")
+    rows = [{"answer": str(i)} for i in range(5)]
+    out = env.step([_conv("p", "c")] * 5, rows)
+    assert out.rewards.tolist() == [0.0, 0.5, 0.0, 0.0, 0.0]
+    assert [e.split(":")[1].strip() for e in out.errors] == ["sample 0", "sample 2", "sample 3", "sample 4"]
+    assert "not finite: nan" in out.errors[0] and "not a number: '1.0'" in out.errors[2]
+    assert out.metadata[0] == {"isolated": False}
+
+
+def test_wrong_length_is_a_reward_error_naming_function_and_lengths():
+    def too_short(prompts, completions, **_):
+        return [1.0] * (len(completions) - 1)
+
+    with pytest.raises(RewardError, match=r"'too_short' returned 2 rewards for 3 completions"):
+        RewardFunctionEnvironment(too_short).step([_conv("p", "c")] * 3, ROWS)
+    with pytest.raises(RewardError, match=r"'scalar' returned float, expected a list of 3"):
+        RewardFunctionEnvironment(lambda p, c, **_: 1.0, name="scalar").step([_conv("p", "c")] * 3, ROWS)
+
+
+def test_wrong_length_in_the_per_sample_fallback_also_raises():
+    def broken(prompts, completions, **_):
+        if len(completions) > 1:
+            raise RuntimeError("batch path broken")
+        return []
+
+    with pytest.raises(RewardError, match="returned 0 rewards for 1 completions"):
+        RewardFunctionEnvironment(broken).step([_conv("p", "c")] * 2, ROWS[:2])
+
+
+def test_rows_with_different_fields_and_empty_batch():
+    env = RewardFunctionEnvironment(lambda p, c, answer, extra: [0.0 if e is None else 1.0 for e in extra])
+    out = env.step([_conv("p", "c")] * 2, [{"answer": "1"}, {"answer": "2", "extra": "x"}])
+    assert out.rewards.tolist() == [0.0, 1.0]
+    assert len(env.step([], [])) == 0
+    with pytest.raises(TypeError, match="callable"):
+        RewardFunctionEnvironment("not a function")
