@@ -148,7 +148,14 @@ def _centred(r: Tensor, leave_one_out: bool) -> Tensor:  # [N, G] -> r - baselin
 
 # ---- estimators ----------------------------------------------------------------------------------------
 @ADVANTAGE_ESTIMATORS.register("grpo")
-def grpo(rewards, mask, group_size, cfg, kl=None, state=None):
+def grpo(
+    rewards: Tensor,  # [B]
+    mask: Tensor,  # [B, T] bool
+    group_size: int,
+    cfg: AdvantageParams,
+    kl: Optional[Tensor] = None,  # [B, T]
+    state: Optional[RunningBaseline] = None,
+) -> Tensor:  # [B, T]
     """GRPO (Shao et al. 2024, DeepSeekMath): ``A_i = (r_i - mean(r_group)) / (std(r_group) + eps)``.
 
     With ``use_leave_one_out_baseline`` the mean is over the other ``G - 1`` samples. Without
@@ -164,7 +171,14 @@ def grpo(rewards, mask, group_size, cfg, kl=None, state=None):
 
 
 @ADVANTAGE_ESTIMATORS.register("dr_grpo")
-def dr_grpo(rewards, mask, group_size, cfg, kl=None, state=None):
+def dr_grpo(
+    rewards: Tensor,  # [B]
+    mask: Tensor,  # [B, T] bool
+    group_size: int,
+    cfg: AdvantageParams,
+    kl: Optional[Tensor] = None,  # [B, T]
+    state: Optional[RunningBaseline] = None,
+) -> Tensor:  # [B, T]
     """Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): ``A_i = r_i - mean(r_group)``.
 
     Dropping the std division removes GRPO's question-difficulty bias; pair it with the
@@ -174,7 +188,14 @@ def dr_grpo(rewards, mask, group_size, cfg, kl=None, state=None):
 
 
 @ADVANTAGE_ESTIMATORS.register("rloo")
-def rloo(rewards, mask, group_size, cfg, kl=None, state=None):
+def rloo(
+    rewards: Tensor,  # [B]
+    mask: Tensor,  # [B, T] bool
+    group_size: int,
+    cfg: AdvantageParams,
+    kl: Optional[Tensor] = None,  # [B, T]
+    state: Optional[RunningBaseline] = None,
+) -> Tensor:  # [B, T]
     """RLOO (Ahmadian et al. 2024, "Back to Basics"): ``A_i = r_i - (sum_{j != i} r_j) / (G - 1)``.
 
     Equivalently ``G / (G - 1) * (r_i - mean)``. No std scaling. ``G = 1`` gives 0.
@@ -195,7 +216,14 @@ def discounted_returns(token_rewards: Tensor, gamma: float) -> Tensor:  # [B, T]
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_pp")
-def reinforce_pp(rewards, mask, group_size, cfg, kl=None, state=None):
+def reinforce_pp(
+    rewards: Tensor,  # [B]
+    mask: Tensor,  # [B, T] bool
+    group_size: int,
+    cfg: AdvantageParams,
+    kl: Optional[Tensor] = None,  # [B, T]
+    state: Optional[RunningBaseline] = None,
+) -> Tensor:  # [B, T]
     """REINFORCE++ (Hu 2025): per-token return with KL in the reward, whitened over the whole batch.
 
     ``r_t = R * [t = last valid token] - kl_coef * kl_t`` (on valid tokens),
@@ -228,7 +256,14 @@ def reinforce_pp(rewards, mask, group_size, cfg, kl=None, state=None):
 
 
 @ADVANTAGE_ESTIMATORS.register("reinforce_baseline")
-def reinforce_baseline(rewards, mask, group_size, cfg, kl=None, state=None):
+def reinforce_baseline(
+    rewards: Tensor,  # [B]
+    mask: Tensor,  # [B, T] bool
+    group_size: int,
+    cfg: AdvantageParams,
+    kl: Optional[Tensor] = None,  # [B, T]
+    state: Optional[RunningBaseline] = None,
+) -> Tensor:  # [B, T]
     """REINFORCE with a running-mean baseline (Williams 1992): ``A_i = r_i - b``.
 
     ``b`` is the EMA held in ``state`` *before* this batch (the first batch uses its own mean); the state

@@ -50,20 +50,20 @@ def _masked(values: Tensor, mask: Tensor) -> Tensor:
 
 
 @AGGREGATIONS.register("token_mean")
-def token_mean(values, mask, counts, constant=None):
+def token_mean(values: Tensor, mask: Tensor, counts: LossCounts, constant: Optional[float] = None) -> Tensor:
     """``sum_{i,t} m_it x_it / counts.valid_tokens``: every valid token weighs the same."""
     return _masked(values, mask).sum() / max(counts.valid_tokens, 1)
 
 
 @AGGREGATIONS.register("seq_mean_token_mean")
-def seq_mean_token_mean(values, mask, counts, constant=None):
+def seq_mean_token_mean(values: Tensor, mask: Tensor, counts: LossCounts, constant: Optional[float] = None) -> Tensor:
     """``sum_i (sum_t m_it x_it / |y_i|) / counts.valid_sequences``: every valid sequence weighs the same."""
     per_seq = _masked(values, mask).sum(dim=1) / mask.bool().sum(dim=1).clamp(min=1)  # [b]
     return per_seq.sum() / max(counts.valid_sequences, 1)
 
 
 @AGGREGATIONS.register("seq_sum_constant")
-def seq_sum_constant(values, mask, counts, constant=None):
+def seq_sum_constant(values: Tensor, mask: Tensor, counts: LossCounts, constant: Optional[float] = None) -> Tensor:
     """``sum_{i,t} m_it x_it / (counts.num_sequences * constant)`` (Dr. GRPO's length-unbiased sum)."""
     if constant is None or constant <= 0:
         raise ValueError(

@@ -72,14 +72,18 @@ def _log_ratio(prev_logprobs: Tensor, generator_logprobs: Tensor, mask: Tensor) 
 
 
 @CORRECTIONS.register("none")
-def no_correction(prev_logprobs, generator_logprobs, mask, params):
+def no_correction(
+    prev_logprobs: Tensor, generator_logprobs: Tensor, mask: Tensor, params: CorrectionParams
+) -> Correction:
     """``w_t = 1``: treat generator samples as if drawn from the trainer's old policy."""
     ratio = _log_ratio(prev_logprobs, generator_logprobs, mask).exp()
     return Correction(torch.ones_like(ratio), ratio, torch.zeros_like(mask, dtype=torch.bool))
 
 
 @CORRECTIONS.register("tis")
-def truncated_is(prev_logprobs, generator_logprobs, mask, params):
+def truncated_is(
+    prev_logprobs: Tensor, generator_logprobs: Tensor, mask: Tensor, params: CorrectionParams
+) -> Correction:
     """``w_t = min(exp(prev_t - gen_t), tis_cap)``; ``clipped`` marks tokens with ``rho_t > tis_cap``."""
     ratio = _log_ratio(prev_logprobs, generator_logprobs, mask).exp()
     weights = ratio.clamp(max=params.tis_cap)
@@ -87,7 +91,9 @@ def truncated_is(prev_logprobs, generator_logprobs, mask, params):
 
 
 @CORRECTIONS.register("seq_mask")
-def sequence_mask(prev_logprobs, generator_logprobs, mask, params):
+def sequence_mask(
+    prev_logprobs: Tensor, generator_logprobs: Tensor, mask: Tensor, params: CorrectionParams
+) -> Correction:
     """``w_t = [low <= exp(mean_t(prev_t - gen_t)) <= high]``, one decision per sequence.
 
     A sequence without valid tokens has ``rho_seq = 1`` and is kept (it contributes nothing anyway).

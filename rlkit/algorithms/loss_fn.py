@@ -17,6 +17,7 @@ Token-level metrics are sums over the microbatch's valid tokens divided by ``cou
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass, fields
 from typing import Optional, Union
 
@@ -144,11 +145,15 @@ class RLLoss:
         correction = self._correction(old, batch.generator_logprobs, mask, self._correction_params)
         pg, pg_maps = self._policy_loss(logprobs, old, advantages, mask, self._policy_params)
         pg_loss = agg(pg * correction.weights)
-        kl = kl_penalty(logprobs, ref, p.kl_estimator, p.kl_clamp) if ref is not None else None  # [b, T]
+        kl = None  # [b, T]
         if p.reference_policy_kl_penalty != 0:
+            kl = kl_penalty(logprobs, ref, p.kl_estimator, p.kl_clamp)
             kl_loss = agg(p.reference_policy_kl_penalty * kl)
         else:
             kl_loss = torch.zeros((), dtype=pg_loss.dtype, device=pg_loss.device)
+            if ref is not None:  # metric only
+                with torch.no_grad():
+                    kl = kl_penalty(logprobs, ref, p.kl_estimator, p.kl_clamp)
         loss = pg_loss + kl_loss
 
         n_tokens = max(counts.valid_tokens, 1)
@@ -175,3 +180,6 @@ class RLLoss:
         if p.off_policy_correction != "none":
             parts.append(f"correction={p.off_policy_correction}")
         return "RLLoss(" + ", ".join(parts) + ")"
+
+    def _repr_html_(self) -> str:
+        return f"<code>{html.escape(repr(self))}</code>"

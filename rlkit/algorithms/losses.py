@@ -100,7 +100,13 @@ def clipped_surrogate(
 
 
 @POLICY_LOSSES.register("ppo_clip")
-def ppo_clip(logprobs, old_logprobs, advantages, mask, params):
+def ppo_clip(
+    logprobs: Tensor,  # [B, T], requires grad
+    old_logprobs: Tensor,  # [B, T]
+    advantages: Tensor,  # [B, T]
+    mask: Tensor,  # [B, T] bool
+    params: PolicyLossParams,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO/GRPO clipped ratio: ``max(-A r, -A clip(r, 1 - eps_lo, 1 + eps_hi))`` (+ dual clip)."""
     mask = mask.bool()
     ratio = _masked_log_ratio(logprobs, old_logprobs, mask).exp()
@@ -108,7 +114,13 @@ def ppo_clip(logprobs, old_logprobs, advantages, mask, params):
 
 
 @POLICY_LOSSES.register("gspo")
-def gspo(logprobs, old_logprobs, advantages, mask, params):
+def gspo(
+    logprobs: Tensor,  # [B, T], requires grad
+    old_logprobs: Tensor,  # [B, T]
+    advantages: Tensor,  # [B, T]
+    mask: Tensor,  # [B, T] bool
+    params: PolicyLossParams,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO (Zheng et al. 2025): the clipped surrogate on the length-normalised sequence ratio.
 
     ``s_i = exp(sum_t mask (logp_t - old_t) / |y_i|)``; each token uses the GSPO-token ratio
@@ -127,7 +139,13 @@ def gspo(logprobs, old_logprobs, advantages, mask, params):
 
 
 @POLICY_LOSSES.register("cispo")
-def cispo(logprobs, old_logprobs, advantages, mask, params):
+def cispo(
+    logprobs: Tensor,  # [B, T], requires grad
+    old_logprobs: Tensor,  # [B, T]
+    advantages: Tensor,  # [B, T]
+    mask: Tensor,  # [B, T] bool
+    params: PolicyLossParams,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """CISPO (MiniMax-M1, 2025): ``-sg(min(r_t, 1 + cispo_clip_max)) * A_t * logp_t``.
 
     The IS weight is clipped and detached, so every token keeps a gradient (``-w_t A_t``); only its size
@@ -144,7 +162,13 @@ def cispo(logprobs, old_logprobs, advantages, mask, params):
 
 
 @POLICY_LOSSES.register("reinforce")
-def reinforce(logprobs, old_logprobs, advantages, mask, params):
+def reinforce(
+    logprobs: Tensor,  # [B, T], requires grad
+    old_logprobs: Tensor,  # [B, T]
+    advantages: Tensor,  # [B, T]
+    mask: Tensor,  # [B, T] bool
+    params: PolicyLossParams,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """Vanilla policy gradient (Williams 1992): ``-A_t * logp_t``; no ratio, no clip (on-policy only)."""
     mask = mask.bool()
     ratio = _masked_log_ratio(logprobs, old_logprobs, mask).exp()

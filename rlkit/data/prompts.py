@@ -63,6 +63,10 @@ class DataParams:
         if self.task is not None:
             if not isinstance(self.digits, int) or self.digits < 1:
                 out.append(f"data.digits: must be an integer >= 1, got {self.digits!r}")
+            elif self.num_validation >= count_arithmetic_prompts(self.digits):
+                out.append(f"data.num_validation: {self.num_validation} distinct prompts requested but digits="
+                           f"{self.digits} allows only {count_arithmetic_prompts(self.digits)}, leaving none for "
+                           "train; raise data.digits or lower data.num_validation")
             for key in ("num_train", "num_validation"):
                 if getattr(self, key) < 1:
                     out.append(f"data.{key}: must be >= 1 (an empty split cannot be sampled), got {getattr(self, key)}")
@@ -116,10 +120,6 @@ def load_prompt_dataset(source: Union[DataParams, Mapping[str, Any], str, Path])
 
 
 def _generate(p: DataParams) -> DatasetDict:
-    available = count_arithmetic_prompts(p.digits)
-    if p.num_validation >= available:
-        raise ConfigError([f"data.num_validation: {p.num_validation} distinct prompts requested but digits="
-                           f"{p.digits} allows only {available}, leaving none for train; raise data.digits"])
     stream = iter_arithmetic_rows(p.digits, p.seed)
     validation: list[dict[str, str]] = []
     seen: set[str] = set()
@@ -178,7 +178,9 @@ def render_prompt_texts(tokenizer: Any, prompts: list[str], system_prompt: Optio
         )
     head = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
     return [
-        tokenizer.apply_chat_template(head + [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True)
+        tokenizer.apply_chat_template(
+            head + [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+        )
         for p in prompts
     ]
 

@@ -76,3 +76,6 @@ class PromptSampler:
     def __repr__(self) -> str:
         return (f"PromptSampler(rows={len(self)}, batch_size={self.batch_size}, seed={self.seed}, "
                 f"epoch={self.epoch}, position={self.position})")
+
+    def _repr_html_(self) -> str:
+        return f"<code>{self.__repr__()}</code>"

@@ -47,7 +47,8 @@ class EnvReturn:
             raise ValueError(f"EnvReturn.rewards must be a [B] float32 tensor, got {self.rewards.dtype} "
                              f"{tuple(self.rewards.shape)}")
         if self.done.shape != (b,) or self.done.dtype != torch.bool:
-            raise ValueError(f"EnvReturn.done must be a [{b}] bool tensor, got {self.done.dtype} {tuple(self.done.shape)}")
+            raise ValueError(f"EnvReturn.done must be a [{b}] bool tensor, got {self.done.dtype} "
+                             f"{tuple(self.done.shape)}")
         if len(self.observations) != b or len(self.metadata) != b:
             raise ValueError(f"EnvReturn needs {b} observations and metadata entries, got "
                              f"{len(self.observations)} and {len(self.metadata)}")
@@ -82,6 +83,9 @@ class EnvReturn:
         mean = self.rewards.mean().item() if b else float("nan")
         return (f"EnvReturn(B={b}, mean_reward={mean:.3f}, done={int(self.done.sum())}/{b}, "
                 f"errors={self.num_errors})")
+
+    def _repr_html_(self) -> str:
+        return f"<code>{self.__repr__()}</code>"
 
 
 class Environment(ABC):

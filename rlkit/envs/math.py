@@ -12,9 +12,10 @@ The workers are fresh interpreters (``python -c <the source of _worker_main>``) 
 only, not rlkit or torch: they start in about 0.4 s, never inherit a CUDA context or threads through
 ``fork``, and never re-run the user's script the way ``multiprocessing``'s spawn does for unguarded scripts.
 
-Measured on a 2-core CPU box (math-verify 0.9): a worker starts in ~0.4 s (once, lazily, on the first step);
-a check takes ~1-5 ms; a timed-out sample costs ``timeout_seconds`` plus a ~0.4 s replacement start, which
-overlaps with the other workers' checks.
+Measured on a 2-core CPU box (math-verify 0.9, 200 checks of ``\frac{i}{2}`` against ``i/2``): one worker
+is ready 0.4 s after the first step starts it (two: 1.0 s, sharing the cores), a check takes 2-3 ms, and a
+timed-out sample costs ``timeout_seconds`` plus a 0.4 s replacement start, during which the other workers
+keep checking. ``num_workers=2`` (the default) is there so one stuck sample does not stall the batch.
 
 Deliberate simplifications: only the last ``\boxed{...}`` counts (``\fbox`` and unbraced ``\boxed 5`` do not);
 a completion without one gets 0 with no error (a format failure is a normal outcome, not a fault); a worker

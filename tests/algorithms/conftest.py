@@ -11,7 +11,7 @@ from torch import Tensor
 from rlkit.trajectories import Trajectories
 
 
-def make_batch(
+def _make_batch(
     loss_mask: Tensor,  # [B, T] bool
     advantages: Tensor,  # [B, T]
     generator_logprobs: Tensor,  # [B, T]
@@ -40,5 +40,6 @@ def make_batch(
 
 
 @pytest.fixture
-def batch_factory():
-    return make_batch
+def make_batch():
+    """``make_batch(loss_mask, advantages, generator_logprobs, ...) -> Trajectories``."""
+    return _make_batch

@@ -7,12 +7,11 @@ import torch
 
 from rlkit.algorithms import POLICY_LOSSES, LossParams, RLLoss, count_valid
 from rlkit.errors import ConfigError, StageOrderError
-from tests.algorithms.conftest import make_batch
 
 F64 = torch.float64
 
 
-def test_hand_derived_loss_gradient_and_metrics():
+def test_hand_derived_loss_gradient_and_metrics(make_batch):
     # on-policy (prev_logprobs None -> ratio 1), ppo_clip, token_mean over 3 valid tokens, beta 0.1 with k1
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]], dtype=torch.bool)
     logprobs = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]], dtype=F64, requires_grad=True)
@@ -40,7 +39,7 @@ def test_hand_derived_loss_gradient_and_metrics():
         assert value.ndim == 0 and not value.requires_grad, name
 
 
-def test_tis_weight_multiplies_the_policy_loss_only():
+def test_tis_weight_multiplies_the_policy_loss_only(make_batch):
     # prev - gen = 0.5 -> rho = 1.648721, capped at 1.2; on-policy ratio 1; A = 1 -> pg = -1.2
     mask = torch.ones(1, 1, dtype=torch.bool)
     logprobs = torch.tensor([[-1.0]], dtype=F64, requires_grad=True)
@@ -52,7 +51,7 @@ def test_tis_weight_multiplies_the_policy_loss_only():
     assert m["token_mult_prob_error"].item() == pytest.approx(math.exp(0.5))
 
 
-def random_batch(seed=0, b=8, t=7):
+def random_batch(make_batch, seed=0, b=8, t=7):
     g = torch.Generator().manual_seed(seed)
     lengths = torch.tensor([7, 3, 0, 5, 1, 6, 2, 4])  # row 2 fully masked
     mask = torch.arange(t)[None, :] < lengths[:, None]
@@ -89,9 +88,9 @@ CONFIGS = {  # each with a metric that must be nonzero, so the test exercises th
 
 
 @pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
-def test_microbatches_sum_to_the_whole_batch(config):
+def test_microbatches_sum_to_the_whole_batch(config, make_batch):
     params, active = config
-    logprobs, batch = random_batch()
+    logprobs, batch = random_batch(make_batch)
     loss_fn = RLLoss(params)
     counts = count_valid(batch.loss_mask)
 
@@ -126,35 +125,37 @@ def test_needs_reference():
     assert RLLoss(kl_in_reward=True).needs_reference
 
 
-def test_missing_reference_and_missing_advantages_are_guard_errors():
-    logprobs, batch = random_batch()
+def test_missing_reference_and_missing_advantages_are_guard_errors(make_batch):
+    logprobs, batch = random_batch(make_batch)
     counts = count_valid(batch.loss_mask)
     with pytest.raises(StageOrderError, match="ref_logprobs"):
         RLLoss(LossParams(reference_policy_kl_penalty=0.1))(logprobs, batch.with_(ref_logprobs=None), counts)
     with pytest.raises(StageOrderError, match="advantages"):
         RLLoss()(logprobs, batch.with_(advantages=None), counts)
-    # without a KL term the reference is optional and the kl metric reads 0
+    # without a KL term the reference is optional: the kl metric reads 0 without it, k3 >= 0 with it
     _, m = RLLoss()(logprobs, batch.with_(ref_logprobs=None), counts)
     assert m["kl"].item() == 0.0
+    loss, m = RLLoss()(logprobs.requires_grad_(True), batch, counts)
+    assert m["kl"].item() > 0 and m["kl_penalty"].item() == 0.0
 
 
-def test_on_policy_when_prev_logprobs_missing():
+def test_on_policy_when_prev_logprobs_missing(make_batch):
     # prev None -> old = logprobs.detach(): ratio 1 everywhere, nothing clipped
-    logprobs, batch = random_batch()
+    logprobs, batch = random_batch(make_batch)
     _, m = RLLoss(LossParams(ratio_clip_min=0.0, ratio_clip_max=0.0))(
         logprobs, batch.with_(prev_logprobs=None), count_valid(batch.loss_mask)
     )
     assert m["probs_ratio"].item() == pytest.approx(1.0) and m["clipped_fraction"].item() == 0.0
 
 
-def test_policy_loss_may_be_a_callable():
+def test_policy_loss_may_be_a_callable(make_batch):
     calls = []
 
     def my_loss(logprobs, old, adv, mask, params):
         calls.append(params.ratio_clip_max)
         return POLICY_LOSSES.get("reinforce")(logprobs, old, adv, mask, params)
 
-    logprobs, batch = random_batch()
+    logprobs, batch = random_batch(make_batch)
     counts = count_valid(batch.loss_mask)
     loss, _ = RLLoss(LossParams(policy_loss=my_loss, ratio_clip_max=0.3))(logprobs, batch, counts)
     ref, _ = RLLoss(LossParams(policy_loss="reinforce"))(logprobs, batch, counts)

@@ -58,6 +58,8 @@ def test_jsonl_with_custom_prompt_column_and_fraction_split(tmp_path):
     assert (len(ds["train"]), len(ds["validation"])) == (30, 10)
     again = load_prompt_dataset({"path": path, "prompt_key": "question", "validation_fraction": 0.25, "seed": 1})
     assert set(again["validation"]["prompt"]) == val
+    reseeded = load_prompt_dataset({"path": path, "prompt_key": "question", "validation_fraction": 0.25, "seed": 2})
+    assert set(reseeded["validation"]["prompt"]) != val  # the held-out prompts are drawn from the seed
 
 
 def test_parquet_with_separate_validation_file_and_plain_path_source(tmp_path):

@@ -193,20 +193,17 @@ class MegatronPolicy:
             dist.all_reduce(sq, group=parallel.tp_group())
         return float(sq.sqrt())
 
-    def train_step(self, batch: Trajectories, loss_fn: LossFn) -> TrainStepResult:
-        """One optimizer step over ``batch`` in microbatches of ``train_micro_batch_size`` rows.
+    def _run_microbatches(self, batch: Trajectories, loss_fn: LossFn, backward: bool) -> tuple[dict[str, float], int]:
+        """Loss over ``batch`` in microbatches of ``train_micro_batch_size`` rows, normalised by global counts.
 
-        All or nothing: gradients are accumulated first and dropped if anything (a KeyboardInterrupt
-        included) interrupts them; the optimizer and scheduler update runs with Ctrl-C deferred.
+        With ``backward`` the gradients of all microbatches accumulate in ``.grad`` (summed over the
+        data-parallel group); returns the global metric sums and the number of microbatches.
         """
-        t0 = time.perf_counter()
         counts = self.global_counts(batch.loss_mask)
         mbs = self.cfg.train_micro_batch_size
         sums: dict[str, Tensor] = {}
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        try:
-            n_micro = 0
+        n_micro = 0
+        with torch.set_grad_enabled(backward):
             for start in range(0, batch.batch_size, mbs):
                 micro = batch.select(slice(start, start + mbs))
                 t = int(micro.attention_mask.sum(1).max())
@@ -214,16 +211,44 @@ class MegatronPolicy:
                 logprobs = shifted_token_logprobs(self._logits(ids), ids) * micro.attention_mask[:, :t]
                 logprobs = torch.nn.functional.pad(logprobs, (0, micro.input_ids.shape[1] - t))
                 loss, metrics = loss_fn(logprobs, micro, counts)
-                loss.backward()
+                if backward:
+                    loss.backward()
                 for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + v.detach().double()
+                    sums[k] = sums.get(k, 0.0) + torch.as_tensor(v).detach().double()
                 n_micro += 1
-            if parallel.dp_size() > 1:
+        if parallel.dp_size() > 1:
+            if backward:
                 for p in self.model.parameters():
                     if p.grad is not None:
                         dist.all_reduce(p.grad, group=parallel.dp_group())
-                for v in sums.values():
-                    dist.all_reduce(v, group=parallel.dp_group())
+            for v in sums.values():
+                dist.all_reduce(v, group=parallel.dp_group())
+        return {k: float(v) for k, v in sums.items()}, n_micro
+
+    def compute_gradients(self, batch: Trajectories, loss_fn: LossFn) -> dict[str, float]:
+        """Fill ``.grad`` of every parameter with the gradient of the global-batch loss; no update."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics, _ = self._run_microbatches(batch, loss_fn, backward=True)
+        return metrics
+
+    def evaluate_loss(self, batch: Trajectories, loss_fn: LossFn) -> dict[str, float]:
+        """The loss and its metrics on ``batch`` under the current weights, without gradients or update."""
+        self.model.eval()
+        metrics, _ = self._run_microbatches(batch, loss_fn, backward=False)
+        return metrics
+
+    def train_step(self, batch: Trajectories, loss_fn: LossFn) -> TrainStepResult:
+        """One optimizer step over ``batch`` in microbatches of ``train_micro_batch_size`` rows.
+
+        All or nothing: gradients are accumulated first and dropped if anything (a KeyboardInterrupt
+        included) interrupts them; the optimizer and scheduler update runs with Ctrl-C deferred.
+        """
+        t0 = time.perf_counter()
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        try:
+            metrics, n_micro = self._run_microbatches(batch, loss_fn, backward=True)
             grad_norm = self._grad_norm()
             if not math.isfinite(grad_norm):
                 raise FloatingPointError(f"gradient norm is {grad_norm}; the step was skipped, weights unchanged")
@@ -242,7 +267,7 @@ class MegatronPolicy:
             self.optimizer.zero_grad(set_to_none=True)
             self.version += 1
         return TrainStepResult(
-            metrics={k: float(v) for k, v in sums.items()},
+            metrics=metrics,
             grad_norm=grad_norm,
             learning_rate=lr,
             num_microbatches=n_micro,

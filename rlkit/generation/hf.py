@@ -1,0 +1,98 @@
+"""Generator on plain transformers ``generate``: the reference for vLLM's outputs and the fallback where
+vLLM is not installed.
+
+Logprobs come from the processed scores (after temperature and top-k/top-p), the same convention as the
+vLLM generator's ``processed_logprobs``. Prompts are left-padded for batching; completions stop at EOS or
+a stop string. Slower than vLLM at scale, fine for tiny models.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from rlkit.config.components import GenerationConfig
+from rlkit.generation.base import Generation, SamplingSettings
+
+
+class HFGenerator:
+    def __init__(self, model_path: str | Path, cfg: GenerationConfig, max_model_len: int, seed: int = 0):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.cfg = cfg
+        self.model_path = str(model_path)
+        self.max_model_len = max_model_len
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        self.seed = seed
+
+    @torch.no_grad()
+    def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingSettings) -> Generation:
+        tok = self.tokenizer
+        pad, eos = tok.pad_token_id, tok.eos_token_id
+        width = max(len(p) for p in prompt_token_ids)
+        rows = [p for p in prompt_token_ids for _ in range(n)]
+        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in rows])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows])
+        with torch.random.fork_rng():
+            torch.manual_seed(self.seed if sampling.seed is None else sampling.seed)
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                do_sample=True,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=sampling.top_k or 0,
+                max_new_tokens=sampling.max_new_tokens,
+                stop_strings=list(sampling.stop_strings) or None,
+                tokenizer=tok if sampling.stop_strings else None,
+                pad_token_id=pad,
+                eos_token_id=eos,
+                output_scores=True,
+                return_dict_in_generate=True,
+            )
+        new = out.sequences[:, width:]  # [B, steps]
+        scores = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [B, steps, V]
+        token_lp = scores.gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        token_ids, logprobs, texts, reasons = [], [], [], []
+        for i in range(new.shape[0]):
+            seq = new[i].tolist()
+            length = seq.index(eos) + 1 if eos in seq else len(seq)
+            text = tok.decode(seq[:length], skip_special_tokens=True)
+            stopped = eos in seq[:length] or any(s in text for s in sampling.stop_strings)
+            for s in sampling.stop_strings:
+                text = text.split(s)[0]
+            token_ids.append(tuple(seq[:length]))
+            logprobs.append(tuple(token_lp[i, :length].tolist()))
+            texts.append(text)
+            reasons.append("stop" if stopped else "length")
+        return Generation(
+            prompt_token_ids=tuple(tuple(p) for p in prompt_token_ids),
+            token_ids=tuple(token_ids),
+            logprobs=tuple(logprobs),
+            texts=tuple(texts),
+            finish_reasons=tuple(reasons),
+            group_size=n,
+        )
+
+    @torch.no_grad()
+    def update_weights(self, bucket: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.model.named_parameters())
+        for name, tensor in bucket:
+            if name in params:
+                params[name].copy_(tensor)
+            elif name == "lm_head.weight" and self.model.config.tie_word_embeddings:
+                continue
+            else:
+                raise KeyError(f"generator model has no parameter {name!r}")
+
+    def reset_prefix_cache(self) -> None:
+        """No cache survives between calls to ``generate``."""
+
+    def close(self) -> None:
+        self.model = None
+
+    def __repr__(self) -> str:
+        return f"HFGenerator({Path(self.model_path).name})"

@@ -1,0 +1,27 @@
+"""Shared fixtures: offline settings and tiny model folders made in temporary directories."""
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("WANDB_MODE", "offline")
+
+import pytest  # noqa: E402
+
+from rlkit.models import make_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def model_factory(tmp_path_factory):
+    """make(preset, family, **overrides) -> path; each distinct request is made once per test session."""
+    made = {}
+
+    def make(preset="nano", family="llama", seed=0, **overrides):
+        key = (preset, family, seed, tuple(sorted(overrides.items())))
+        if key not in made:
+            folder = tmp_path_factory.mktemp(f"{preset}-{family}")
+            made[key] = make_model(folder, preset, family, seed=seed, **overrides)
+        return made[key]
+
+    return make

@@ -1,0 +1,127 @@
+"""vLLM's sampled-token logprobs against the Megatron policy's, before and after a training step + refit.
+
+Tolerances (fp32): max abs 1e-3, mean 1e-4 over all completion tokens.
+"""
+
+import pytest
+import torch
+
+from rlkit.config.components import GenerationConfig, PolicyConfig
+from rlkit.errors import ModelError
+from rlkit.generation.base import SamplingSettings, bucket_groups
+from rlkit.generation.hf import HFGenerator
+from rlkit.generation.vllm import VllmGenerator
+from rlkit.models.tokenizer import build_char_tokenizer
+from rlkit.policy.megatron.policy import MegatronPolicy
+from rlkit.stages.batching import trajectories_from_generation
+from rlkit.weight_sync import ColocatedWeightSync
+from tests.helpers import pg_token_mean_loss
+
+MAX_LEN = 320
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory):
+    from rlkit.models import make_model
+
+    path = make_model(tmp_path_factory.mktemp("refit"), "tiny", "qwen2", seed=3)
+    policy = MegatronPolicy(PolicyConfig(model_name=str(path), train_micro_batch_size=16))
+    generator = VllmGenerator(path, GenerationConfig(), max_model_len=MAX_LEN, seed=0)
+    yield path, policy, generator
+    generator.close()
+    policy.close()
+
+
+def prompts(long: bool):
+    """Chat-rendered prompt ids; long ones (> vLLM's 128-token cache block) exercise the prefix cache."""
+    tok = build_char_tokenizer()
+    texts = [f"{a}+{7 * a}=" * (40 if long else 1) for a in range(6)]
+    rendered = [tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=False)
+                for t in texts]
+    return rendered, [tok(r, add_special_tokens=False)["input_ids"] for r in rendered]
+
+
+def mismatch(policy, generator, long=False, seed=1):
+    """(max, mean) |generator logprob - policy logprob| over the completion tokens of a fresh sample."""
+    texts, ids = prompts(long)
+    gen = generator.generate(ids, 4, SamplingSettings(max_new_tokens=24, seed=seed))
+    batch = trajectories_from_generation(gen, 0, texts)
+    scores = policy.score(batch.input_ids, batch.attention_mask).logprobs
+    diff = (scores - batch.generator_logprobs).abs()[batch.loss_mask]
+    return diff.max().item(), diff.mean().item(), batch
+
+
+def test_vllm_logprobs_match_policy_before_and_after_step_and_refit(engines):
+    _, policy, generator = engines
+    worst, mean, batch = mismatch(policy, generator)
+    assert worst < 1e-3 and mean < 1e-4, (worst, mean)
+    assert batch.loss_mask.sum() > 100
+
+    adv = torch.randn(batch.batch_size, 1).expand_as(batch.generator_logprobs) * batch.loss_mask
+    policy.train_step(batch.with_(advantages=adv), pg_token_mean_loss)
+    stale_worst, _, _ = mismatch(policy, generator)
+    assert stale_worst > 1e-2  # the step changed the policy: without a refit the generator is stale
+
+    report = ColocatedWeightSync().sync(policy, generator)
+    assert report.policy_version == policy.version == 1
+    assert report.bytes_moved == sum(t.numel() * 4 for g in policy.export_hf_groups() for _, t in g)
+    worst, mean, _ = mismatch(policy, generator, seed=2)
+    assert worst < 1e-3 and mean < 1e-4, (worst, mean)
+
+
+def test_skipping_the_prefix_cache_reset_is_detected(engines):
+    _, policy, generator = engines
+    worst, _, _ = mismatch(policy, generator, long=True)  # fills the prefix cache with these prompts
+    assert worst < 1e-3
+    with torch.no_grad():
+        for p in policy.model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    for bucket in bucket_groups(policy.export_hf_groups(), 256e6):
+        generator.update_weights(bucket)  # new weights, cache NOT reset
+    stale_worst, _, _ = mismatch(policy, generator, long=True)
+    assert stale_worst > 0.1, stale_worst
+    generator.reset_prefix_cache()
+    worst, mean, _ = mismatch(policy, generator, long=True)
+    assert worst < 1e-3 and mean < 1e-4
+
+
+def test_buckets_never_split_a_fused_group(engines):
+    _, policy, _ = engines
+    groups = list(policy.export_hf_groups())
+    buckets = list(bucket_groups(iter(groups), max_bytes=1))  # tiny cap: one group per bucket
+    assert [[n for n, _ in b] for b in buckets] == [[n for n, _ in g] for g in groups]
+    layer = [n for n, _ in groups[1]]
+    assert {"model.layers.0.self_attn.q_proj.weight", "model.layers.0.mlp.up_proj.weight"} <= set(layer)
+
+
+def test_same_seed_same_samples(engines):
+    _, _, generator = engines
+    _, ids = prompts(False)
+    a = generator.generate(ids, 3, SamplingSettings(max_new_tokens=12, seed=5))
+    b = generator.generate(ids, 3, SamplingSettings(max_new_tokens=12, seed=5))
+    c = generator.generate(ids, 3, SamplingSettings(max_new_tokens=12, seed=6))
+    assert a.token_ids == b.token_ids and a.token_ids != c.token_ids
+    assert len(a.token_ids) == 18 and set(a.finish_reasons) <= {"stop", "length"}
+
+
+def test_hf_generator_reference_agrees_with_policy(engines):
+    path, policy, _ = engines
+    hf = HFGenerator(path, GenerationConfig(), max_model_len=MAX_LEN)
+    for bucket in bucket_groups(policy.export_hf_groups(), 256e6):
+        hf.update_weights(bucket)
+    worst, mean, batch = mismatch(policy, hf)
+    assert worst < 1e-3 and mean < 1e-4, (worst, mean)
+    assert all(len(c) > 0 for c in batch.completions)
+
+
+def test_head_dim_is_checked_before_vllm_starts(model_factory, tmp_path):
+    import json
+
+    path = model_factory("nano", "llama")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    cfg = json.loads((path / "config.json").read_text())
+    cfg.update(num_attention_heads=4, head_dim=16)
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelError, match="head_dim=16"):
+        VllmGenerator(bad, GenerationConfig(), max_model_len=64)
