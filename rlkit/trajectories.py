@@ -42,6 +42,7 @@ class Trajectories:
     # Filled in by later stages.
     rewards: Optional[Tensor] = None  # [B] float32, from score()
     reward_errors: tuple[str, ...] = ()  # messages of samples whose reward function failed (reward 0)
+    env_metadata: tuple[dict[str, Any], ...] = ()  # [B] what the environment said about each sample
     advantages: Optional[Tensor] = None  # [B, T] float32, 0 outside loss_mask, from advantages()
     prev_logprobs: Optional[Tensor] = None  # [B, T] float32, trainer logprobs before the update, from logprobs()
     ref_logprobs: Optional[Tensor] = None  # [B, T] float32, frozen reference policy, from logprobs()
@@ -102,6 +103,7 @@ class Trajectories:
             prompts=pick(self.prompts),
             completions=pick(self.completions),
             finish_reasons=pick(self.finish_reasons),
+            env_metadata=pick(self.env_metadata),
             rows=(),
             group_size=1,
             **tensors,

@@ -39,6 +39,8 @@ _P, _C = PolicyLossParams, CorrectionParams  # defaults live on those classes; L
 class LossParams:
     """Everything ``RLLoss`` needs, flat, with NeMo-RL names where NeMo-RL has the knob."""
 
+    __pydantic_config__ = {"extra": "forbid"}  # as a section of the run config: unknown keys are errors
+
     policy_loss: Union[PolicyLossName, PolicyLossFn] = "ppo_clip"  # or a callable with PolicyLossFn's signature
     ratio_clip_min: float = _P.ratio_clip_min
     ratio_clip_max: float = _P.ratio_clip_max

@@ -74,6 +74,8 @@ class GenerationConfig(Section):
 
 class PolicyConfig(Section):
     model_name: str = "models/tiny"  # an HF model folder (make one with `rlkit make-model`)
+    model_preset: Optional[str] = None  # if set and model_name does not exist, create this tiny preset there
+    model_family: Literal["llama", "qwen2"] = "llama"  # family of the created preset
     precision: Literal["float32"] = "float32"
     train_global_batch_size: Optional[int] = Field(None, ge=1)  # default: every sample of the step
     train_micro_batch_size: int = Field(8, ge=1)

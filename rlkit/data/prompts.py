@@ -41,6 +41,8 @@ _SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 class DataParams:
     """Where prompts come from. Set ``task`` (generated) or ``path`` (a local file), not both."""
 
+    __pydantic_config__ = {"extra": "forbid"}  # as a section of the run config: unknown keys are errors
+
     task: Optional[Task] = None  # generated in process
     digits: int = 3  # arithmetic: longest operand, the difficulty knob
     num_train: int = 1000  # generated train rows

@@ -1,1 +1,16 @@
-"""The stages of an RL step, each a plain function over :class:`rlkit.trajectories.Trajectories`."""
+"""The stages of an RL step, each a plain function over :class:`rlkit.trajectories.Trajectories`.
+
+    rollout -> score -> advantages -> logprobs -> train (or loss) -> refit;  evaluate, sft aside.
+"""
+
+from rlkit.stages.advantages import advantages
+from rlkit.stages.evaluate import EvalResult, evaluate
+from rlkit.stages.logprobs import logprobs
+from rlkit.stages.refit import refit
+from rlkit.stages.rollout import rollout
+from rlkit.stages.score import score
+from rlkit.stages.sft import SFTResult, sft
+from rlkit.stages.train import LossReport, TrainResult, loss, train
+
+__all__ = ["EvalResult", "LossReport", "SFTResult", "TrainResult", "advantages", "evaluate", "logprobs",
+           "loss", "refit", "rollout", "score", "sft", "train"]

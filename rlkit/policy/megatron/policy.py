@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rlkit.config.components import PolicyConfig, SchedulerConfig
+from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
 from rlkit.policy.base import HFGroup, LossFn, TokenScores, TrainStepResult
 from rlkit.policy.megatron import convert, parallel
 from rlkit.policy.megatron.build import Architecture, build_gpt_model
@@ -84,15 +84,19 @@ class MegatronPolicy:
         self.tp_rank, self.tp_size = parallel.tp_rank_and_size()
         self.model = build_gpt_model(self.arch, self.tp_size)
         self.load_hf_state(load_hf_state(cfg.model_name))
-        opt = cfg.optimizer
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg.scheduler))
+        self.reset_optimizer(cfg.optimizer, cfg.scheduler)
         self.temperature = cfg.generation.temperature
         self.version = 0
         self._reference: dict[str, Tensor] | None = None
         self.set_reference_to_current()
+
+    def reset_optimizer(self, optimizer: OptimizerConfig, scheduler: SchedulerConfig) -> None:
+        """A fresh AdamW and learning-rate schedule (e.g. between an SFT warm start and RL)."""
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=optimizer.lr, betas=optimizer.betas, eps=optimizer.eps,
+            weight_decay=optimizer.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(scheduler))
 
     # ---- weights ----------------------------------------------------------------------------------
     def load_hf_state(self, hf: Mapping[str, Tensor]) -> None:

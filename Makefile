@@ -1,0 +1,23 @@
+# The two commands a new machine needs are `make quickstart` and `make test`; both set everything up first.
+.PHONY: setup quickstart demo test test-slow test-browser bench
+
+setup:
+	scripts/setup.sh
+
+quickstart: setup
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline .venv/bin/rlkit train quickstart
+
+demo: setup
+	HF_HUB_OFFLINE=1 .venv/bin/rlkit demo
+
+test:
+	scripts/test.sh default
+
+test-slow:
+	scripts/test.sh slow
+
+test-browser:
+	scripts/test.sh browser
+
+bench: setup
+	HF_HUB_OFFLINE=1 .venv/bin/python bench/run_all.py

@@ -1,0 +1,102 @@
+"""Checks that span sections: combinations that are each valid alone but impossible together.
+
+Every check names the dotted keys involved, the reason and the fix. They run on whichever sections
+validated, so a config with a typo elsewhere still gets these reported in the same error.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+
+def parallel_layout_problems(megatron_cfg: Any, model_config: Mapping[str, Any], world_size: int = 1) -> list[str]:
+    """Rules a Megatron layout must satisfy for a model (heads, query groups, vocabulary, layers, world)."""
+    tp = megatron_cfg.tensor_model_parallel_size
+    pp = megatron_cfg.pipeline_model_parallel_size
+    cp = megatron_cfg.context_parallel_size
+    key = "policy.megatron_cfg"
+    heads = model_config["num_attention_heads"]
+    groups = model_config.get("num_key_value_heads") or heads
+    out = []
+    if heads % tp:
+        out.append(f"{key}.tensor_model_parallel_size={tp}: must divide num_attention_heads={heads}")
+    if groups % tp:
+        out.append(f"{key}.tensor_model_parallel_size={tp}: must divide num_key_value_heads={groups} "
+                   "(each rank holds whole KV groups)")
+    if model_config["vocab_size"] % tp:
+        out.append(f"{key}.tensor_model_parallel_size={tp}: must divide vocab_size={model_config['vocab_size']}")
+    if model_config["num_hidden_layers"] % pp:
+        out.append(f"{key}.pipeline_model_parallel_size={pp}: must divide num_hidden_layers="
+                   f"{model_config['num_hidden_layers']}")
+    if pp > 1:
+        out.append(f"{key}.pipeline_model_parallel_size={pp}: pipeline parallelism is not supported yet; use 1")
+    if cp > 1:
+        out.append(f"{key}.context_parallel_size={cp}: context parallelism is not supported yet; use 1")
+    if megatron_cfg.sequence_parallel and tp == 1:
+        out.append(f"{key}.sequence_parallel: needs tensor_model_parallel_size > 1")
+    if megatron_cfg.sequence_parallel:
+        out.append(f"{key}.sequence_parallel: not supported with the local (non-Transformer-Engine) layer spec")
+    model_parallel = tp * pp * cp
+    if world_size % model_parallel:
+        out.append(f"{key}: tensor x pipeline x context = {model_parallel} must divide the world size {world_size}")
+    return out
+
+
+def cross_section_problems(sections: Mapping[str, Any], partial: bool) -> list[str]:
+    """Problems across ``sections`` (section name -> validated section). Checks needing a missing
+    section are skipped when ``partial``."""
+    out: list[str] = []
+    grpo, policy, data, sft = (sections.get(k) for k in ("grpo", "policy", "data", "sft"))
+    if grpo is not None and policy is not None:
+        samples = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
+        global_batch = policy.train_global_batch_size or samples
+        if samples % global_batch:
+            out.append(f"policy.train_global_batch_size={global_batch}: must divide the samples per step "
+                       f"grpo.num_prompts_per_step x grpo.num_generations_per_prompt = {samples}")
+        if global_batch % policy.train_micro_batch_size:
+            out.append(f"policy.train_micro_batch_size={policy.train_micro_batch_size}: must divide "
+                       f"the global batch ({global_batch}); e.g. use {_divisor_near(global_batch, policy.train_micro_batch_size)}")
+        if policy.generation.max_new_tokens >= policy.max_total_sequence_length:
+            out.append(f"policy.generation.max_new_tokens={policy.generation.max_new_tokens}: leaves no room for "
+                       f"the prompt in policy.max_total_sequence_length={policy.max_total_sequence_length}")
+    if grpo is not None:
+        if grpo.dynamic_sampling and grpo.num_generations_per_prompt < 2:
+            out.append("grpo.dynamic_sampling: needs grpo.num_generations_per_prompt >= 2 (a group of one has no variance)")
+        if grpo.advantage_estimator in ("grpo", "rloo") and grpo.num_generations_per_prompt < 2:
+            out.append(f"grpo.num_generations_per_prompt=1: the {grpo.advantage_estimator!r} baseline needs >= 2 "
+                       "samples per prompt (or use advantage_estimator=reinforce_baseline)")
+    if policy is not None:
+        if policy.megatron_cfg.enabled == policy.dtensor_cfg.enabled:
+            out.append("policy.megatron_cfg.enabled / policy.dtensor_cfg.enabled: enable exactly one training backend")
+        elif policy.dtensor_cfg.enabled:
+            out.append("policy.dtensor_cfg.enabled: the DTensor backend is not available yet; use megatron_cfg")
+        if not policy.generation.colocated.enabled:
+            out.append("policy.generation.colocated.enabled=false: non-colocated generation is not available yet")
+        out += _model_problems(policy)
+    if data is not None:
+        out += data.problems()
+    if sft is not None and data is not None and sft.enabled and data.task is None:
+        out.append(f"sft.enabled: a file dataset needs a '{sft.response_key}' column for the SFT warm start; "
+                   "set sft.enabled=false or sft.response_key to the answer column")
+    return out
+
+
+def _model_problems(policy: Any) -> list[str]:
+    path = Path(policy.model_name) / "config.json"
+    if not path.is_file() and policy.model_preset is not None:
+        from rlkit.models import PRESETS
+
+        if policy.model_preset not in PRESETS:
+            return [f"policy.model_preset={policy.model_preset!r}: unknown; choose one of {sorted(PRESETS)}"]
+        return []
+    if not path.is_file():
+        return [f"policy.model_name={policy.model_name!r}: no HF model folder there. Fix: create one with "
+                f"`rlkit make-model {policy.model_name}` or point it at an existing folder"]
+    model_config = json.loads(path.read_text())
+    return parallel_layout_problems(policy.megatron_cfg, model_config)
+
+
+def _divisor_near(n: int, target: int) -> int:
+    return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: abs(d - target))

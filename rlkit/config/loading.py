@@ -1,0 +1,161 @@
+"""Load a run config from a shipped preset or a YAML file, apply dotted overrides, validate everything.
+
+Every problem is collected and raised together as one :class:`rlkit.errors.ConfigError`, before any model
+or engine starts: unknown keys (with the nearest known key), wrong types, and impossible combinations.
+A YAML file may name ``base: <preset or path>`` to start from another config.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import yaml
+from pydantic import BaseModel, TypeAdapter, ValidationError
+
+from rlkit.config.checks import cross_section_problems
+from rlkit.config.run import RunConfig
+from rlkit.errors import ConfigError
+
+PRESET_DIR = Path(__file__).parent / "presets"
+
+
+def available_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def _read_yaml(source: str | Path, seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    path = Path(source)
+    if not path.suffix and (PRESET_DIR / f"{source}.yaml").is_file():
+        path = PRESET_DIR / f"{source}.yaml"
+    if not path.is_file():
+        hint = difflib.get_close_matches(str(source), available_presets(), n=1)
+        raise ConfigError([
+            f"config {str(source)!r} is neither a shipped preset nor a file"
+            + (f" (did you mean {hint[0]!r}?)" if hint else "")
+            + f"; presets: {', '.join(available_presets())}"
+        ])
+    if path.resolve() in seen:
+        raise ConfigError([f"config {path} names itself as a base (cycle: {' -> '.join(map(str, seen))})"])
+    raw = yaml.safe_load(path.read_text()) or {}
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    base_path = base if (PRESET_DIR / f"{base}.yaml").is_file() else path.parent / base
+    return deep_merge(_read_yaml(base_path, seen + (path.resolve(),)), raw)
+
+
+def deep_merge(base: dict, update: Mapping) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+def apply_overrides(raw: dict, overrides: Sequence[str] | Mapping[str, Any]) -> tuple[dict, list[str]]:
+    """``["grpo.num_generations_per_prompt=8", ...]`` (values parsed as YAML) or ``{"a.b": value}``."""
+    out, problems = copy.deepcopy(raw), []
+    items = overrides.items() if isinstance(overrides, Mapping) else [_split(o, problems) for o in overrides]
+    for key, value in (i for i in items if i is not None):
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                problems.append(f"{key}: {part!r} is a value, not a section")
+                break
+        else:
+            node[leaf] = value
+    return out, problems
+
+
+def _split(override: str, problems: list[str]):
+    if "=" not in override:
+        problems.append(f"override {override!r} is not of the form key=value (e.g. grpo.num_prompts_per_step=8)")
+        return None
+    key, value = override.split("=", 1)
+    return key.strip(), yaml.safe_load(value) if value.strip() else None
+
+
+def _field_names(model: Any) -> list[str]:
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        return list(model.model_fields)
+    return list(getattr(model, "__dataclass_fields__", {}))
+
+
+def _section_type(loc: tuple) -> Any:
+    """The config class that owns the field at ``loc[:-1]``."""
+    cls: Any = RunConfig
+    for part in loc[:-1]:
+        fields = getattr(cls, "model_fields", None)
+        if fields is not None and part in fields:
+            cls = fields[part].annotation
+        elif part in getattr(cls, "__dataclass_fields__", {}):
+            cls = cls.__dataclass_fields__[part].type
+        else:
+            return None
+    return cls
+
+
+def describe(error: dict, prefix: tuple = ()) -> str:
+    loc = prefix + tuple(p for p in error["loc"] if isinstance(p, str) and not p.startswith(("literal[", "callable")))
+    key = ".".join(map(str, loc))
+    if error["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+        known = _field_names(_section_type(loc))
+        hint = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        return f"{key}: unknown key" + (f"; did you mean {'.'.join(map(str, loc[:-1] + (hint[0],)))}?" if hint else "") + (
+            f" (known here: {', '.join(known)})" if known else "")
+    value = error.get("input")
+    return f"{key}: {error['msg']} (got {value!r})"
+
+
+def validate(raw: Mapping[str, Any]) -> RunConfig:
+    """Validate section by section so that every problem is reported at once, then check combinations."""
+    problems: list[str] = []
+    sections: dict[str, Any] = {}
+    fields = RunConfig.model_fields
+    for key, value in raw.items():
+        if key not in fields:
+            problems.append(describe({"loc": (key,), "type": "extra_forbidden"}))
+            continue
+        try:
+            sections[key] = TypeAdapter(fields[key].annotation).validate_python(value)
+        except ValidationError as e:
+            seen = set()
+            for err in e.errors():
+                line = describe(err, (key,))
+                if line not in seen:
+                    seen.add(line)
+                    problems.append(line)
+        except ConfigError as e:
+            problems.extend(f"{key}.{p}" if not p.startswith(key) else p for p in e.problems)
+    if problems:
+        problems += cross_section_problems(sections, partial=True)
+        raise ConfigError(problems)
+    config = RunConfig(**sections)
+    problems = cross_section_problems(config.__dict__, partial=False)
+    if problems:
+        raise ConfigError(problems)
+    return config
+
+
+def load_config(
+    source: str | Path | Mapping[str, Any] = "quickstart",
+    overrides: Sequence[str] | Mapping[str, Any] = (),
+) -> RunConfig:
+    """A validated :class:`RunConfig` from a preset name, a YAML path or a mapping, plus overrides."""
+    raw = dict(source) if isinstance(source, Mapping) else _read_yaml(source)
+    raw, problems = apply_overrides(raw, overrides)
+    if problems:
+        raise ConfigError(problems)
+    return validate(raw)
+
+
+def config_to_yaml(config: RunConfig) -> str:
+    """The fully resolved config as YAML (what a run records next to its metrics)."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,95 @@
+"""The run config: one typed section per component, composed. NeMo-RL's key names where it has them.
+
+Sections whose knobs belong to a pure-function layer reuse that layer's own frozen dataclass
+(``loss_fn`` is :class:`rlkit.algorithms.LossParams`, ``data`` is :class:`rlkit.data.DataParams`), so each default is written exactly once.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from rlkit.algorithms import AdvantageEstimatorName, AdvantageParams, LossParams
+from rlkit.data import DataParams
+from rlkit.config.components import PolicyConfig, Section
+
+_ADV = AdvantageParams()
+
+
+class GRPOConfig(Section):
+    num_prompts_per_step: int = Field(16, ge=1)
+    num_generations_per_prompt: int = Field(8, ge=1)
+    max_num_steps: int = Field(100, ge=0)
+    advantage_estimator: AdvantageEstimatorName = "grpo"
+    normalize_rewards: bool = _ADV.normalize_rewards
+    use_leave_one_out_baseline: bool = _ADV.use_leave_one_out_baseline
+    reward_kl_coef: float = Field(_ADV.kl_coef, ge=0)  # REINFORCE++: KL folded into the reward
+    baseline_momentum: float = Field(_ADV.baseline_momentum, ge=0, lt=1)
+    num_epochs: int = Field(1, ge=1)  # optimizer passes over each rollout (PPO epochs)
+    dynamic_sampling: bool = False  # DAPO: drop zero-variance groups and sample again until full
+    dynamic_sampling_max_tries: int = Field(4, ge=1)
+    overlong_buffer_length: Optional[int] = Field(None, ge=1)  # DAPO soft overlong punishment
+    overlong_penalty: float = Field(1.0, ge=0)
+    val_period: int = Field(0, ge=0)  # steps between held-out evaluations during run(); 0: only at the ends
+    mismatch_warning_threshold: float = Field(1e-2, gt=0)  # warn when |token_mult_prob_error - 1| exceeds
+
+    def advantage_params(self) -> AdvantageParams:
+        return AdvantageParams(
+            normalize_rewards=self.normalize_rewards,
+            use_leave_one_out_baseline=self.use_leave_one_out_baseline,
+            kl_coef=self.reward_kl_coef,
+            baseline_momentum=self.baseline_momentum,
+        )
+
+
+class EnvConfig(Section):
+    name: Literal["arithmetic", "math"] = "arithmetic"
+    math_timeout_s: float = Field(5.0, gt=0)
+
+
+class SFTConfig(Section):
+    """Supervised warm start on the task's reference answers (a random tiny model earns no reward)."""
+
+    enabled: bool = True
+    num_steps: int = Field(600, ge=0)
+    batch_size: int = Field(64, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    warmup_steps: int = Field(50, ge=0)
+    response_key: str = "answer"
+
+
+class EvalConfig(Section):
+    num_prompts: int = Field(500, ge=1)  # held-out prompts scored by evaluate()
+    greedy: bool = True
+
+
+class LoggerConfig(Section):
+    log_dir: str = "runs"
+    jsonl_enabled: bool = True
+    wandb_enabled: bool = False
+    wandb_project: str = "rlkit"
+    wandb_mode: Literal["offline", "online", "disabled"] = "offline"
+    wandb_group: Optional[str] = None
+    sample_table_period: int = Field(10, ge=0)  # steps between logged sample tables; 0 disables
+
+
+class CheckpointConfig(Section):
+    enabled: bool = False
+    save_period: int = Field(50, ge=1)
+    keep_last: int = Field(2, ge=1)
+    checkpoint_dir: Optional[str] = None  # default: <log_dir>/<name>/checkpoints
+
+
+class RunConfig(Section):
+    name: str = "run"
+    seed: int = 0
+    policy: PolicyConfig = PolicyConfig()
+    grpo: GRPOConfig = GRPOConfig()
+    loss_fn: LossParams = LossParams()
+    env: EnvConfig = EnvConfig()
+    data: DataParams = DataParams(task="arithmetic")
+    sft: SFTConfig = SFTConfig()
+    eval: EvalConfig = EvalConfig()
+    logger: LoggerConfig = LoggerConfig()
+    checkpointing: CheckpointConfig = CheckpointConfig()

@@ -1,0 +1,240 @@
+"""The Session: a policy, a reference, a generator, an environment and prompt data, alive in one process.
+
+The session is thin on purpose. Each stage method calls the stage function of the same name in
+:mod:`rlkit.stages` and keeps the result, so a notebook can re-run any cell; nothing here computes a
+loss or an advantage itself. It also keeps the bookkeeping a researcher should not have to: which policy
+version the generator holds (``stale``), which prompts the current step uses, and the step history.
+
+Re-running ``rollout()`` within a step returns the same prompts and samples (same seed, same weights);
+the step's prompts are consumed when ``train()`` completes.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from rlkit import stages
+from rlkit.algorithms import RLLoss, RunningBaseline
+from rlkit.config.loading import load_config
+from rlkit.config.run import RunConfig
+from rlkit.generation.base import SamplingSettings
+from rlkit.stages.metrics import StepMetrics, step_metrics
+from rlkit.trajectories import Trajectories
+
+
+class Session:
+    """Holds the components of an RL run and exposes one method per stage."""
+
+    def __init__(self, config: RunConfig, env: Any = None, loss_fn: Optional[Callable] = None):
+        from transformers import AutoTokenizer
+
+        from rlkit.components import build_environment, build_generator, build_policy, ensure_model
+        from rlkit.data import PromptSampler, load_prompt_dataset
+
+        self.config = config
+        ensure_model(config)
+        self.tokenizer = AutoTokenizer.from_pretrained(config.policy.model_name)
+        self.dataset = load_prompt_dataset(config.data)
+        self.sampler = PromptSampler(self.dataset["train"], config.grpo.num_prompts_per_step, seed=config.seed)
+        self.env = env if env is not None else build_environment(config)
+        self.policy = build_policy(config)
+        self.generator = build_generator(config)
+        self.generator_version = self.policy.version
+        self.loss_fn = loss_fn if loss_fn is not None else RLLoss(config.loss_fn, kl_in_reward=config.grpo.reward_kl_coef > 0)
+        self.baseline = RunningBaseline()
+        self.step_count = 0
+        self.history: list[StepMetrics] = []
+        self.batch: Optional[Trajectories] = None
+        self.last_train = self.last_refit = self.last_eval = self.last_sft = None
+        self._step_rows: Optional[list[dict]] = None
+        self._timings: dict[str, float] = {}
+        self.stop_requested = False
+
+    @classmethod
+    def from_config(cls, source: str | Path | Mapping = "quickstart", overrides: Sequence[str] | Mapping = (),
+                    **kwargs: Any) -> "Session":
+        """A session from a shipped preset name, a YAML path or a mapping, with dotted overrides
+        (``["grpo.num_generations_per_prompt=8"]`` or ``{"grpo.num_generations_per_prompt": 8}``)."""
+        return cls(load_config(source, overrides), **kwargs)
+
+    # ---- state -----------------------------------------------------------------------------------
+    @property
+    def stale(self) -> bool:
+        """True when the generator holds older weights than the policy (call ``refit()``)."""
+        return self.generator_version != self.policy.version
+
+    def _latest(self, batch: Optional[Trajectories], stage: str) -> Trajectories:
+        if batch is not None:
+            return batch
+        if self.batch is None:
+            from rlkit.errors import StageOrderError
+
+            raise StageOrderError(f"no rollout yet: call session.rollout() before session.{stage}()")
+        return self.batch
+
+    def _keep(self, batch: Trajectories) -> Trajectories:
+        self.batch = batch
+        return batch
+
+    def sampling(self, seed: Optional[int] = None) -> SamplingSettings:
+        g = self.config.policy.generation
+        return SamplingSettings(g.temperature, g.top_p, g.top_k, g.max_new_tokens, g.stop_strings,
+                                seed=self.config.seed * 1_000_003 + self.step_count if seed is None else seed)
+
+    # ---- stages ----------------------------------------------------------------------------------
+    def rollout(self, rows: Optional[Sequence[dict]] = None, seed: Optional[int] = None) -> Trajectories:
+        """Sample G completions for this step's prompts (or for ``rows``)."""
+        if self.stale:
+            warnings.warn(f"the generator holds policy version {self.generator_version}, the policy is at "
+                          f"{self.policy.version}: these samples are off-policy (call session.refit() first)",
+                          stacklevel=2)
+        if rows is None:
+            if self._step_rows is None:
+                self._step_rows = self.sampler.next_batch()
+            rows = self._step_rows
+        g = self.config.grpo
+        batch = stages.rollout(self.generator, self.tokenizer, rows, g.num_generations_per_prompt,
+                               self.sampling(seed), self.generator_version, self.config.data.system_prompt)
+        return self._keep(batch)
+
+    def score(self, batch: Optional[Trajectories] = None) -> Trajectories:
+        g = self.config.grpo
+        return self._keep(stages.score(self._latest(batch, "score"), self.env, g.overlong_buffer_length,
+                                       g.overlong_penalty, self.config.policy.generation.max_new_tokens))
+
+    def advantages(self, batch: Optional[Trajectories] = None) -> Trajectories:
+        g = self.config.grpo
+        return self._keep(stages.advantages(self._latest(batch, "advantages"), g.advantage_estimator,
+                                            g.advantage_params(), self.baseline))
+
+    def logprobs(self, batch: Optional[Trajectories] = None) -> Trajectories:
+        needs_reference = getattr(self.loss_fn, "needs_reference", True)
+        return self._keep(stages.logprobs(self._latest(batch, "logprobs"), self.policy, needs_reference,
+                                          self.config.grpo.mismatch_warning_threshold))
+
+    def loss(self, batch: Optional[Trajectories] = None) -> stages.LossReport:
+        """The loss and metrics on the batch under the current weights; no step is taken."""
+        return stages.loss(self._latest(batch, "loss"), self.policy, self.loss_fn)
+
+    def train(self, batch: Optional[Trajectories] = None) -> StepMetrics:
+        """Loss and optimizer step(s) on the batch; completes the RL step and records its metrics."""
+        batch = self._latest(batch, "train")
+        version_before = self.policy.version
+        result = stages.train(batch, self.policy, self.loss_fn, self.config.grpo.num_epochs,
+                              self.config.policy.train_global_batch_size, seed=self.config.seed + self.step_count)
+        self.last_train = result
+        self.step_count += 1
+        self._step_rows = None
+        timings = {k: v for k, v in batch.info.items() if k.startswith("timing/")}
+        timings["timing/train"] = result.seconds
+        metrics = step_metrics(self.step_count, self.policy.version, batch, result.metrics, timings, version_before)
+        self.history.append(metrics)
+        return metrics
+
+    def refit(self) -> Any:
+        """Push the policy's weights into the generator. Interrupted midway, the generator stays stale."""
+        self.generator_version = -1  # unknown mixture until the sync completes
+        report = stages.refit(self.policy, self.generator)
+        self.generator_version = report.policy_version
+        self.last_refit = report
+        return report
+
+    def step(self) -> StepMetrics:
+        """One whole RL step: rollout, score, advantages, logprobs, train, refit."""
+        t0 = time.perf_counter()
+        if self.stale:
+            self.refit()
+        batch = self.logprobs(self.advantages(self.score(self.rollout())))
+        metrics = self.train(batch)
+        report = self.refit()
+        metrics.values["timing/refit"] = report.seconds
+        metrics.values["timing/step_total"] = time.perf_counter() - t0
+        return metrics
+
+    def run(self, steps: Optional[int] = None, progress: bool = True,
+            on_step: Optional[Callable[[StepMetrics], None]] = None) -> list[StepMetrics]:
+        """``steps`` RL steps (default ``grpo.max_num_steps``) with a progress bar; ``request_stop()``
+        (or the dashboard's stop button) ends the loop after the current step."""
+        from tqdm.auto import tqdm
+
+        total = self.config.grpo.max_num_steps if steps is None else steps
+        self.stop_requested = False
+        done = []
+        bar = tqdm(range(total), desc="GRPO", disable=not progress, leave=True)
+        for _ in bar:
+            metrics = self.step()
+            done.append(metrics)
+            bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{metrics.get('train/kl', 0):.4f}")
+            period = self.config.grpo.val_period
+            if period and self.step_count % period == 0:
+                metrics.values["validation/accuracy"] = self.evaluate().accuracy
+            if on_step is not None:
+                on_step(metrics)
+            if self.stop_requested:
+                break
+        return done
+
+    def request_stop(self) -> None:
+        self.stop_requested = True
+
+    def evaluate(self, num_prompts: Optional[int] = None, greedy: Optional[bool] = None) -> stages.EvalResult:
+        """Held-out accuracy of the current policy (refits the generator first if it is stale)."""
+        if self.stale:
+            self.refit()
+        n = num_prompts or self.config.eval.num_prompts
+        rows = list(self.dataset["validation"].select(range(min(n, len(self.dataset["validation"])))))
+        self.last_eval = stages.evaluate(
+            self.generator, self.tokenizer, self.env, rows, self.config.policy.generation.max_new_tokens,
+            self.policy.version, greedy=self.config.eval.greedy if greedy is None else greedy,
+            seed=self.config.seed, system_prompt=self.config.data.system_prompt,
+        )
+        return self.last_eval
+
+    def sft(self, num_steps: Optional[int] = None, progress: bool = True) -> stages.SFTResult:
+        """Supervised warm start on the task's answers; the result becomes the KL reference policy."""
+        from tqdm.auto import tqdm
+
+        from rlkit.data import PromptSampler
+
+        cfg = self.config.sft if num_steps is None else self.config.sft.model_copy(update={"num_steps": num_steps})
+        sampler = PromptSampler(self.dataset["train"], cfg.batch_size, seed=self.config.seed + 1)
+        bar = tqdm(total=cfg.num_steps, desc="SFT", disable=not progress)
+
+        def on_step(step: int, loss: float) -> None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.4f}")
+
+        try:
+            self.last_sft = stages.sft(self.policy, self.tokenizer, sampler, cfg, self.config.policy.optimizer,
+                                       self.config.policy.scheduler, self.config.data.system_prompt, on_step)
+        finally:
+            bar.close()
+        return self.last_sft
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the generator, the policy and Megatron's global state; a new Session can follow."""
+        for part in ("generator", "policy", "env"):
+            component = getattr(self, part, None)
+            if component is not None and hasattr(component, "close"):
+                component.close()
+            setattr(self, part, None)
+
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        from rlkit.notebook.display import session_summary
+
+        return session_summary(self)
+
+    def _repr_html_(self) -> str:
+        from rlkit.notebook.display import session_html
+
+        return session_html(self)

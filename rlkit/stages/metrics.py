@@ -1,0 +1,57 @@
+"""Per-step metrics under NeMo-RL-style names (``rollout/...``, ``train/...``, ``timing/...``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rlkit.trajectories import Trajectories
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    step: int  # RL steps completed, this one included
+    policy_version: int  # optimizer steps the policy has taken after this step
+    values: dict[str, float] = field(default_factory=dict)
+
+    def __getitem__(self, key: str) -> float:
+        return self.values[key]
+
+    def get(self, key: str, default: float | None = None) -> float | None:
+        return self.values.get(key, default)
+
+    def __repr__(self) -> str:
+        keys = ("rollout/reward_mean", "train/loss", "train/kl", "train/clipped_fraction",
+                "train/token_mult_prob_error", "timing/step_total")
+        shown = ", ".join(f"{k.split('/')[1]}={self.values[k]:.4g}" for k in keys if k in self.values)
+        return f"StepMetrics(step={self.step}, {shown})"
+
+    def _repr_html_(self) -> str:
+        from rlkit.notebook.html import metrics_table
+
+        return metrics_table(f"step {self.step}", self.values)
+
+
+def rollout_metrics(batch: Trajectories) -> dict[str, float]:
+    rewards = batch.require("rewards", "score()")
+    lengths = batch.completion_lengths.float()
+    return {
+        "rollout/reward_mean": float(rewards.mean()),
+        "rollout/reward_std": float(rewards.std()) if rewards.numel() > 1 else 0.0,
+        "rollout/gen_length_mean": float(lengths.mean()),
+        "rollout/gen_length_max": float(lengths.max()),
+        "rollout/truncation_rate": float(batch.truncated.float().mean()),
+        "rollout/zero_variance_groups": float(batch.info.get("zero_variance_groups", 0.0)),
+        "rollout/reward_errors": float(len(batch.reward_errors)),
+        "rollout/policy_lag": 0.0,
+    }
+
+
+def step_metrics(step: int, policy_version: int, batch: Trajectories, train_metrics: dict[str, float],
+                 timings: dict[str, float], version_before_train: int) -> StepMetrics:
+    """``version_before_train - batch.policy_version`` is how many updates behind the samples were."""
+    values = rollout_metrics(batch)
+    values["rollout/policy_lag"] = float(version_before_train - batch.policy_version)
+    values.update({f"train/{k}": v for k, v in train_metrics.items()})
+    values["train/token_mult_prob_error"] = float(batch.info.get("token_mult_prob_error", 1.0))
+    values.update({f"timing/{k.removeprefix('timing/')}": v for k, v in timings.items()})
+    return StepMetrics(step, policy_version, values)

@@ -1,0 +1,67 @@
+"""SFT warm start: supervised steps on the task's reference answers.
+
+A random tiny model never produces a correct answer, so RL from scratch has no reward signal. Real
+pipelines start RL from an instruction-tuned model; this stage plays that part. It trains with its own
+optimizer settings, then restores the RL optimizer and makes the result the KL reference policy.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+
+from rlkit.config.components import OptimizerConfig, SchedulerConfig
+from rlkit.config.run import SFTConfig
+from rlkit.data import PromptSampler, build_sft_batch
+from rlkit.policy.base import Policy
+from rlkit.trajectories import LossCounts, Trajectories
+
+
+@dataclass(frozen=True)
+class SFTResult:
+    losses: tuple[float, ...]  # per step, token-mean negative log-likelihood of the responses
+    seconds: float
+
+    def __repr__(self) -> str:
+        last = f"{self.losses[-1]:.4f}" if self.losses else "-"
+        return f"SFTResult({len(self.losses)} steps, final loss {last}, {self.seconds:.1f}s)"
+
+
+def nll_loss(logprobs: torch.Tensor, batch: Trajectories, counts: LossCounts):
+    """Token-mean negative log-likelihood over the global batch's response tokens."""
+    loss = -(logprobs * batch.loss_mask).sum() / max(counts.valid_tokens, 1)
+    return loss, {"loss": loss.detach()}
+
+
+def sft_batch_as_trajectories(tokenizer: Any, rows: list[dict[str, Any]], cfg: SFTConfig,
+                              system_prompt: Optional[str] = None) -> Trajectories:
+    ids, attention, loss_mask = build_sft_batch(tokenizer, rows, response_key=cfg.response_key,
+                                                system_prompt=system_prompt)
+    n = ids.shape[0]
+    return Trajectories(
+        prompts=tuple(r["prompt"] for r in rows), completions=tuple(str(r[cfg.response_key]) for r in rows),
+        input_ids=ids, attention_mask=attention, loss_mask=loss_mask,
+        generator_logprobs=torch.zeros(ids.shape), finish_reasons=("stop",) * n, group_size=1, policy_version=0,
+    )
+
+
+def sft(policy: Policy, tokenizer: Any, sampler: PromptSampler, cfg: SFTConfig, rl_optimizer: OptimizerConfig,
+        rl_scheduler: SchedulerConfig, system_prompt: Optional[str] = None,
+        on_step: Optional[Callable[[int, float], None]] = None) -> SFTResult:
+    t0 = time.perf_counter()
+    policy.reset_optimizer(OptimizerConfig(lr=cfg.lr), SchedulerConfig(warmup_steps=cfg.warmup_steps))
+    losses = []
+    try:
+        for step in range(cfg.num_steps):
+            batch = sft_batch_as_trajectories(tokenizer, sampler.next_batch(), cfg, system_prompt)
+            result = policy.train_step(batch, nll_loss)
+            losses.append(result.metrics["loss"])
+            if on_step is not None:
+                on_step(step, losses[-1])
+    finally:
+        policy.reset_optimizer(rl_optimizer, rl_scheduler)
+        policy.set_reference_to_current()
+    return SFTResult(tuple(losses), time.perf_counter() - t0)

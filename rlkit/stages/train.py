@@ -1,0 +1,73 @@
+"""Train stage: the loss and optimizer step(s) on a scored batch; loss(): the same numbers without a step.
+
+With ``num_epochs`` > 1 or a global batch smaller than the rollout, the batch is split into minibatches
+and the policy takes several steps against the stored ``prev_logprobs`` (PPO-style); the clipped ratio
+keeps later steps near the policy that produced the data.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from rlkit.policy.base import LossFn, Policy, TrainStepResult
+from rlkit.trajectories import Trajectories
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    steps: tuple[TrainStepResult, ...]  # one per optimizer step, in order
+    metrics: dict[str, float]  # averaged over the optimizer steps
+    seconds: float
+
+    @property
+    def grad_norm(self) -> float:
+        return self.metrics["grad_norm"]
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{k}={v:.4g}" for k, v in self.metrics.items() if k in ("loss", "grad_norm", "clipped_fraction", "kl"))
+        return f"TrainResult({len(self.steps)} step(s), {shown}, {self.seconds:.2f}s)"
+
+
+@dataclass(frozen=True)
+class LossReport:
+    metrics: dict[str, float]
+    policy_version: int
+
+    def __repr__(self) -> str:
+        return "LossReport(" + ", ".join(f"{k}={v:.4g}" for k, v in self.metrics.items()) + ")"
+
+
+def _check_ready(batch: Trajectories) -> None:
+    batch.require("advantages", "advantages()")
+    batch.require("prev_logprobs", "logprobs()")
+
+
+def loss(batch: Trajectories, policy: Policy, loss_fn: LossFn) -> LossReport:
+    """The loss and its metrics under the current weights, without gradients or an update."""
+    _check_ready(batch)
+    return LossReport(policy.evaluate_loss(batch, loss_fn), policy.version)
+
+
+def train(batch: Trajectories, policy: Policy, loss_fn: LossFn, num_epochs: int = 1,
+          global_batch_size: Optional[int] = None, seed: int = 0) -> TrainResult:
+    """``num_epochs`` passes over ``batch`` in shuffled minibatches of ``global_batch_size`` rows, one
+    optimizer step per minibatch. Returns every step's result and their mean metrics."""
+    _check_ready(batch)
+    t0 = time.perf_counter()
+    size = global_batch_size or batch.batch_size
+    generator = torch.Generator().manual_seed(seed)
+    steps = []
+    for epoch in range(num_epochs):
+        order = torch.arange(batch.batch_size) if size == batch.batch_size else torch.randperm(batch.batch_size, generator=generator)
+        for start in range(0, batch.batch_size, size):
+            minibatch = batch if size == batch.batch_size else batch.select(order[start:start + size])
+            steps.append(policy.train_step(minibatch, loss_fn))
+    keys = steps[0].metrics.keys()
+    metrics = {k: sum(s.metrics[k] for s in steps) / len(steps) for k in keys}
+    metrics["grad_norm"] = sum(s.grad_norm for s in steps) / len(steps)
+    metrics["learning_rate"] = steps[-1].learning_rate
+    return TrainResult(tuple(steps), metrics, time.perf_counter() - t0)
