@@ -52,6 +52,7 @@ class Session:
         self._step_rows: Optional[list[dict]] = None
         self._timings: dict[str, float] = {}
         self.stop_requested = False
+        self.listeners: list[Callable[[StepMetrics], None]] = []  # called after every step of run()
 
     @classmethod
     def from_config(cls, source: str | Path | Mapping = "quickstart", overrides: Sequence[str] | Mapping = (),
@@ -171,8 +172,8 @@ class Session:
             period = self.config.grpo.val_period
             if period and self.step_count % period == 0:
                 metrics.values["validation/accuracy"] = self.evaluate().accuracy
-            if on_step is not None:
-                on_step(metrics)
+            for listener in ([on_step] if on_step else []) + self.listeners:
+                listener(metrics)
             if self.stop_requested:
                 break
         return done
@@ -213,6 +214,27 @@ class Session:
         finally:
             bar.close()
         return self.last_sft
+
+    # ---- notebook and checkpoints ----------------------------------------------------------------
+    def dashboard(self) -> Any:
+        """A live widget (plots of reward, KL, entropy, clipping, lengths, stage times; latest samples;
+        a stop button) that updates during ``run()``. Falls back to text without ipywidgets."""
+        from rlkit.notebook.dashboard import Dashboard
+
+        return Dashboard(self)
+
+    def save(self, path: str | Path) -> Path:
+        """Write a checkpoint (weights, optimizer, scheduler, RNG, data position, step, config) atomically."""
+        from rlkit.tracking.checkpoint import save_session
+
+        return save_session(self, path)
+
+    @classmethod
+    def load(cls, path: str | Path, **kwargs: Any) -> "Session":
+        """A session restored from ``save(path)``; the next step continues exactly where it left off."""
+        from rlkit.tracking.checkpoint import load_session
+
+        return load_session(cls, path, **kwargs)
 
     # ---- lifecycle -------------------------------------------------------------------------------
     def close(self) -> None:

@@ -87,7 +87,7 @@ class MegatronPolicy:
         self.reset_optimizer(cfg.optimizer, cfg.scheduler)
         self.temperature = cfg.generation.temperature
         self.version = 0
-        self._reference: dict[str, Tensor] | None = None
+        self.reference_state: dict[str, Tensor] | None = None  # Megatron-named frozen KL reference weights
         self.set_reference_to_current()
 
     def reset_optimizer(self, optimizer: OptimizerConfig, scheduler: SchedulerConfig) -> None:
@@ -132,7 +132,7 @@ class MegatronPolicy:
 
     def set_reference_to_current(self) -> None:
         """Freeze the current weights as the KL reference (a weight copy, no optimizer state)."""
-        self._reference = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        self.reference_state = {n: p.detach().clone() for n, p in self.model.named_parameters()}
 
     @contextlib.contextmanager
     def _reference_weights(self):
@@ -142,7 +142,7 @@ class MegatronPolicy:
             live = {n: p.detach().clone() for n, p in params.items()}
             try:
                 for n, p in params.items():
-                    p.copy_(self._reference[n])
+                    p.copy_(self.reference_state[n])
                 yield
             finally:
                 for n, p in params.items():
@@ -174,7 +174,7 @@ class MegatronPolicy:
         return TokenScores(logprobs, entropy if with_entropy else None)
 
     def reference_score(self, input_ids: Tensor, attention_mask: Tensor) -> TokenScores:
-        with self._reference_weights():
+        with self.reference_state_weights():
             return self.score(input_ids, attention_mask)
 
     # ---- training ---------------------------------------------------------------------------------
@@ -283,7 +283,7 @@ class MegatronPolicy:
         """Release the model and Megatron's global parallel state (a new policy can be built after)."""
         self.model = None
         self.optimizer = None
-        self._reference = None
+        self.reference_state = None
         parallel.destroy_parallel()
 
     def __repr__(self) -> str:

@@ -1,0 +1,122 @@
+"""Command line: ``rlkit train | sft | sweep | make-model | demo``.
+
+    rlkit train quickstart                         # SFT warm start, then GRPO; writes runs/quickstart/
+    rlkit train my.yaml grpo.max_num_steps=50      # any preset or YAML file, with dotted overrides
+    rlkit make-model models/tiny --preset tiny     # an HF-format tiny model folder
+    rlkit demo                                     # the component demo: generate, score, train, refit
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def _offline_defaults() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    os.environ.setdefault("WANDB_MODE", "offline")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from rlkit.config.loading import load_config
+    from rlkit.experiment import run_experiment
+
+    config = load_config(args.config, args.overrides)
+    summary = run_experiment(config, progress=not args.quiet)
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from rlkit.config.loading import load_config
+    from rlkit.session import Session
+    from rlkit.tracking.export import export_hf_folder
+
+    config = load_config(args.config, args.overrides)
+    with Session(config) as session:
+        result = session.sft(progress=not args.quiet)
+        accuracy = session.evaluate().accuracy
+        export_hf_folder(session.policy, config.policy.model_name, args.output)
+    print(json.dumps({"sft_steps": len(result.losses), "final_loss": result.losses[-1] if result.losses else None,
+                      "held_out_accuracy": accuracy, "output": args.output}, indent=2))
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from rlkit.tracking.sweep import parse_grid, run_sweep
+
+    result = run_sweep(args.config, parse_grid(args.grid), base_overrides=args.set, out_dir=args.out)
+    print(json.dumps({"sweep_dir": str(result.folder), "runs": len(result.runs)}, indent=2))
+    return 0
+
+
+def cmd_make_model(args: argparse.Namespace) -> int:
+    from rlkit.models import make_model
+    from rlkit.models.factory import count_parameters
+
+    path = make_model(args.folder, args.preset, args.family, seed=args.seed, tie_word_embeddings=args.tie)
+    print(f"{path}: {args.family} preset {args.preset!r}, {count_parameters(path) / 1e6:.2f}M parameters")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from rlkit.demo import run_demo
+
+    run_demo(preset=args.preset, family=args.family)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rlkit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    for name, fn, text in (("train", cmd_train, "SFT warm start (if enabled), then GRPO"),
+                           ("sft", cmd_sft, "SFT warm start only; export the result as an HF folder")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("config", help="a shipped preset (e.g. quickstart) or a YAML file")
+        p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. grpo.max_num_steps=50")
+        p.add_argument("--quiet", action="store_true", help="no progress bars")
+        if name == "sft":
+            p.add_argument("--output", required=True, help="folder for the fine-tuned HF model")
+        p.set_defaults(fn=fn)
+
+    p = sub.add_parser("sweep", help="run a grid of overrides (x seeds) and compare")
+    p.add_argument("config")
+    p.add_argument("grid", nargs="+", help="key=v1,v2 ... (seed=0,1,2 for seeds)")
+    p.add_argument("--set", nargs="*", default=[], help="overrides applied to every run")
+    p.add_argument("--out", default=None, help="sweep folder (default runs/sweeps/<config>-<time>)")
+    p.set_defaults(fn=cmd_sweep)
+
+    p = sub.add_parser("make-model", help="create a tiny HF-format model folder")
+    p.add_argument("folder")
+    p.add_argument("--preset", default="tiny", help="nano | tiny | small | medium")
+    p.add_argument("--family", default="llama", choices=["llama", "qwen2"])
+    p.add_argument("--tie", action="store_true", help="tie input and output embeddings")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(fn=cmd_make_model)
+
+    p = sub.add_parser("demo", help="component demo: generate, score with the policy, train, refit, generate")
+    p.add_argument("--preset", default="tiny")
+    p.add_argument("--family", default="qwen2", choices=["llama", "qwen2"])
+    p.set_defaults(fn=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    _offline_defaults()
+    args = build_parser().parse_args(argv)
+    from rlkit.errors import RLKitError
+
+    try:
+        return args.fn(args)
+    except RLKitError as e:
+        print(f"rlkit: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
