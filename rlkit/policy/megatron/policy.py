@@ -174,7 +174,7 @@ class MegatronPolicy:
         return TokenScores(logprobs, entropy if with_entropy else None)
 
     def reference_score(self, input_ids: Tensor, attention_mask: Tensor) -> TokenScores:
-        with self.reference_state_weights():
+        with self._swap_in_reference_weights():
             return self.score(input_ids, attention_mask)
 
     # ---- training ---------------------------------------------------------------------------------
