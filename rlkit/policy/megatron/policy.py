@@ -135,7 +135,7 @@ class MegatronPolicy:
         self.reference_state = {n: p.detach().clone() for n, p in self.model.named_parameters()}
 
     @contextlib.contextmanager
-    def _reference_weights(self):
+    def _swap_in_reference_weights(self):
         """Swap the reference weights in for the block, and back even if it raises."""
         params = dict(self.model.named_parameters())
         with torch.no_grad():
