@@ -12,6 +12,7 @@ the step's prompts are consumed when ``train()`` completes.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -61,6 +62,24 @@ class Session:
         (``["grpo.num_generations_per_prompt=8"]`` or ``{"grpo.num_generations_per_prompt": 8}``)."""
         return cls(load_config(source, overrides), **kwargs)
 
+    LIVE_SECTIONS = ("name", "grpo", "loss_fn", "eval", "logger", "checkpointing")  # changeable without restart
+
+    def configure(self, overrides: Sequence[str] | Mapping[str, Any] | RunConfig) -> RunConfig:
+        """Change algorithm settings in place (``grpo.*``, ``loss_fn.*``, ``eval.*`` ...) without restarting
+        the engines, e.g. ``session.configure(["loss_fn.policy_loss=gspo"])``. Returns the new config.
+        Changes to the model, generator, data or environment need a new Session and raise ConfigError."""
+        from rlkit.algorithms import RLLoss
+        from rlkit.errors import ConfigError
+
+        new = overrides if isinstance(overrides, RunConfig) else load_config(self.config.model_dump(), overrides)
+        frozen = [k for k in RunConfig.model_fields if k not in self.LIVE_SECTIONS and getattr(new, k) != getattr(self.config, k)]
+        if frozen:
+            raise ConfigError([f"{k}: changing it needs a new Session (Session.from_config(..., overrides=...)); "
+                               f"in place only {', '.join(self.LIVE_SECTIONS)} can change" for k in frozen])
+        self.config = new
+        self.loss_fn = RLLoss(new.loss_fn, kl_in_reward=new.grpo.reward_kl_coef > 0)
+        return new
+
     # ---- state -----------------------------------------------------------------------------------
     @property
     def stale(self) -> bool:
@@ -92,14 +111,31 @@ class Session:
             warnings.warn(f"the generator holds policy version {self.generator_version}, the policy is at "
                           f"{self.policy.version}: these samples are off-policy (call session.refit() first)",
                           stacklevel=2)
+        g = self.config.grpo
+        if g.dynamic_sampling and rows is None:
+            return self._keep(self._dynamic_rollout(seed))
         if rows is None:
             if self._step_rows is None:
                 self._step_rows = self.sampler.next_batch()
             rows = self._step_rows
-        g = self.config.grpo
         batch = stages.rollout(self.generator, self.tokenizer, rows, g.num_generations_per_prompt,
                                self.sampling(seed), self.generator_version, self.config.data.system_prompt)
         return self._keep(batch)
+
+    def _dynamic_rollout(self, seed: Optional[int]) -> Trajectories:
+        """DAPO: rounds of fresh prompts, scored, keeping groups whose rewards vary (returns a scored batch)."""
+        g = self.config.grpo
+        if self._step_rows is None:
+            self._step_rows = [self.sampler.next_batch() for _ in range(g.dynamic_sampling_max_tries)]
+        base = self.sampling(seed).seed
+
+        def sample_and_score(attempt: int) -> Trajectories:
+            batch = stages.rollout(self.generator, self.tokenizer, self._step_rows[attempt],
+                                   g.num_generations_per_prompt, replace(self.sampling(), seed=base + 7919 * attempt),
+                                   self.generator_version, self.config.data.system_prompt)
+            return self.score(batch)
+
+        return stages.dynamic_sampling(sample_and_score, g.num_prompts_per_step, g.dynamic_sampling_max_tries)
 
     def score(self, batch: Optional[Trajectories] = None) -> Trajectories:
         g = self.config.grpo
@@ -148,7 +184,9 @@ class Session:
         t0 = time.perf_counter()
         if self.stale:
             self.refit()
-        batch = self.logprobs(self.advantages(self.score(self.rollout())))
+        batch = self.rollout()
+        # logprobs before advantages: estimators that fold KL into the reward need the reference logprobs
+        batch = self.advantages(self.logprobs(batch if batch.rewards is not None else self.score(batch)))
         metrics = self.train(batch)
         report = self.refit()
         metrics.values["timing/refit"] = report.seconds

@@ -109,6 +109,35 @@ class Trajectories:
             **tensors,
         )
 
+    def select_groups(self, groups: Tensor) -> "Trajectories":
+        """The prompt groups at indices ``groups`` [K] (all G samples each), group structure kept."""
+        rows = (groups.view(-1, 1) * self.group_size + torch.arange(self.group_size)).flatten()
+        picked = self.select(rows)
+        return dataclasses.replace(picked, group_size=self.group_size,
+                                   rows=tuple(self.rows[i] for i in groups.tolist()) if self.rows else ())
+
+    @staticmethod
+    def concat(batches: "list[Trajectories]") -> "Trajectories":
+        """Batches of the same group size stacked along B, right-padded to the longest T."""
+        first = batches[0]
+        width = max(b.input_ids.shape[1] for b in batches)
+
+        def cat(name: str):
+            values = [getattr(b, name) for b in batches]
+            if any(v is None for v in values):
+                return None
+            if values[0].dim() == 1:
+                return torch.cat(values)
+            return torch.cat([torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in values])
+
+        tensors = {f.name: cat(f.name) for f in dataclasses.fields(first) if isinstance(getattr(first, f.name), Tensor)}
+        joined = lambda name: tuple(x for b in batches for x in getattr(b, name))  # noqa: E731
+        return dataclasses.replace(
+            first, prompts=joined("prompts"), completions=joined("completions"),
+            finish_reasons=joined("finish_reasons"), rows=joined("rows"), env_metadata=joined("env_metadata"),
+            reward_errors=joined("reward_errors"), **tensors,
+        )
+
     def __len__(self) -> int:
         return self.batch_size
 

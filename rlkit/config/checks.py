@@ -55,7 +55,7 @@ def cross_section_problems(sections: Mapping[str, Any], partial: bool) -> list[s
         if samples % global_batch:
             out.append(f"policy.train_global_batch_size={global_batch}: must divide the samples per step "
                        f"grpo.num_prompts_per_step x grpo.num_generations_per_prompt = {samples}")
-        if global_batch % policy.train_micro_batch_size:
+        if policy.train_micro_batch_size < global_batch and global_batch % policy.train_micro_batch_size:
             out.append(f"policy.train_micro_batch_size={policy.train_micro_batch_size}: must divide "
                        f"the global batch ({global_batch}); e.g. use {_divisor_near(global_batch, policy.train_micro_batch_size)}")
         if policy.generation.max_new_tokens >= policy.max_total_sequence_length:

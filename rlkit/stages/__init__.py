@@ -4,6 +4,7 @@
 """
 
 from rlkit.stages.advantages import advantages
+from rlkit.stages.dynamic_sampling import dynamic_sampling
 from rlkit.stages.evaluate import EvalResult, evaluate
 from rlkit.stages.logprobs import logprobs
 from rlkit.stages.refit import refit
@@ -12,5 +13,5 @@ from rlkit.stages.score import score
 from rlkit.stages.sft import SFTResult, sft
 from rlkit.stages.train import LossReport, TrainResult, loss, train
 
-__all__ = ["EvalResult", "LossReport", "SFTResult", "TrainResult", "advantages", "evaluate", "logprobs",
+__all__ = ["EvalResult", "LossReport", "SFTResult", "TrainResult", "advantages", "dynamic_sampling", "evaluate", "logprobs",
            "loss", "refit", "rollout", "score", "sft", "train"]

@@ -1,0 +1,432 @@
+"""Checkpoints of a whole session, written atomically and read without pickle.
+
+A checkpoint is a folder::
+
+    model.safetensors       policy weights, Megatron parameter names
+    reference.safetensors   the frozen KL reference weights
+    optimizer.safetensors   AdamW tensors ("state/<param index>/<key>")
+    rng.safetensors         torch CPU RNG (+ CUDA, + Megatron's tracked RNG states)
+    config.yaml             the resolved run config
+    state.json              step, policy version, sampler position, baseline, optimizer param groups,
+                            scheduler, python/numpy RNG, step history, caller's ``extra``, file sizes
+
+Why atomic: a run that dies while writing (SIGKILL, out of memory, a full disk) must leave the last good
+checkpoint loadable. Everything is written into a hidden sibling folder, each file fsynced, and only then
+renamed into place (a rename within a directory is atomic on POSIX). Overwriting an existing folder takes
+two renames (old aside, new in); a crash between them leaves the old one as ``.<name>.old-*``, which
+:func:`load_session` falls back to. Periodic checkpoints never overwrite: each step has its own folder,
+and pruning renames a folder away before deleting it, so a half-deleted folder never looks valid.
+
+Why no pickle: a checkpoint may come from someone else; safetensors and JSON cannot execute code.
+
+Deliberate simplifications: single-process sessions only (one rank holds every weight; a TP/DP run would
+need one shard file per rank and a barrier before the rename); take a checkpoint between stages (the
+current step's prompts are kept, the in-flight batch is not: a resumed session re-draws the step's rollout,
+which is the same rollout under the same seed and weights); the model folder named by the config must
+still exist (it supplies the architecture, tokenizer and the generator's start-up weights).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import re
+import shutil
+import time
+import uuid
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+from rlkit.errors import RLKitError
+
+FORMAT = "rlkit-checkpoint"
+FORMAT_VERSION = 1
+STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+class CheckpointError(RLKitError, RuntimeError):
+    """A checkpoint that cannot be written or read as asked."""
+
+
+# ---- atomic folder writes -----------------------------------------------------------------------------
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: str | Path, write: Callable[[Path], None]) -> Path:
+    """Run ``write(tmp_folder)``, fsync what it wrote, then put the folder at ``path`` by rename.
+
+    If ``write`` raises (or the process dies) the folder at ``path``, if any, is untouched; the partial
+    temporary folder is removed on an exception and ignored (then cleaned) after a crash.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        write(tmp)
+        for file in tmp.rglob("*"):
+            if file.is_file():
+                _fsync_path(file)
+        _fsync_path(tmp)
+        if path.exists():
+            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(path, old)
+            os.rename(tmp, path)
+            _fsync_path(path.parent)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(tmp, path)
+        _fsync_path(path.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return path
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clean_stale_temporaries(folder: str | Path) -> list[Path]:
+    """Remove leftovers of writers that died (temporary folders of dead processes, pruned folders)."""
+    removed = []
+    folder = Path(folder)
+    if not folder.is_dir():
+        return removed
+    for entry in folder.iterdir():
+        m = re.match(r"^\..+\.tmp-(\d+)-[0-9a-f]+$", entry.name)
+        if (m and not _pid_alive(int(m.group(1)))) or entry.name.startswith(".trash-"):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed.append(entry)
+    return removed
+
+
+# ---- state capture ------------------------------------------------------------------------------------
+def _json_dump(obj: Any, path: Path) -> None:
+    path.write_text(json.dumps(obj, indent=1))
+
+
+def _optimizer_parts(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    sd = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for index, entries in sd["state"].items():
+        for key, value in entries.items():
+            if isinstance(value, torch.Tensor):
+                tensors[f"state/{index}/{key}"] = value.detach().contiguous()
+            else:
+                scalars.setdefault(str(index), {})[key] = value
+    return tensors, {"param_groups": sd["param_groups"], "state": scalars}
+
+
+def _optimizer_state_dict(optimizer: torch.optim.Optimizer, tensors: Mapping[str, torch.Tensor],
+                          meta: Mapping[str, Any]) -> dict[str, Any]:
+    """Rebuild ``optimizer.state_dict()`` form from the saved parts (tuples restored where the live ones are)."""
+    state: dict[int, dict[str, Any]] = {}
+    for key, value in tensors.items():
+        _, index, name = key.split("/", 2)
+        state.setdefault(int(index), {})[name] = value
+    for index, entries in meta["state"].items():
+        state.setdefault(int(index), {}).update(entries)
+    live = optimizer.state_dict()["param_groups"]
+    if len(live) != len(meta["param_groups"]):
+        raise CheckpointError(f"the checkpoint's optimizer has {len(meta['param_groups'])} parameter groups, "
+                              f"this policy's has {len(live)}")
+    groups = []
+    for saved, current in zip(meta["param_groups"], live):
+        groups.append({k: tuple(v) if isinstance(current.get(k), tuple) else v for k, v in saved.items()})
+    return {"state": state, "param_groups": groups}
+
+
+def _megatron_rng_tracker():
+    try:
+        from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+        tracker = get_cuda_rng_tracker()
+        return tracker if tracker.is_initialized() else None
+    except Exception:  # pragma: no cover - Megatron absent or not set up: nothing of its RNG to keep
+        return None
+
+
+def capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """Every RNG a session step could draw from: torch CPU (+CUDA), Megatron's tracker, python, numpy."""
+    tensors = {"torch_cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        for i, state in enumerate(torch.cuda.get_rng_state_all()):
+            tensors[f"cuda/{i}"] = state
+    tracker = _megatron_rng_tracker()
+    if tracker is not None:
+        for name, state in tracker.get_states().items():
+            tensors[f"megatron/{name}"] = state
+    version, mt, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    meta = {"python": [version, list(mt), gauss],
+            "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]}
+    return tensors, meta
+
+
+def restore_rng(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> None:
+    torch.set_rng_state(tensors["torch_cpu"])
+    cuda = [tensors[k] for k in sorted((k for k in tensors if k.startswith("cuda/")), key=lambda k: int(k[5:]))]
+    if cuda and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(cuda)
+    tracker = _megatron_rng_tracker()
+    megatron = {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith("megatron/")}
+    if tracker is not None and megatron:
+        tracker.set_states(megatron)
+    version, mt, gauss = meta["python"]
+    random.setstate((version, tuple(mt), gauss))
+    name, keys, pos, has_gauss, cached = meta["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
+
+
+def _check_single_process() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        raise CheckpointError("checkpoints cover single-process sessions only (this one has "
+                              f"{dist.get_world_size()} ranks); save per-rank shards is not implemented yet")
+
+
+def _jsonable_state(obj: Any) -> Any:
+    if obj is None:
+        return None
+    if dataclasses.is_dataclass(obj):
+        return dataclasses.asdict(obj)
+    return dict(vars(obj))
+
+
+# ---- save -----------------------------------------------------------------------------------------------
+def save_session(session: Any, path: str | Path, extra: Optional[Mapping[str, Any]] = None) -> Path:
+    """Write ``session`` to the folder ``path`` atomically (see the module docstring); returns ``path``.
+
+    Take it between steps or between stages; ``extra`` (JSON-able) is stored and returned by
+    :func:`read_checkpoint_state` (the experiment runner keeps its before-RL accuracy there).
+    """
+    from rlkit.config.loading import config_to_yaml
+
+    _check_single_process()
+    policy = session.policy
+    if policy is None:
+        raise CheckpointError("this session is closed: nothing to save")
+    weights = {n: p.detach().contiguous() for n, p in policy.model.named_parameters()}
+    reference = {n: t.contiguous() for n, t in (policy.reference_state or {}).items()}
+    opt_tensors, opt_meta = _optimizer_parts(policy.optimizer)
+    rng_tensors, rng_meta = capture_rng()
+    state = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "saved_at": time.time(),
+        "step_count": session.step_count,
+        "policy_version": policy.version,
+        "sampler": session.sampler.state_dict(),
+        "step_rows": session._step_rows,
+        "baseline": _jsonable_state(session.baseline),
+        "optimizer": opt_meta,
+        "scheduler": policy.scheduler.state_dict(),
+        "rng": rng_meta,
+        "history": [{"step": m.step, "policy_version": m.policy_version, "values": m.values} for m in session.history],
+        "extra": dict(extra or {}),
+    }
+    tensor_files = {"model.safetensors": weights, "reference.safetensors": reference,
+                    "optimizer.safetensors": opt_tensors, "rng.safetensors": rng_tensors}
+
+    def write(folder: Path) -> None:
+        for name, tensors in tensor_files.items():
+            save_file(tensors, str(folder / name), metadata={"format": "pt"})
+        (folder / "config.yaml").write_text(config_to_yaml(session.config))
+        state["files"] = {f.name: f.stat().st_size for f in folder.iterdir()}
+        _json_dump(state, folder / "state.json")  # last: its presence says the others are complete
+
+    return write_atomically(path, write)
+
+
+# ---- read and load ----------------------------------------------------------------------------------------
+def resolve_checkpoint(path: str | Path) -> Path:
+    """The checkpoint folder ``path`` names: itself, the latest ``step_*`` inside it, or the backup left by
+    a crash in the middle of an overwrite."""
+    path = Path(path)
+    if (path / "state.json").is_file():
+        return path
+    if path.is_dir():
+        latest = latest_checkpoint(path)
+        if latest is not None:
+            return latest
+        raise CheckpointError(f"{path} holds no checkpoint (no state.json, no step_* folders)")
+    backups = sorted(path.parent.glob(f".{path.name}.old-*"), key=lambda p: p.stat().st_mtime)
+    backups = [b for b in backups if (b / "state.json").is_file()]
+    if backups:
+        warnings.warn(f"{path} is missing but a previous version survives at {backups[-1]} (a crash during an "
+                      "overwrite); loading that", stacklevel=3)
+        return backups[-1]
+    raise CheckpointError(f"no checkpoint at {path}")
+
+
+def read_checkpoint_state(path: str | Path) -> dict[str, Any]:
+    """``state.json`` of a checkpoint, after checking it is one and that every file is whole."""
+    folder = resolve_checkpoint(path)
+    try:
+        state = json.loads((folder / "state.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{folder}/state.json is unreadable ({e}); use an earlier checkpoint") from e
+    if state.get("format") != FORMAT or state.get("format_version", 0) > FORMAT_VERSION:
+        raise CheckpointError(f"{folder} is not an rlkit checkpoint of format version <= {FORMAT_VERSION}")
+    for name, size in state["files"].items():
+        if name != "state.json" and (not (folder / name).is_file() or (folder / name).stat().st_size != size):
+            raise CheckpointError(f"{folder}/{name} is missing or truncated; use an earlier checkpoint")
+    state["folder"] = str(folder)
+    return state
+
+
+def _check_matches(params: Mapping[str, torch.Tensor], saved: Mapping[str, torch.Tensor], what: str) -> None:
+    if set(params) != set(saved):
+        diff = sorted(set(params) ^ set(saved))[:5]
+        raise CheckpointError(f"{what}: parameter names differ from this model's (e.g. {diff}); the checkpoint "
+                              "was written for another architecture or parallel layout")
+    for name, param in params.items():
+        if param.shape != saved[name].shape:
+            raise CheckpointError(f"{what}: {name} has shape {tuple(saved[name].shape)} in the checkpoint, "
+                                  f"{tuple(param.shape)} in this model")
+
+
+def restore_session_state(session: Any, path: str | Path) -> dict[str, Any]:
+    """Put the state of the checkpoint at ``path`` into a live ``session`` built from a matching config.
+
+    Restores weights, reference, optimizer, scheduler, policy version, sampler position, step prompts,
+    baseline, step count and history; then refits the generator and restores the RNG states (last, so
+    that nothing after them draws). Returns the checkpoint's ``state.json``.
+    """
+    from rlkit.stages.metrics import StepMetrics
+
+    _check_single_process()
+    state = read_checkpoint_state(path)
+    folder = Path(state["folder"])
+    policy = session.policy
+    params = dict(policy.model.named_parameters())
+    weights = load_file(str(folder / "model.safetensors"))
+    reference = load_file(str(folder / "reference.safetensors"))
+    _check_matches(params, weights, "model.safetensors")
+    if reference:
+        _check_matches(params, reference, "reference.safetensors")
+    with torch.no_grad():
+        for name, param in params.items():
+            param.copy_(weights[name])
+    policy.reference_state = reference or None
+    policy.optimizer.load_state_dict(_optimizer_state_dict(
+        policy.optimizer, load_file(str(folder / "optimizer.safetensors")), state["optimizer"]))
+    policy.scheduler.load_state_dict(state["scheduler"])
+    policy.version = state["policy_version"]
+    session.sampler.load_state_dict(state["sampler"])
+    session._step_rows = state["step_rows"]
+    for key, value in (state["baseline"] or {}).items():
+        setattr(session.baseline, key, value)
+    session.step_count = state["step_count"]
+    session.history = [StepMetrics(m["step"], m["policy_version"], m["values"]) for m in state["history"]]
+    session.batch = None
+    session.refit()
+    restore_rng(load_file(str(folder / "rng.safetensors")), state["rng"])
+    return state
+
+
+def load_session(cls: Any, path: str | Path, config: Any = None, overrides: Sequence[str] | Mapping = (),
+                 **kwargs: Any) -> Any:
+    """A ``cls`` session built from the checkpoint's config (or ``config``, e.g. to extend a run; plus
+    ``overrides``) with the checkpoint's state restored and the generator refit. ``kwargs`` go to ``cls``
+    (e.g. ``env=``, ``loss_fn=``)."""
+    from rlkit.config.loading import load_config
+    from rlkit.config.run import RunConfig
+
+    folder = Path(read_checkpoint_state(path)["folder"])
+    if config is None:
+        config = load_config(str(folder / "config.yaml"), overrides)
+    elif overrides:
+        config = load_config(config.model_dump(mode="json") if isinstance(config, RunConfig) else config, overrides)
+    session = cls(config, **kwargs)
+    try:
+        restore_session_state(session, folder)
+    except BaseException:
+        session.close()
+        raise
+    return session
+
+
+# ---- periodic checkpoints ------------------------------------------------------------------------------------
+def list_checkpoints(folder: str | Path) -> list[Path]:
+    """Complete ``step_*`` checkpoints in ``folder``, oldest first."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := STEP_DIR.match(p.name))
+             and (p / "state.json").is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(folder: str | Path) -> Optional[Path]:
+    found = list_checkpoints(folder)
+    return found[-1] if found else None
+
+
+def prune_checkpoints(folder: str | Path, keep_last: int) -> list[Path]:
+    """Delete all but the newest ``keep_last`` checkpoints (each renamed away first, then removed)."""
+    removed = []
+    for old in list_checkpoints(folder)[:-keep_last] if keep_last > 0 else []:
+        trash = old.parent / f".trash-{old.name}-{uuid.uuid4().hex[:8]}"
+        os.rename(old, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+        removed.append(old)
+    return removed
+
+
+def save_periodic(session: Any, folder: str | Path, keep_last: int,
+                  extra: Optional[Mapping[str, Any]] = None) -> Path:
+    """``folder/step_<N>`` for the session's step count, then prune to ``keep_last``."""
+    clean_stale_temporaries(folder)
+    path = save_session(session, Path(folder) / f"step_{session.step_count:06d}", extra)
+    prune_checkpoints(folder, keep_last)
+    return path
+
+
+# ---- export -------------------------------------------------------------------------------------------------
+def export_hf(session: Any, path: str | Path) -> Path:
+    """The policy's current weights as an HF model folder (transformers and vLLM load it), atomically."""
+    from rlkit.tracking.export import export_hf_folder
+
+    if session.policy is None:
+        raise CheckpointError("this session is closed: nothing to export")
+    source = session.config.policy.model_name
+    return write_atomically(path, lambda tmp: export_hf_folder(session.policy, source, tmp))
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What a checkpoint folder holds, read without building a session."""
+
+    folder: Path
+    step_count: int
+    policy_version: int
+    size_bytes: int
+
+    @classmethod
+    def read(cls, path: str | Path) -> "CheckpointInfo":
+        state = read_checkpoint_state(path)
+        folder = Path(state["folder"])
+        return cls(folder, state["step_count"], state["policy_version"],
+                   sum(f.stat().st_size for f in folder.iterdir()))

@@ -1,0 +1,70 @@
+"""Config loading: every preset validates; all problems are reported together, before any model loads."""
+
+import pytest
+
+from rlkit.config.loading import available_presets, load_config
+from rlkit.errors import ConfigError
+
+
+@pytest.mark.parametrize("preset", available_presets())
+def test_every_shipped_preset_loads(preset):
+    config = load_config(preset)
+    assert config.grpo.num_prompts_per_step >= 1
+
+
+def test_overrides_are_typed():
+    config = load_config("quickstart", ["grpo.num_generations_per_prompt=4", "loss_fn.ratio_clip_max=0.28",
+                                        'policy.generation.stop_strings=["\\n"]'])
+    assert config.grpo.num_generations_per_prompt == 4 and config.loss_fn.ratio_clip_max == 0.28
+    assert config.policy.generation.stop_strings == ("\n",)
+    assert load_config("quickstart", {"grpo.num_epochs": 2}).grpo.num_epochs == 2
+
+
+def test_all_problems_reported_together_before_any_model_loads(tmp_path):
+    model = tmp_path / "model"
+    with pytest.raises(ConfigError) as err:
+        load_config("quickstart", [
+            f"policy.model_name={model}",
+            "grpo.num_generatons_per_prompt=4",  # typo
+            "policy.train_micro_batch_size=many",  # wrong type
+            "policy.train_global_batch_size=48",  # does not divide 16 x 8 = 128
+            "loss_fn.policy_loss=ppo",  # unknown variant
+        ])
+    text = str(err.value)
+    assert "grpo.num_generatons_per_prompt: unknown key; did you mean grpo.num_generations_per_prompt?" in text
+    assert "policy.train_micro_batch_size" in text and "'many'" in text
+    assert "loss_fn.policy_loss" in text and "ppo_clip" in text
+    assert len(err.value.problems) >= 4
+    assert not model.exists()  # nothing was created or loaded
+
+
+def test_impossible_combinations_name_keys_and_fixes():
+    with pytest.raises(ConfigError) as err:
+        load_config("quickstart", ["policy.train_micro_batch_size=48", "policy.megatron_cfg.tensor_model_parallel_size=3",
+                                   "policy.model_name=/nonexistent", "policy.model_preset=null"])
+    text = str(err.value)
+    assert "policy.train_micro_batch_size=48: must divide the global batch (128); e.g. use 32" in text
+    assert "rlkit make-model /nonexistent" in text
+
+
+def test_parallel_layout_rules(tmp_path):
+    from rlkit.config.checks import parallel_layout_problems
+    from rlkit.config.components import MegatronConfig
+
+    model = {"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "num_hidden_layers": 4}
+    assert parallel_layout_problems(MegatronConfig(tensor_model_parallel_size=2), model, world_size=2) == []
+    problems = parallel_layout_problems(MegatronConfig(tensor_model_parallel_size=4), model, world_size=4)
+    assert any("num_key_value_heads=2" in p for p in problems)
+    problems = parallel_layout_problems(MegatronConfig(tensor_model_parallel_size=2), model, world_size=3)
+    assert any("must divide the world size 3" in p for p in problems)
+
+
+def test_unknown_preset_suggests_the_nearest():
+    with pytest.raises(ConfigError, match="did you mean 'quickstart'"):
+        load_config("quickstrat")
+
+
+def test_base_inheritance(tmp_path):
+    (tmp_path / "mine.yaml").write_text("base: quickstart\ngrpo:\n  num_epochs: 3\n")
+    config = load_config(tmp_path / "mine.yaml")
+    assert config.grpo.num_epochs == 3 and config.grpo.num_prompts_per_step == 16

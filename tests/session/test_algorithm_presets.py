@@ -1,0 +1,51 @@
+"""Every shipped algorithm preset runs a few steps; switching is one config key, nothing else changes."""
+
+import math
+
+import pytest
+
+import rlkit
+from rlkit.config.loading import load_config
+from rlkit.errors import ConfigError
+from tests.session.conftest import tiny_overrides, varied_reward
+
+PRESETS = ["grpo", "dr_grpo", "dapo", "gspo", "rloo", "reinforce_pp"]
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    from rlkit.envs import RewardFunctionEnvironment
+
+    overrides = tiny_overrides(tmp_path_factory.mktemp("presets"))
+    s = rlkit.Session.from_config("quickstart", overrides, env=RewardFunctionEnvironment(varied_reward))
+    yield s, overrides
+    s.close()
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_preset_runs_a_few_steps(shared, preset):
+    session, overrides = shared
+    config = load_config(preset, overrides)
+    session.configure(config)
+    assert session.loss_fn.params == config.loss_fn
+    history = session.run(2, progress=False)
+    assert len(history) == 2
+    for m in history:
+        assert math.isfinite(m["train/loss"]) and math.isfinite(m["train/grad_norm"])
+        assert abs(m["train/token_mult_prob_error"] - 1) < 1e-3
+    if preset == "dapo":
+        info = session.batch.info
+        assert info["dynamic_sampling/tries"] >= 1 and "dynamic_sampling/dropped_groups" in info
+    if preset == "reinforce_pp":
+        assert session.batch.ref_logprobs is not None  # KL in the reward needs the reference
+
+
+def test_switching_the_loss_is_one_key(shared):
+    session, _ = shared
+    before = session.config
+    after = session.configure(["loss_fn.policy_loss=cispo"])
+    changed = {k for k in before.model_fields if getattr(before, k) != getattr(after, k)}
+    assert changed == {"loss_fn"} and after.loss_fn.policy_loss == "cispo"
+    assert session.loss(session.advantages(session.logprobs(session.score(session.rollout())))).metrics
+    with pytest.raises(ConfigError, match="policy: changing it needs a new Session"):
+        session.configure(["policy.generation.temperature=0.5"])

@@ -1,0 +1,99 @@
+"""Step a session cell by cell and check every intermediate's shapes, masks and values."""
+
+import warnings
+
+import pytest
+import torch
+
+from rlkit import stages
+from rlkit.errors import StageOrderError
+
+
+def test_train_before_rollout_raises_the_guard_error(session):
+    assert session.batch is None
+    with pytest.raises(StageOrderError, match=r"call session\.rollout\(\) before session\.train\(\)"):
+        session.train()
+
+
+def test_cell_by_cell(session):
+    b = session.rollout()
+    B, T = b.input_ids.shape
+    assert B == 16 and b.group_size == 4 and b.num_prompts == 4 and len(b.rows) == 4
+    assert not (b.loss_mask & ~b.attention_mask).any()  # completion tokens are real tokens
+    lengths = b.attention_mask.sum(1)
+    assert torch.equal(b.attention_mask, torch.arange(T)[None] < lengths[:, None])  # right-padded
+    assert torch.equal(b.prompt_lengths + b.completion_lengths, lengths)
+    assert (b.completion_lengths >= 1).all()
+    assert (b.generator_logprobs[~b.loss_mask] == 0).all() and (b.generator_logprobs[b.loss_mask] <= 0).all()
+    for i in range(0, B, 4):  # samples of one prompt share the prompt tokens
+        p = int(b.prompt_lengths[i])
+        assert all(torch.equal(b.input_ids[i, :p], b.input_ids[j, :p]) for j in range(i, i + 4))
+
+    snapshot = b.input_ids.clone(), b.generator_logprobs.clone()
+    b = session.score(b)
+    answers = [row["answer"] for row in b.row_of_sample]
+    expected = torch.tensor([float(c.strip() == a) + 0.1 * len(c) for c, a in zip(b.completions, answers)])
+    assert torch.allclose(b.rewards, expected) and b.rewards.std() > 0
+
+    b = session.advantages(b)
+    assert b.advantages.shape == (B, T) and (b.advantages[~b.loss_mask] == 0).all()
+    per_sample = b.advantages.sum(1) / b.completion_lengths
+    assert per_sample.abs().max() > 0.1  # rewards vary, so advantages do
+    groups = b.rewards.view(4, 4)
+    mean, std = groups.mean(1, keepdim=True), groups.std(1, keepdim=True)
+    expected_adv = torch.where(std > 0, (groups - mean) / (std + 1e-6), groups - mean).flatten()
+    assert torch.allclose(per_sample, expected_adv, atol=1e-5)
+
+    b = session.logprobs(b)
+    assert b.prev_logprobs.shape == (B, T) and b.ref_logprobs is None  # KL coefficient 0: reference skipped
+    assert abs(b.info["token_mult_prob_error"] - 1.0) < 1e-3
+    assert (b.prev_logprobs - b.generator_logprobs)[b.loss_mask].abs().max() < 1e-3
+    assert torch.equal(b.input_ids, snapshot[0]) and torch.equal(b.generator_logprobs, snapshot[1])  # not mutated
+
+    version = session.policy.version
+    m = session.train(b)
+    assert session.policy.version == version + 1 and session.stale
+    assert m.step == session.step_count and "train/loss" in m.values and m["train/grad_norm"] >= 0
+    report = session.refit()
+    assert not session.stale and report.policy_version == session.policy.version
+
+
+def test_each_stage_twice_gives_equal_results(session):
+    a, b = session.rollout(), session.rollout()
+    assert torch.equal(a.input_ids, b.input_ids) and a.completions == b.completions
+    a, b = session.score(a), session.score(a)
+    assert torch.equal(a.rewards, b.rewards)
+    a, b = session.advantages(a), session.advantages(a)
+    assert torch.equal(a.advantages, b.advantages)
+    a, b = session.logprobs(a), session.logprobs(a)
+    assert torch.equal(a.prev_logprobs, b.prev_logprobs) and torch.equal(a.entropy, b.entropy)
+    assert session.loss(a).metrics == session.loss(a).metrics
+
+
+def test_stage_functions_guard_missing_inputs(session):
+    batch = session.rollout()
+    with pytest.raises(StageOrderError, match=r"no rewards yet: run score\(\)"):
+        stages.advantages(batch)
+    with pytest.raises(StageOrderError, match=r"no advantages yet: run advantages\(\)"):
+        stages.train(session.score(batch), session.policy, session.loss_fn)
+
+
+def test_mismatch_stays_within_1e3_after_every_refit(session):
+    history = session.run(3, progress=False)
+    assert [m.step for m in history] == list(range(session.step_count - 2, session.step_count + 1))
+    for m in history:
+        assert abs(m["train/token_mult_prob_error"] - 1.0) < 1e-3
+        assert m["rollout/policy_lag"] == 0
+        for key in ("rollout", "score", "advantages", "logprobs", "train", "refit", "step_total"):
+            assert m[f"timing/{key}"] >= 0
+
+
+def test_stale_generator_is_reported_and_warned(session):
+    session.step()
+    batch = session.advantages(session.score(session.rollout()))
+    session.train(session.logprobs(batch))
+    assert session.stale and "STALE" in repr(session)
+    with pytest.warns(UserWarning, match="off-policy"):
+        session.rollout()
+    session.refit()
+    assert not session.stale and "in sync" in repr(session)
