@@ -2,6 +2,8 @@
 
     rlkit train quickstart                         # SFT warm start, then GRPO; writes runs/quickstart/
     rlkit train my.yaml grpo.max_num_steps=50      # any preset or YAML file, with dotted overrides
+    rlkit train my.yaml checkpointing.enabled=true --resume   # continue from the newest checkpoint
+    rlkit sweep quickstart loss_fn.ratio_clip_max=0.2,0.28 seed=0,1,2   # grid x seeds, table and plot
     rlkit make-model models/tiny --preset tiny     # an HF-format tiny model folder
     rlkit demo                                     # the component demo: generate, score, train, refit
 """
@@ -26,7 +28,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rlkit.experiment import run_experiment
 
     config = load_config(args.config, args.overrides)
-    summary = run_experiment(config, progress=not args.quiet)
+    summary = run_experiment(config, progress=not args.quiet, resume=args.resume)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -82,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--quiet", action="store_true", help="no progress bars")
         if name == "sft":
             p.add_argument("--output", required=True, help="folder for the fine-tuned HF model")
+        else:
+            p.add_argument("--resume", action="store_true",
+                           help="continue from the newest checkpoint of this run (checkpointing.checkpoint_dir, "
+                                "default <log_dir>/<name>/checkpoints); starts afresh if there is none")
         p.set_defaults(fn=fn)
 
     p = sub.add_parser("sweep", help="run a grid of overrides (x seeds) and compare")

@@ -49,3 +49,18 @@ def test_switching_the_loss_is_one_key(shared):
     assert session.loss(session.advantages(session.logprobs(session.score(session.rollout())))).metrics
     with pytest.raises(ConfigError, match="policy: changing it needs a new Session"):
         session.configure(["policy.generation.temperature=0.5"])
+
+
+def test_several_optimizer_steps_per_rollout(shared):
+    """PPO epochs x minibatches: 2 epochs over 16 samples in minibatches of 8 = 4 optimizer steps, each
+    against the stored old logprobs (ratios move away from 1 after the first step)."""
+    session, _ = shared
+    session.configure(load_config("grpo", shared[1]))
+    batch = session.advantages(session.logprobs(session.score(session.rollout())))
+    from rlkit import stages
+
+    version = session.policy.version
+    result = stages.train(batch, session.policy, session.loss_fn, num_epochs=2, global_batch_size=8)
+    assert len(result.steps) == 4 and session.policy.version == version + 4
+    ratios = [s.metrics["probs_ratio"] for s in result.steps]
+    assert ratios[0] == pytest.approx(1.0, abs=1e-5) and max(abs(r - 1) for r in ratios[1:]) > 1e-6

@@ -1,0 +1,361 @@
+"""Ablation sweeps: a grid of config overrides x seeds, grouped in wandb, compared in a table and a plot.
+
+    result = run_sweep("quickstart", parse_grid(["loss_fn.ratio_clip_max=0.2,0.28", "seed=0,1,2"]))
+    result.table          # one row per grid point: final reward and held-out accuracy, mean and std over seeds
+
+Why one process and one session: starting vLLM and Megatron costs far more than a short ablation run.
+When two consecutive runs differ only in keys that neither the model nor the generator nor the data
+depend on (``seed``, ``grpo.*``, ``loss_fn.*``, ``sft.*``, ``eval.*``, ``logger.*``, ``checkpointing.*``,
+``policy.optimizer.*``, ``policy.scheduler.*``), the session is reset to the state a fresh one would have
+(weights from the model folder, new optimizer and schedule, new sampler, step 0, RNGs seeded as at
+construction) instead of rebuilt; any other change builds a new session. The test suite checks that a
+reset session reproduces a fresh session's metrics exactly.
+
+Written to the sweep folder: one run folder per run (metrics, summary, wandb offline run), ``runs.csv``,
+``comparison.csv`` / ``comparison.md`` (per grid point: mean and std over seeds), ``reward_curves.png``
+(reward per step, mean +- std over seeds) and ``sweep.json``.
+
+Deliberate simplifications: runs are sequential (no scheduler, no parallel workers); a failing run stops
+the sweep (the runs before it keep their folders).
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+import random
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import yaml
+
+from rlkit.config.loading import load_config
+from rlkit.config.run import RunConfig
+from rlkit.errors import ConfigError
+
+# Sections (or dotted prefixes) a session can switch between runs without rebuilding its components.
+RESETTABLE = ("name", "seed", "grpo", "loss_fn", "sft", "eval", "logger", "checkpointing",
+              "policy.optimizer", "policy.scheduler")
+
+
+# ---- grid ---------------------------------------------------------------------------------------------------
+def _split_values(text: str) -> list[str]:
+    """Split on commas outside brackets and quotes: ``0.2,[1,2],'a,b'`` -> ``["0.2", "[1,2]", "'a,b'"]``."""
+    parts, depth, quote, current = [], 0, None, ""
+    for ch in text:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(current)
+            current = ""
+            continue
+        current += ch
+    parts.append(current)
+    return [p.strip() for p in parts]
+
+
+def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
+    """``["loss_fn.ratio_clip_max=0.2,0.28", "seed=0,1,2"]`` -> ``{"loss_fn.ratio_clip_max": [0.2, 0.28],
+    "seed": [0, 1, 2]}``; each value is parsed as YAML (numbers, booleans, lists in brackets)."""
+    grid: dict[str, list[Any]] = {}
+    problems = []
+    for item in items:
+        key, sep, values = item.partition("=")
+        key = key.strip()
+        if not sep or not key or not values.strip():
+            problems.append(f"grid entry {item!r} is not of the form key=v1,v2 (e.g. loss_fn.ratio_clip_max=0.2,0.28)")
+        elif key in grid:
+            problems.append(f"{key}: given twice in the grid; list all its values in one entry")
+        else:
+            grid[key] = [yaml.safe_load(v) for v in _split_values(values)]
+    if problems:
+        raise ConfigError(problems)
+    return grid
+
+
+def _override_mapping(overrides: Sequence[str] | Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(overrides, Mapping):
+        return dict(overrides)
+    out, problems = {}, []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            problems.append(f"override {item!r} is not of the form key=value")
+        else:
+            out[key.strip()] = yaml.safe_load(value) if value.strip() else None
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def _label(point: Sequence[tuple[str, Any]]) -> str:
+    text = "_".join(f"{key.rsplit('.', 1)[-1]}={value}" for key, value in point) or "base"
+    return re.sub(r"[^A-Za-z0-9_.=+-]", "", text.replace(" ", ""))
+
+
+# ---- results ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class SweepRun:
+    name: str
+    point: tuple[tuple[str, Any], ...]  # the grid values of this run (seed excluded)
+    seed: int
+    run_dir: Path
+    summary: dict[str, Any]
+    rewards: tuple[float, ...]  # rollout/reward_mean per RL step
+    reused_session: bool  # True when a reset session ran it instead of a new one
+
+
+@dataclass
+class SweepResult:
+    folder: Path
+    group: str  # the wandb group of every run
+    runs: list[SweepRun]
+    table: list[dict[str, Any]]  # one row per grid point (see comparison.md)
+    files: dict[str, Path] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return f"SweepResult({len(self.runs)} runs in {self.folder}, group {self.group!r})\n" + _markdown(self.table)
+
+    def _repr_markdown_(self) -> str:
+        return _markdown(self.table)
+
+
+def _mean_std(values: Sequence[Optional[float]]) -> tuple[Optional[float], Optional[float]]:
+    vals = [v for v in values if v is not None and math.isfinite(v)]
+    if not vals:
+        return None, None
+    mean = sum(vals) / len(vals)
+    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+    return mean, std
+
+
+def comparison_table(runs: Sequence[SweepRun]) -> list[dict[str, Any]]:
+    """Per grid point: seeds, final reward (mean of the last <= 10 steps) and held-out accuracy after RL,
+    each as mean and sample std over seeds."""
+    points: dict[tuple, list[SweepRun]] = {}
+    for run in runs:
+        points.setdefault(run.point, []).append(run)
+    table = []
+    for point, group in points.items():
+        reward = _mean_std([r.summary.get("reward_last_10_steps") for r in group])
+        accuracy = _mean_std([r.summary.get("accuracy_after_rl") for r in group])
+        gain = _mean_std([r.summary.get("accuracy_gain_points") for r in group])
+        table.append({**dict(point), "seeds": len(group),
+                      "final_reward_mean": reward[0], "final_reward_std": reward[1],
+                      "accuracy_mean": accuracy[0], "accuracy_std": accuracy[1],
+                      "accuracy_gain_points_mean": gain[0]})
+    return table
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else "" if value is None else str(value)
+
+
+def _markdown(table: Sequence[Mapping[str, Any]]) -> str:
+    if not table:
+        return "(no runs)"
+    columns = list(table[0])
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_fmt(row[c]) for c in columns) + " |" for row in table]
+    return "\n".join(lines) + "\n"
+
+
+def _write_csv(path: Path, rows: Sequence[Mapping[str, Any]]) -> Path:
+    columns = list(dict.fromkeys(c for row in rows for c in row))
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def plot_reward_curves(runs: Sequence[SweepRun], path: Path) -> Path:
+    """Reward per step, mean +- std over seeds, one line per grid point (Agg canvas: no display needed)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4.2))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot()
+    points: dict[tuple, list[SweepRun]] = {}
+    for run in runs:
+        points.setdefault(run.point, []).append(run)
+    for point, group in points.items():
+        steps = min(len(r.rewards) for r in group)
+        if steps == 0:
+            continue
+        stats = [_mean_std([r.rewards[i] for r in group]) for i in range(steps)]
+        mean = [s[0] for s in stats]
+        std = [s[1] for s in stats]
+        x = list(range(1, steps + 1))
+        ax.plot(x, mean, marker="o", ms=3, label=f"{_label(point)} (n={len(group)})")
+        ax.fill_between(x, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
+    ax.set_xlabel("RL step")
+    ax.set_ylabel("rollout/reward_mean")
+    ax.set_title("reward, mean +- std over seeds")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    return path
+
+
+# ---- session reuse ------------------------------------------------------------------------------------------
+def _without_resettable(config: RunConfig) -> dict[str, Any]:
+    raw = config.model_dump(mode="json")
+    for key in RESETTABLE:
+        node = raw
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node[part]
+        node.pop(leaf, None)
+    return raw
+
+
+def can_reuse(old: RunConfig, new: RunConfig) -> bool:
+    """True when a session built for ``old`` can be reset for ``new`` (see the module docstring)."""
+    return _without_resettable(old) == _without_resettable(new)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed the RNGs a fresh session seeds at construction: python, numpy, torch, Megatron's tracker."""
+    import numpy as np
+    import torch
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def reset_session(session: Any, config: RunConfig) -> Any:
+    """Put ``session`` in the state ``Session(config)`` would start in, keeping its components.
+
+    Requires ``can_reuse(session.config, config)``. Weights come back from the model folder (the policy
+    and, through a refit, the generator), the optimizer and schedule are new, the sampler starts over with
+    ``config.seed``, the loss function and baseline are rebuilt, step count and history are cleared.
+    """
+    from rlkit.algorithms import RLLoss, RunningBaseline
+    from rlkit.data import PromptSampler
+    from rlkit.policy.megatron.policy import load_hf_state
+
+    if not can_reuse(session.config, config):
+        raise ValueError("this config changes the model, generator, data or environment: build a new Session")
+    policy = session.policy
+    policy.load_hf_state(load_hf_state(config.policy.model_name))
+    policy.reset_optimizer(config.policy.optimizer, config.policy.scheduler)
+    policy.set_reference_to_current()
+    policy.version = 0
+    session.config = config
+    session.sampler = PromptSampler(session.dataset["train"], config.grpo.num_prompts_per_step, seed=config.seed)
+    session.loss_fn = RLLoss(config.loss_fn, kl_in_reward=config.grpo.reward_kl_coef > 0)
+    session.baseline = RunningBaseline()
+    session.step_count = 0
+    session.history = []
+    session.batch = None
+    session.last_train = session.last_refit = session.last_eval = session.last_sft = None
+    session._step_rows = None
+    session._timings = {}
+    session.stop_requested = False
+    session.refit()
+    seed_everything(config.seed)
+    return session
+
+
+# ---- the sweep ------------------------------------------------------------------------------------------------
+def run_sweep(config: str | Path | Mapping[str, Any] | RunConfig, grid: Mapping[str, Sequence[Any]],
+              base_overrides: Sequence[str] | Mapping[str, Any] = (), out_dir: Optional[str | Path] = None,
+              progress: bool = False, reuse_sessions: bool = True) -> SweepResult:
+    """Run every combination of ``grid`` (its ``seed`` entry gives the seeds) on ``config`` with
+    ``base_overrides``, and write the comparison into ``out_dir``. Every config is validated before
+    the first run starts. wandb logging is on (offline unless configured) with one group per sweep;
+    pass ``logger.wandb_enabled=false`` in ``base_overrides`` to turn it off."""
+    from rlkit.experiment import run_experiment
+    from rlkit.session import Session
+
+    source = config.model_dump(mode="json") if isinstance(config, RunConfig) else config
+    base = load_config(source, base_overrides)
+    grid = {k: list(v) for k, v in grid.items()}
+    seeds = grid.pop("seed", [base.seed])
+    empty = [k for k, v in grid.items() if not v] + (["seed"] if not seeds else [])
+    if empty:
+        raise ConfigError([f"{k}: the grid lists no values" for k in empty])
+    folder = Path(out_dir or Path(base.logger.log_dir) / "sweeps" / f"{base.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    folder.mkdir(parents=True, exist_ok=True)
+    group = folder.name
+    defaults = {"logger.wandb_enabled": True, "logger.wandb_group": group}
+    user = _override_mapping(base_overrides)
+
+    plan = []  # (name, point, seed, config): all validated before anything heavy starts
+    problems = []
+    for values in itertools.product(*grid.values()):
+        point = tuple(zip(grid.keys(), values))
+        for seed in seeds:
+            name = f"{base.name}-{_label(point)}-seed{seed}"
+            overrides = {**defaults, **user, **dict(point), "seed": seed, "name": name,
+                         "logger.log_dir": str(folder)}
+            try:
+                plan.append((name, point, seed, load_config(source, overrides)))
+            except ConfigError as e:
+                problems += [f"run {name}: {p}" for p in e.problems]
+    if problems:
+        raise ConfigError(problems)
+
+    runs: list[SweepRun] = []
+    session = None
+    try:
+        for name, point, seed, cfg in plan:
+            reused = session is not None and reuse_sessions and can_reuse(session.config, cfg)
+            if reused:
+                reset_session(session, cfg)
+            else:
+                if session is not None:
+                    session.close()
+                session = None
+                session = Session(cfg)
+            summary = run_experiment(cfg, session=session, progress=progress, run_dir=folder / name)
+            rewards = tuple(m["rollout/reward_mean"] for m in session.history)
+            runs.append(SweepRun(name, point, seed, folder / name, summary, rewards, reused))
+    finally:
+        if session is not None:
+            session.close()
+        result = _write_outputs(folder, group, grid, seeds, user, runs)
+    return result
+
+
+def _write_outputs(folder: Path, group: str, grid: Mapping[str, list], seeds: Sequence[Any],
+                   base_overrides: Mapping[str, Any], runs: Sequence[SweepRun]) -> SweepResult:
+    table = comparison_table(runs)
+    files = {}
+    run_rows = [{"name": r.name, **dict(r.point), "seed": r.seed,
+                 "final_reward": r.summary.get("reward_last_10_steps"),
+                 "accuracy_before_rl": r.summary.get("accuracy_before_rl"),
+                 "accuracy_after_rl": r.summary.get("accuracy_after_rl"),
+                 "rl_steps": r.summary.get("rl_steps"), "wall_time_s": r.summary.get("wall_time_s"),
+                 "reused_session": r.reused_session} for r in runs]
+    if runs:
+        files["runs_csv"] = _write_csv(folder / "runs.csv", run_rows)
+        files["comparison_csv"] = _write_csv(folder / "comparison.csv", table)
+        files["comparison_md"] = folder / "comparison.md"
+        files["comparison_md"].write_text(_markdown(table))
+        files["plot"] = plot_reward_curves(runs, folder / "reward_curves.png")
+    files["sweep_json"] = folder / "sweep.json"
+    files["sweep_json"].write_text(json.dumps({
+        "group": group, "grid": grid, "seeds": list(seeds), "base_overrides": base_overrides,
+        "runs": [{"name": r.name, "point": dict(r.point), "seed": r.seed, "run_dir": str(r.run_dir),
+                  "rewards": list(r.rewards), "reused_session": r.reused_session} for r in runs],
+        "table": table,
+    }, indent=2, default=str))
+    return SweepResult(folder, group, list(runs), table, files)
