@@ -19,9 +19,19 @@ def ensure_model(config: RunConfig) -> Path:
 
 
 def build_policy(config: RunConfig):
+    """In-process Megatron or DTensor policy, or a Ray worker group of them when there are several ranks."""
+    p = config.policy
+    if p.num_workers > 1 or p.ray_address is not None:
+        from rlkit.policy.workers import RayPolicyGroup
+
+        return RayPolicyGroup(p, p.num_workers, seed=config.seed, ray_address=p.ray_address)
+    if p.dtensor_cfg.enabled:
+        from rlkit.policy.dtensor import DTensorPolicy
+
+        return DTensorPolicy(p, seed=config.seed)
     from rlkit.policy.megatron.policy import MegatronPolicy
 
-    return MegatronPolicy(config.policy, seed=config.seed)
+    return MegatronPolicy(p, seed=config.seed)
 
 
 def build_generator(config: RunConfig):

@@ -58,6 +58,10 @@ def cross_section_problems(sections: Mapping[str, Any], partial: bool) -> list[s
         if policy.train_micro_batch_size < global_batch and global_batch % policy.train_micro_batch_size:
             out.append(f"policy.train_micro_batch_size={policy.train_micro_batch_size}: must divide "
                        f"the global batch ({global_batch}); e.g. use {_divisor_near(global_batch, policy.train_micro_batch_size)}")
+        dp = _data_parallel_size(policy)
+        if dp > 1 and global_batch % dp:
+            out.append(f"policy.train_global_batch_size={global_batch}: must be a multiple of the data-parallel size "
+                       f"{dp} (policy.num_workers={policy.num_workers} / model-parallel ranks)")
         if policy.generation.max_new_tokens >= policy.max_total_sequence_length:
             out.append(f"policy.generation.max_new_tokens={policy.generation.max_new_tokens}: leaves no room for "
                        f"the prompt in policy.max_total_sequence_length={policy.max_total_sequence_length}")
@@ -70,11 +74,12 @@ def cross_section_problems(sections: Mapping[str, Any], partial: bool) -> list[s
     if policy is not None:
         if policy.megatron_cfg.enabled == policy.dtensor_cfg.enabled:
             out.append("policy.megatron_cfg.enabled / policy.dtensor_cfg.enabled: enable exactly one training backend")
-        elif policy.dtensor_cfg.enabled:
-            out.append("policy.dtensor_cfg.enabled: the DTensor backend is not available yet; use megatron_cfg")
         if not policy.generation.colocated.enabled:
             out.append("policy.generation.colocated.enabled=false: non-colocated generation is not available yet")
         out += _model_problems(policy)
+    if sft is not None and policy is not None and sft.enabled and sft.batch_size % _data_parallel_size(policy):
+        out.append(f"sft.batch_size={sft.batch_size}: must be a multiple of the data-parallel size "
+                   f"{_data_parallel_size(policy)} (policy.num_workers={policy.num_workers} / model-parallel ranks)")
     if data is not None:
         out += data.problems()
     if sft is not None and data is not None and sft.enabled and data.task is None:
@@ -95,7 +100,18 @@ def _model_problems(policy: Any) -> list[str]:
         return [f"policy.model_name={policy.model_name!r}: no HF model folder there. Fix: create one with "
                 f"`rlkit make-model {policy.model_name}` or point it at an existing folder"]
     model_config = json.loads(path.read_text())
-    return parallel_layout_problems(policy.megatron_cfg, model_config)
+    if not policy.megatron_cfg.enabled:
+        return []
+    return parallel_layout_problems(policy.megatron_cfg, model_config, policy.num_workers)
+
+
+def _data_parallel_size(policy: Any) -> int:
+    """Ranks that split the batch: all of them for DTensor, those left after model parallelism for Megatron."""
+    if not policy.megatron_cfg.enabled:
+        return policy.num_workers
+    m = policy.megatron_cfg
+    return max(1, policy.num_workers // (m.tensor_model_parallel_size * m.pipeline_model_parallel_size
+                                         * m.context_parallel_size))
 
 
 def _divisor_near(n: int, target: int) -> int:

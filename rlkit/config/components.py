@@ -82,6 +82,8 @@ class PolicyConfig(Section):
     logprob_batch_size: int = Field(32, ge=1)
     max_total_sequence_length: int = Field(64, ge=2)
     max_grad_norm: Optional[float] = Field(1.0, gt=0)
+    num_workers: int = Field(1, ge=1)  # training processes; > 1 runs a Ray worker group, one actor per rank
+    ray_address: Optional[str] = None  # join this Ray cluster (e.g. "auto") instead of starting a local one
     optimizer: OptimizerConfig = OptimizerConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     megatron_cfg: MegatronConfig = MegatronConfig()

@@ -35,6 +35,19 @@ class Generation:
     finish_reasons: tuple[str, ...]  # [B] "stop" | "length"
     group_size: int  # G
 
+    @classmethod
+    def from_samples(cls, prompt_token_ids, samples, group_size: int) -> "Generation":
+        """From ``samples``: (token_ids, logprobs, text, finish_reason) per sample, prompt-major."""
+        ids, lps, texts, reasons = zip(*samples) if samples else ((), (), (), ())
+        return cls(
+            prompt_token_ids=tuple(tuple(p) for p in prompt_token_ids),
+            token_ids=tuple(tuple(x) for x in ids),
+            logprobs=tuple(tuple(x) for x in lps),
+            texts=tuple(texts),
+            finish_reasons=tuple(reasons),
+            group_size=group_size,
+        )
+
 
 @runtime_checkable
 class Generator(Protocol):

@@ -56,7 +56,7 @@ class HFGenerator:
         new = out.sequences[:, width:]  # [B, steps]
         scores = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [B, steps, V]
         token_lp = scores.gather(-1, new.unsqueeze(-1)).squeeze(-1)
-        token_ids, logprobs, texts, reasons = [], [], [], []
+        samples = []
         for i in range(new.shape[0]):
             seq = new[i].tolist()
             length = seq.index(eos) + 1 if eos in seq else len(seq)
@@ -64,18 +64,8 @@ class HFGenerator:
             stopped = eos in seq[:length] or any(s in text for s in sampling.stop_strings)
             for s in sampling.stop_strings:
                 text = text.split(s)[0]
-            token_ids.append(tuple(seq[:length]))
-            logprobs.append(tuple(token_lp[i, :length].tolist()))
-            texts.append(text)
-            reasons.append("stop" if stopped else "length")
-        return Generation(
-            prompt_token_ids=tuple(tuple(p) for p in prompt_token_ids),
-            token_ids=tuple(token_ids),
-            logprobs=tuple(logprobs),
-            texts=tuple(texts),
-            finish_reasons=tuple(reasons),
-            group_size=n,
-        )
+            samples.append((seq[:length], token_lp[i, :length].tolist(), text, "stop" if stopped else "length"))
+        return Generation.from_samples(prompt_token_ids, samples, n)
 
     @torch.no_grad()
     def update_weights(self, bucket: Iterable[tuple[str, torch.Tensor]]) -> None:

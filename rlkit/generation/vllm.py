@@ -87,22 +87,12 @@ class VllmGenerator:
         outputs = []
         for rows in self._unchunked_calls(prompt_token_ids, n):
             outputs += self.llm.generate([prompts[i] for i in rows], [params[i] for i in rows], use_tqdm=False)
-        token_ids, logprobs, texts, reasons = [], [], [], []
-        for request in outputs:
-            for sample in request.outputs:
-                ids = tuple(sample.token_ids)
-                token_ids.append(ids)
-                logprobs.append(tuple(float(step[tok].logprob) for tok, step in zip(ids, sample.logprobs)))
-                texts.append(sample.text)
-                reasons.append("length" if sample.finish_reason == "length" else "stop")
-        return Generation(
-            prompt_token_ids=tuple(tuple(p) for p in prompt_token_ids),
-            token_ids=tuple(token_ids),
-            logprobs=tuple(logprobs),
-            texts=tuple(texts),
-            finish_reasons=tuple(reasons),
-            group_size=n,
-        )
+        samples = [
+            (sample.token_ids, [float(step[tok].logprob) for tok, step in zip(sample.token_ids, sample.logprobs)],
+             sample.text, "length" if sample.finish_reason == "length" else "stop")
+            for request in outputs for sample in request.outputs
+        ]
+        return Generation.from_samples(prompt_token_ids, samples, n)
 
     def _unchunked_calls(self, prompt_token_ids: list[list[int]], n: int) -> list[range]:
         """Split the prompts into calls whose prefills all fit in the engine's first scheduler step.

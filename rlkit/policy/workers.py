@@ -1,0 +1,392 @@
+"""A Ray worker group that presents the Policy protocol: one actor per rank, driven from the notebook.
+
+Why Ray: a notebook kernel is one process, and Megatron's parallel state is process-global, so more than
+one training rank means more processes. Ray starts them (or finds them on a cluster), carries tensors and
+exceptions back, and lets the notebook kill them when something hangs. Each actor builds the same
+in-process policy class a single-rank session uses (:class:`MegatronPolicy`, or :class:`DTensorPolicy`
+with ``policy.dtensor_cfg.enabled``), with torch.distributed initialised from ``MASTER_ADDR``/``RANK``/
+``WORLD_SIZE`` (gloo on CPU, NCCL on GPU), so the group adds no numerics of its own:
+
+* **Data parallelism.** A batch is cut into contiguous row slices, one per data-parallel rank; the
+  tensor-parallel ranks of one data-parallel group get the same slice. Each rank normalises its loss by
+  counts over the *global* batch and gradients are summed over the data-parallel group inside the policy,
+  so one step equals the single-process step on the whole batch. Training needs the rows to divide
+  evenly; scoring pads the last slice with copies of the last row and drops them again.
+* **Export.** Gathering a full tensor from tensor-parallel shards is a collective, so every rank advances
+  its export generator in step, one fused group per call; rank 0 sends the group. The notebook holds at
+  most one group beyond the model.
+* **Errors.** A worker's exception comes back as :class:`WorkerError` carrying the worker's traceback.
+  When one rank fails while the others are blocked in a collective, the group is marked broken (the ranks
+  are out of step) and only ``close()`` is accepted; ``close()`` kills the actors, so it works even then.
+
+Deliberate simplifications: every call waits for all ranks (no overlap of rollout and training); a Ctrl-C
+during a remote call waits for the workers to finish it (they cannot be stopped mid-collective), so a
+train step that completed remotely counts; checkpoints (``Session.save``) need the in-process policy.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, Optional
+
+import torch
+from torch import Tensor
+
+from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
+from rlkit.errors import ConfigError, RLKitError
+from rlkit.policy.base import HFGroup, LossFn, TokenScores, TrainStepResult
+from rlkit.policy.megatron.build import Architecture
+from rlkit.trajectories import Trajectories
+
+RAY_START_ATTEMPTS = 3  # a loaded machine can miss the raylet's fixed 15 s wait for its agents; retry
+FAILURE_GRACE_S = 5.0  # after one rank fails, how long the others get to finish before the group is broken
+
+
+class WorkerError(RLKitError, RuntimeError):
+    """An exception (or death) inside a policy worker, with the worker's traceback in the message.
+
+    ``cause`` is the worker's original exception when Ray could bring it back, else None.
+    """
+
+    def __init__(self, message: str, cause: Optional[BaseException] = None, rank: Optional[int] = None):
+        super().__init__(message)
+        self.cause = cause
+        self.rank = rank
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    """Where one actor sits in the layout, and what its process looks like."""
+
+    rank: int
+    dp_rank: int
+    dp_size: int
+    leader: bool  # first rank of its data-parallel group: sends that group's results
+    pid: int
+    omp_num_threads: Optional[str]
+    torch_threads: int
+
+
+class _PolicyWorker:
+    """The actor: one rank's policy. Methods mirror the Policy protocol on this rank's share of the batch."""
+
+    def __init__(self, threads: int):
+        torch.set_num_threads(threads)
+        self.policy = None
+        self._export: Optional[Iterator[HFGroup]] = None
+
+    def address(self) -> tuple[str, int]:
+        """This node's IP address and a free port on it (rank 0 hosts the torch.distributed rendezvous)."""
+        import ray
+
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return ray.util.get_node_ip_address(), s.getsockname()[1]
+
+    def build(self, cfg: PolicyConfig, seed: int, rank: int, world_size: int, master: tuple[str, int]) -> RankInfo:
+        os.environ.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]), RANK=str(rank),
+                          WORLD_SIZE=str(world_size), LOCAL_RANK="0")
+        if cfg.dtensor_cfg.enabled:
+            from rlkit.policy.dtensor import DTensorPolicy
+
+            self.policy = DTensorPolicy(cfg, seed)
+            dp_rank, dp_size, leader = self.policy.dp_rank, self.policy.dp_size, True
+        else:
+            from megatron.core import parallel_state as ps
+
+            from rlkit.policy.megatron.policy import MegatronPolicy
+
+            self.policy = MegatronPolicy(cfg, seed)
+            dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+            leader = ps.get_tensor_model_parallel_rank() == 0 and ps.get_pipeline_model_parallel_rank() == 0
+        return RankInfo(rank, dp_rank, dp_size, leader, os.getpid(), os.environ.get("OMP_NUM_THREADS"),
+                        torch.get_num_threads())
+
+    def call(self, method: str, *args: Any, keep: bool = True, **kwargs: Any) -> Any:
+        """``policy.method(*args, **kwargs)``; the result only when ``keep`` (the others return None)."""
+        out = getattr(self.policy, method)(*args, **kwargs)
+        return out if keep else None
+
+    def set_cfg(self, cfg: PolicyConfig) -> None:
+        self.policy.cfg = cfg
+
+    def export_begin(self) -> None:
+        self._export = self.policy.export_hf_groups()
+
+    def export_next(self, keep: bool) -> Optional[HFGroup] | bool:
+        """The next HF group (copied, so a view does not drag its whole storage along), True on ranks
+        that do not send, None when the export is done."""
+        try:
+            group = next(self._export)
+        except StopIteration:
+            self._export = None
+            return None
+        return [(n, t.detach().clone()) for n, t in group] if keep else True
+
+    def export_end(self) -> None:
+        self._export = None
+
+    def close(self) -> None:
+        if self.policy is not None:
+            self.policy.close()
+            self.policy = None
+
+
+def _worker_env(threads: int) -> dict[str, str]:
+    """Environment of the actors: the driver's import path (so losses defined in the driver's modules
+    unpickle), offline hub settings, and one OpenMP pool of ``threads`` per process."""
+    path = [p for p in sys.path if p and os.path.isdir(p)]
+    if os.getcwd() not in path:
+        path.insert(0, os.getcwd())
+    env = {"OMP_NUM_THREADS": str(threads), "PYTHONPATH": os.pathsep.join(path)}
+    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    return env
+
+
+def start_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> bool:
+    """Connect to Ray (``address``, or the one this process already joined) or start a local one.
+    Returns True when this call started it (its owner shuts it down)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if address is not None:
+        ray.init(address=address, log_to_driver=False)
+        return False
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            return True
+        except Exception as e:  # Ray raises a bare Exception when its node misses the start-up deadline
+            ray.shutdown()
+            if "timed out during startup" not in str(e) or attempt == RAY_START_ATTEMPTS:
+                raise RuntimeError(f"could not start a local Ray cluster ({attempt} attempt(s)): {e}. On a "
+                                   "heavily loaded machine Ray's agents can miss the raylet's start-up deadline; "
+                                   "start one with `ray start --head` and pass its address") from e
+    raise AssertionError("unreachable")
+
+
+class RayPolicyGroup:
+    """``world_size`` policy ranks in Ray actors behind the Policy protocol (see the module docstring)."""
+
+    def __init__(self, cfg: PolicyConfig, world_size: int, seed: int = 0, ray_address: Optional[str] = None):
+        from rlkit.models.factory import read_hf_config
+
+        self._cfg = cfg
+        self.world_size = world_size
+        self.arch = Architecture.from_hf_folder(cfg.model_name)
+        self.version = 0
+        self._workers: list[Any] = []
+        self._started_ray = False
+        self._broken: Optional[str] = None
+        self._closed = False
+        if not cfg.dtensor_cfg.enabled:
+            from rlkit.config.checks import parallel_layout_problems
+
+            problems = parallel_layout_problems(cfg.megatron_cfg, read_hf_config(cfg.model_name), world_size)
+            if problems:
+                raise ConfigError(problems)
+        try:
+            self._start(cfg, seed, ray_address)
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self, cfg: PolicyConfig, seed: int, ray_address: Optional[str]) -> None:
+        import ray
+
+        threads = max(1, (os.cpu_count() or 1) // self.world_size)
+        self._started_ray = start_ray(ray_address, num_cpus=max(self.world_size, os.cpu_count() or 1))
+        actor = ray.remote(_PolicyWorker).options(
+            num_cpus=1, num_gpus=1 if torch.cuda.is_available() else 0,
+            runtime_env={"env_vars": _worker_env(threads)},
+        )
+        self._workers = [actor.remote(threads) for _ in range(self.world_size)]
+        master = self._gather([self._workers[0].address.remote()], "address")[0]
+        self.ranks: list[RankInfo] = self._gather(
+            [w.build.remote(cfg, seed, r, self.world_size, master) for r, w in enumerate(self._workers)], "build")
+        self.dp_size = self.ranks[0].dp_size
+
+    # ---- calling the workers ----------------------------------------------------------------------
+    def _check_usable(self) -> None:
+        if self._closed:
+            raise WorkerError("this policy group is closed; build a new one")
+        if self._broken is not None:
+            raise WorkerError(f"this policy group is broken ({self._broken}); call close() and build a new one")
+
+    def _gather(self, refs: list, what: str) -> list:
+        """Results of ``refs`` (one per rank, in rank order); the first failure raises WorkerError."""
+        import ray
+
+        rank_of = {ref: r for r, ref in enumerate(refs)}
+        pending = list(refs)
+        try:
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                for ref in done:
+                    try:
+                        ray.get(ref)
+                    except Exception as e:
+                        raise self._failure(e, rank_of[ref], what, pending) from e
+        except KeyboardInterrupt:
+            # The ranks cannot be stopped mid-collective: let them finish this call so they stay in step.
+            ray.wait(pending, num_returns=len(pending))
+            raise
+        return ray.get(list(refs))
+
+    def _failure(self, error: Exception, rank: int, what: str, pending: list) -> WorkerError:
+        import ray
+        from ray.exceptions import RayActorError, RayTaskError
+
+        if pending:
+            _, still_running = ray.wait(pending, num_returns=len(pending), timeout=FAILURE_GRACE_S)
+            if still_running:
+                self._broken = f"rank {rank} failed in {what}() while other ranks waited in a collective"
+        if isinstance(error, RayTaskError):
+            cause = error.cause if isinstance(error.cause, BaseException) else None
+            trace = getattr(error, "traceback_str", None) or str(error)
+            return WorkerError(f"policy worker rank {rank} of {self.world_size} failed in {what}():\n{trace}",
+                               cause, rank)
+        if isinstance(error, RayActorError):
+            self._broken = f"rank {rank} died in {what}()"
+            return WorkerError(f"policy worker rank {rank} of {self.world_size} died in {what}(): {error}",
+                               error, rank)
+        return WorkerError(f"policy worker rank {rank} of {self.world_size}: {what}() failed: {error!r}", error, rank)
+
+    def _call_all(self, method: str, *args: Any, leader_only: bool = True, **kwargs: Any) -> Any:
+        """``method`` on every rank with the same arguments; rank 0's result."""
+        self._check_usable()
+        refs = [w.call.remote(method, *args, keep=(r == 0 or not leader_only), **kwargs)
+                for r, w in enumerate(self._workers)]
+        return self._gather(refs, method)[0]
+
+    def _call_sliced(self, method: str, parts: list, *args: Any, unpack: bool = False, **kwargs: Any) -> list:
+        """``method(part, *args)`` (``method(*part, *args)`` with ``unpack``) on every rank, each data-parallel
+        group getting its part (put once, shared by its tensor-parallel ranks); the group leaders' results
+        in data-parallel order."""
+        import ray
+
+        self._check_usable()
+        part_refs = [[ray.put(x) for x in p] if unpack else [ray.put(p)] for p in parts]
+        refs = [w.call.remote(method, *part_refs[info.dp_rank], *args, keep=info.leader, **kwargs)
+                for w, info in zip(self._workers, self.ranks)]
+        results = self._gather(refs, method)
+        by_dp = {info.dp_rank: out for info, out in zip(self.ranks, results) if info.leader}
+        return [by_dp[d] for d in range(self.dp_size)]
+
+    # ---- the Policy protocol ----------------------------------------------------------------------
+    @property
+    def cfg(self) -> PolicyConfig:
+        return self._cfg
+
+    @cfg.setter
+    def cfg(self, cfg: PolicyConfig) -> None:
+        """Change per-call settings (micro-batch sizes ...) on every rank."""
+        self._check_usable()
+        self._gather([w.set_cfg.remote(cfg) for w in self._workers], "set_cfg")
+        self._cfg = cfg
+
+    def _split_rows(self, batch: Trajectories) -> list[Trajectories]:
+        b, dp = batch.batch_size, self.dp_size
+        if b % dp:
+            raise ValueError(f"a batch of {b} rows does not split evenly over {dp} data-parallel ranks; make "
+                             f"policy.train_global_batch_size (or the samples per step) a multiple of {dp}")
+        size = b // dp
+        return [batch.select(slice(d * size, (d + 1) * size)) for d in range(dp)]
+
+    def score(self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False) -> TokenScores:
+        """Per-token logprobs (and entropy) [B, T]: rows split over the data-parallel ranks, results in order."""
+        return self._score("score", input_ids, attention_mask, with_entropy=with_entropy)
+
+    def reference_score(self, input_ids: Tensor, attention_mask: Tensor) -> TokenScores:
+        return self._score("reference_score", input_ids, attention_mask)
+
+    def _score(self, method: str, input_ids: Tensor, attention_mask: Tensor, **kwargs: Any) -> TokenScores:
+        b, dp = input_ids.shape[0], self.dp_size
+        size = -(-b // dp)
+        pad = size * dp - b  # copies of the last row, so every rank runs the same number of forward passes
+        if pad:
+            input_ids = torch.cat([input_ids, input_ids[-1:].expand(pad, -1)])
+            attention_mask = torch.cat([attention_mask, attention_mask[-1:].expand(pad, -1)])
+        parts = [(input_ids[d * size:(d + 1) * size], attention_mask[d * size:(d + 1) * size]) for d in range(dp)]
+        results: list[TokenScores] = self._call_sliced(method, parts, unpack=True, **kwargs)
+        logprobs = torch.cat([r.logprobs for r in results])[:b]
+        entropy = None if results[0].entropy is None else torch.cat([r.entropy for r in results])[:b]
+        return TokenScores(logprobs, entropy)
+
+    def train_step(self, batch: Trajectories, loss_fn: LossFn) -> TrainStepResult:
+        """One optimizer step on every rank, each on its data-parallel slice of ``batch``."""
+        t0 = time.perf_counter()
+        result: TrainStepResult = self._call_sliced("train_step", self._split_rows(batch), loss_fn)[0]
+        self.version = result.version
+        timings = dict(result.timings, train_step_group=time.perf_counter() - t0)
+        return TrainStepResult(result.metrics, result.grad_norm, result.learning_rate, result.num_microbatches,
+                               result.version, timings)
+
+    def compute_gradients(self, batch: Trajectories, loss_fn: LossFn) -> dict[str, float]:
+        """Fill every rank's ``.grad`` with the global-batch gradient; returns the global metrics."""
+        return self._call_sliced("compute_gradients", self._split_rows(batch), loss_fn)[0]
+
+    def evaluate_loss(self, batch: Trajectories, loss_fn: LossFn) -> dict[str, float]:
+        return self._call_sliced("evaluate_loss", self._split_rows(batch), loss_fn)[0]
+
+    def export_hf_groups(self) -> Iterator[HFGroup]:
+        """HF-named full tensors from rank 0, one fused group per round trip (all ranks gather in step)."""
+        self._check_usable()
+        self._gather([w.export_begin.remote() for w in self._workers], "export_hf_groups")
+        try:
+            while True:
+                refs = [w.export_next.remote(r == 0) for r, w in enumerate(self._workers)]
+                group = self._gather(refs, "export_hf_groups")[0]
+                if group is None:
+                    return
+                yield group
+        finally:
+            if self._broken is None and not self._closed:
+                self._gather([w.export_end.remote() for w in self._workers], "export_hf_groups")
+
+    def hf_state_dict(self) -> dict[str, Tensor]:
+        return {name: t for group in self.export_hf_groups() for name, t in group}
+
+    def set_reference_to_current(self) -> None:
+        self._call_all("set_reference_to_current")
+
+    def reset_optimizer(self, optimizer: OptimizerConfig, scheduler: SchedulerConfig) -> None:
+        self._call_all("reset_optimizer", optimizer, scheduler)
+
+    def close(self) -> None:
+        """Stop the workers (killed, so this works even when one hangs in a collective) and the Ray
+        cluster if this group started it. Safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._workers:
+            import ray
+
+            if self._broken is None:
+                refs = [w.close.remote() for w in self._workers]
+                ray.wait(refs, num_returns=len(refs), timeout=30)
+            for w in self._workers:
+                ray.kill(w)
+            self._workers = []
+        if self._started_ray:
+            import ray
+
+            ray.shutdown()
+            self._started_ray = False
+
+    def __repr__(self) -> str:
+        a = self.arch
+        if self._closed:
+            return f"RayPolicyGroup({a.family}, closed)"
+        mc = self._cfg.megatron_cfg
+        backend = "DTensor" if self._cfg.dtensor_cfg.enabled else f"Megatron TP={mc.tensor_model_parallel_size}"
+        state = f", BROKEN: {self._broken}" if self._broken else ""
+        return (f"RayPolicyGroup({a.family}, {a.num_layers}x{a.hidden_size}, {self.world_size} workers: {backend} "
+                f"DP={getattr(self, 'dp_size', '?')}, version={self.version}{state})")
