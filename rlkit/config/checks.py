@@ -74,17 +74,33 @@ def cross_section_problems(sections: Mapping[str, Any], partial: bool) -> list[s
     if policy is not None:
         if policy.megatron_cfg.enabled == policy.dtensor_cfg.enabled:
             out.append("policy.megatron_cfg.enabled / policy.dtensor_cfg.enabled: enable exactly one training backend")
-        if not policy.generation.colocated.enabled:
-            out.append("policy.generation.colocated.enabled=false: non-colocated generation is not available yet")
+        if not policy.generation.colocated.enabled and policy.generation.backend != "vllm":
+            out.append(f"policy.generation.colocated.enabled=false: runs vLLM in a Ray actor, but "
+                       f"policy.generation.backend={policy.generation.backend!r}; set backend=vllm or colocated.enabled=true")
         out += _model_problems(policy)
     if sft is not None and policy is not None and sft.enabled and sft.batch_size % _data_parallel_size(policy):
         out.append(f"sft.batch_size={sft.batch_size}: must be a multiple of the data-parallel size "
                    f"{_data_parallel_size(policy)} (policy.num_workers={policy.num_workers} / model-parallel ranks)")
+    out += _async_problems(grpo, sections.get("loss_fn"))
     if data is not None:
         out += data.problems()
     if sft is not None and data is not None and sft.enabled and data.task is None:
         out.append(f"sft.enabled: a file dataset needs a '{sft.response_key}' column for the SFT warm start; "
                    "set sft.enabled=false or sft.response_key to the answer column")
+    return out
+
+
+def _async_problems(grpo: Any, loss_fn: Any) -> list[str]:
+    """Async GRPO trains on samples from older weights: the loss must correct for it."""
+    if grpo is None or not grpo.async_grpo.enabled:
+        return []
+    out = []
+    if loss_fn is not None and loss_fn.off_policy_correction == "none":
+        out.append("grpo.async_grpo.enabled=true needs an importance-sampling correction against the generator's "
+                   "logprobs, but loss_fn.off_policy_correction='none'. Fix: set loss_fn.off_policy_correction=tis "
+                   "(or seq_mask), or grpo.async_grpo.enabled=false")
+    if grpo.dynamic_sampling:
+        out.append("grpo.dynamic_sampling: not supported with grpo.async_grpo.enabled=true yet; disable one of them")
     return out
 
 

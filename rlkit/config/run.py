@@ -17,6 +17,13 @@ from rlkit.config.components import PolicyConfig, Section
 _ADV = AdvantageParams()
 
 
+class AsyncGRPOConfig(Section):
+    """Rollouts of later steps are generated while the policy trains (NeMo-RL's ``grpo.async_grpo``)."""
+
+    enabled: bool = False
+    max_trajectory_age_steps: int = Field(1, ge=1)  # a batch is trained at most this many steps after its weights
+
+
 class GRPOConfig(Section):
     num_prompts_per_step: int = Field(16, ge=1)
     num_generations_per_prompt: int = Field(8, ge=1)
@@ -33,6 +40,7 @@ class GRPOConfig(Section):
     overlong_penalty: float = Field(1.0, ge=0)
     val_period: int = Field(0, ge=0)  # steps between held-out evaluations during run(); 0: only at the ends
     mismatch_warning_threshold: float = Field(1e-2, gt=0)  # warn when |token_mult_prob_error - 1| exceeds
+    async_grpo: AsyncGRPOConfig = AsyncGRPOConfig()
 
     def advantage_params(self) -> AdvantageParams:
         return AdvantageParams(

@@ -26,6 +26,7 @@ train step that completed remotely counts; checkpoints (``Session.save``) need t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -74,7 +75,9 @@ class RankInfo:
 class _PolicyWorker:
     """The actor: one rank's policy. Methods mirror the Policy protocol on this rank's share of the batch."""
 
-    def __init__(self, threads: int):
+    def __init__(self, threads: int, niceness: int):
+        if os.getpriority(os.PRIO_PROCESS, 0) < niceness:  # started by a Ray launched at raised priority
+            os.setpriority(os.PRIO_PROCESS, 0, niceness)
         torch.set_num_threads(threads)
         self.policy = None
         self._export: Optional[Iterator[HFGroup]] = None
@@ -110,6 +113,9 @@ class _PolicyWorker:
         """``policy.method(*args, **kwargs)``; the result only when ``keep`` (the others return None)."""
         out = getattr(self.policy, method)(*args, **kwargs)
         return out if keep else None
+
+    def get_version(self) -> int:
+        return self.policy.version
 
     def set_cfg(self, cfg: PolicyConfig) -> None:
         self.policy.cfg = cfg
@@ -151,7 +157,12 @@ def _worker_env(threads: int) -> dict[str, str]:
 
 def start_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> bool:
     """Connect to Ray (``address``, or the one this process already joined) or start a local one.
-    Returns True when this call started it (its owner shuts it down)."""
+    Returns True when this call started it (its owner shuts it down).
+
+    Ray 2.60's raylet gives its agents a fixed 15 s to report their ports (ray-project/ray#65983); on a
+    loaded machine their Python start-up misses it and the node start fails. The retries start Ray's
+    processes at a raised CPU priority where the OS allows it (the policy actors drop it again).
+    """
     import ray
 
     if ray.is_initialized():
@@ -161,7 +172,8 @@ def start_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> 
         return False
     for attempt in range(1, RAY_START_ATTEMPTS + 1):
         try:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            with _raised_priority(enabled=attempt > 1):
+                ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
             return True
         except Exception as e:  # Ray raises a bare Exception when its node misses the start-up deadline
             ray.shutdown()
@@ -170,6 +182,22 @@ def start_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> 
                                    "heavily loaded machine Ray's agents can miss the raylet's start-up deadline; "
                                    "start one with `ray start --head` and pass its address") from e
     raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def _raised_priority(enabled: bool, boost: int = 10):
+    """Processes started inside the block inherit this thread's niceness lowered by ``boost`` (if allowed)."""
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        if enabled:
+            os.setpriority(os.PRIO_PROCESS, 0, before - boost)
+    except PermissionError:
+        enabled = False
+    try:
+        yield
+    finally:
+        if enabled:
+            os.setpriority(os.PRIO_PROCESS, 0, before)
 
 
 class RayPolicyGroup:
@@ -207,7 +235,8 @@ class RayPolicyGroup:
             num_cpus=1, num_gpus=1 if torch.cuda.is_available() else 0,
             runtime_env={"env_vars": _worker_env(threads)},
         )
-        self._workers = [actor.remote(threads) for _ in range(self.world_size)]
+        niceness = os.getpriority(os.PRIO_PROCESS, 0)
+        self._workers = [actor.remote(threads, niceness) for _ in range(self.world_size)]
         master = self._gather([self._workers[0].address.remote()], "address")[0]
         self.ranks: list[RankInfo] = self._gather(
             [w.build.remote(cfg, seed, r, self.world_size, master) for r, w in enumerate(self._workers)], "build")
@@ -236,7 +265,8 @@ class RayPolicyGroup:
                         raise self._failure(e, rank_of[ref], what, pending) from e
         except KeyboardInterrupt:
             # The ranks cannot be stopped mid-collective: let them finish this call so they stay in step.
-            ray.wait(pending, num_returns=len(pending))
+            if pending:
+                ray.wait(pending, num_returns=len(pending))
             raise
         return ray.get(list(refs))
 
@@ -292,6 +322,11 @@ class RayPolicyGroup:
         self._gather([w.set_cfg.remote(cfg) for w in self._workers], "set_cfg")
         self._cfg = cfg
 
+    @property
+    def model(self):
+        raise AttributeError("a RayPolicyGroup holds no model in this process (each rank holds its own in a Ray "
+                             "actor); checkpoints and direct weight access need policy.num_workers=1")
+
     def _split_rows(self, batch: Trajectories) -> list[Trajectories]:
         b, dp = batch.batch_size, self.dp_size
         if b % dp:
@@ -323,7 +358,12 @@ class RayPolicyGroup:
     def train_step(self, batch: Trajectories, loss_fn: LossFn) -> TrainStepResult:
         """One optimizer step on every rank, each on its data-parallel slice of ``batch``."""
         t0 = time.perf_counter()
-        result: TrainStepResult = self._call_sliced("train_step", self._split_rows(batch), loss_fn)[0]
+        parts = self._split_rows(batch)
+        try:
+            result: TrainStepResult = self._call_sliced("train_step", parts, loss_fn)[0]
+        except KeyboardInterrupt:  # the workers finished the call (see _gather): did it update?
+            self.version = self._gather([self._workers[0].get_version.remote()], "version")[0]
+            raise
         self.version = result.version
         timings = dict(result.timings, train_step_group=time.perf_counter() - t0)
         return TrainStepResult(result.metrics, result.grad_norm, result.learning_rate, result.num_microbatches,

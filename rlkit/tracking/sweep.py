@@ -65,6 +65,15 @@ def _split_values(text: str) -> list[str]:
     return [p.strip() for p in parts]
 
 
+_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
+def _parse_value(text: str) -> Any:
+    """YAML, plus numbers YAML 1.1 reads as strings (``3e-4``)."""
+    value = yaml.safe_load(text) if text else None
+    return float(value) if isinstance(value, str) and _NUMBER.match(value) else value
+
+
 def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
     """``["loss_fn.ratio_clip_max=0.2,0.28", "seed=0,1,2"]`` -> ``{"loss_fn.ratio_clip_max": [0.2, 0.28],
     "seed": [0, 1, 2]}``; each value is parsed as YAML (numbers, booleans, lists in brackets)."""
@@ -78,7 +87,7 @@ def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
         elif key in grid:
             problems.append(f"{key}: given twice in the grid; list all its values in one entry")
         else:
-            grid[key] = [yaml.safe_load(v) for v in _split_values(values)]
+            grid[key] = [_parse_value(v) for v in _split_values(values)]
     if problems:
         raise ConfigError(problems)
     return grid
@@ -93,7 +102,7 @@ def _override_mapping(overrides: Sequence[str] | Mapping[str, Any]) -> dict[str,
         if not sep:
             problems.append(f"override {item!r} is not of the form key=value")
         else:
-            out[key.strip()] = yaml.safe_load(value) if value.strip() else None
+            out[key.strip()] = _parse_value(value.strip())
     if problems:
         raise ConfigError(problems)
     return out

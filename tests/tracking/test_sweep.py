@@ -14,8 +14,8 @@ from tests.tracking.conftest import tiny_config, tiny_overrides
 
 def test_parse_grid_reads_yaml_values_and_reports_every_bad_entry():
     grid = parse_grid(["loss_fn.ratio_clip_max=0.2,0.28", "seed=0,1,2", "policy.optimizer.betas=[0.9,0.99],[0.8,0.9]",
-                       "loss_fn.policy_loss=ppo_clip"])
-    assert grid == {"loss_fn.ratio_clip_max": [0.2, 0.28], "seed": [0, 1, 2],
+                       "loss_fn.policy_loss=ppo_clip", "policy.optimizer.lr=3e-4,1E3"])
+    assert grid == {"loss_fn.ratio_clip_max": [0.2, 0.28], "seed": [0, 1, 2], "policy.optimizer.lr": [3e-4, 1e3],
                     "policy.optimizer.betas": [[0.9, 0.99], [0.8, 0.9]], "loss_fn.policy_loss": ["ppo_clip"]}
     with pytest.raises(ConfigError) as e:
         parse_grid(["seed", "a.b=", "seed=1"])

@@ -1,0 +1,186 @@
+"""The Ray worker group with 2 processes on the CPU: TP=2 and DP=2 against the single-process policy.
+
+The reference is the in-process TP=1 policy on the same weights and batch. Logprobs, entropy, the
+gradient norm and the weights after one optimizer step must agree within 1e-5; the step moves the weights
+by far more than that (checked), so a missing gradient all-reduce or a wrong shard would show.
+One Ray cluster serves the whole module (the groups join it), and the DP=2 group is shared by the
+equivalence test and the error tests, which break it last.
+"""
+
+import os
+
+import pytest
+import torch
+
+from rlkit.config.components import MegatronConfig, OptimizerConfig, PolicyConfig
+from rlkit.errors import ConfigError
+from rlkit.policy.megatron.policy import MegatronPolicy
+from tests.helpers import pg_token_mean_loss, random_batch
+
+ray = pytest.importorskip("ray")
+
+TOL = 1e-5
+
+
+def failing_loss(logprobs, batch, counts):
+    raise ValueError("loss exploded on purpose")
+
+
+def rank1_failing_loss(logprobs, batch, counts):
+    """Rank 1 raises; rank 0 goes on into the gradient all-reduce and waits there for rank 1."""
+    if torch.distributed.get_rank() == 1:
+        raise ValueError("rank 1 loss exploded on purpose")
+    return pg_token_mean_loss(logprobs, batch, counts)
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    from rlkit.policy.workers import start_ray
+
+    started = start_ray(num_cpus=2)
+    yield
+    if started:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def model_cfg(model_factory):
+    # two KV heads so that TP=2 is a valid layout; qwen2 adds the QKV bias to the sharded tensors
+    path = model_factory("nano", "qwen2", seed=1, num_key_value_heads=2)
+    return PolicyConfig(model_name=str(path), train_micro_batch_size=4, optimizer=OptimizerConfig(lr=1e-3))
+
+
+@pytest.fixture(scope="module")
+def reference(model_cfg):
+    """Single-process TP=1 results: scores, one train step, the weights before and after it."""
+    batch = random_batch(b=8, t=24)
+    policy = MegatronPolicy(model_cfg)
+    try:
+        before = policy.hf_state_dict()
+        scores = policy.score(batch.input_ids, batch.attention_mask, with_entropy=True)
+        step = policy.train_step(batch, pg_token_mean_loss)
+        after = policy.hf_state_dict()
+        groups = [[name for name, _ in g] for g in policy.export_hf_groups()]
+    finally:
+        policy.close()
+    return dict(batch=batch, before=before, scores=scores, step=step, after=after, groups=groups)
+
+
+def group_for(cfg, tp):
+    from rlkit.policy.workers import RayPolicyGroup
+
+    layout = MegatronConfig(tensor_model_parallel_size=tp)
+    return RayPolicyGroup(cfg.model_copy(update={"megatron_cfg": layout}), world_size=2, seed=0)
+
+
+def max_diff(a, b):
+    return max((a[k] - b[k]).abs().max().item() for k in b)
+
+
+def check_against_reference(group, ref):
+    batch = ref["batch"]
+    scores = group.score(batch.input_ids, batch.attention_mask, with_entropy=True)
+    assert (scores.logprobs - ref["scores"].logprobs).abs().max() < TOL
+    assert (scores.entropy - ref["scores"].entropy).abs().max() < TOL
+    assert max_diff(group.hf_state_dict(), ref["before"]) < TOL
+
+    step = group.train_step(batch, pg_token_mean_loss)
+    assert step.version == group.version == 1
+    assert abs(step.grad_norm - ref["step"].grad_norm) < TOL * ref["step"].grad_norm
+    assert abs(step.metrics["loss"] - ref["step"].metrics["loss"]) < TOL
+    after = group.hf_state_dict()
+    assert set(after) == set(ref["after"])
+    assert max_diff(ref["after"], ref["before"]) > 100 * TOL  # the step moved the weights measurably
+    assert max_diff(after, ref["after"]) < TOL
+    assert [[name for name, _ in g] for g in group.export_hf_groups()] == ref["groups"]  # same fused groups
+
+
+def test_tensor_parallel_2_matches_one_process(ray_cluster, model_cfg, reference):
+    group = group_for(model_cfg, tp=2)
+    try:
+        assert [(r.dp_rank, r.leader) for r in group.ranks] == [(0, True), (0, False)]
+        check_against_reference(group, reference)
+    finally:
+        group.close()
+
+
+@pytest.fixture(scope="module")
+def dp_group(ray_cluster, model_cfg):
+    group = group_for(model_cfg, tp=1)
+    yield group
+    group.close()
+
+
+def test_data_parallel_2_matches_one_process(dp_group, reference):
+    assert [(r.dp_rank, r.leader) for r in dp_group.ranks] == [(0, True), (1, True)]
+    threads = max(1, os.cpu_count() // 2)
+    assert all(r.omp_num_threads == str(threads) and r.torch_threads == threads for r in dp_group.ranks)
+    assert len({r.pid for r in dp_group.ranks}) == 2
+    check_against_reference(dp_group, reference)
+
+    # scoring pads an odd batch across the ranks and gives the rows back in order
+    batch = reference["batch"]
+    five = dp_group.score(batch.input_ids[:5], batch.attention_mask[:5]).logprobs
+    whole = dp_group.score(batch.input_ids, batch.attention_mask).logprobs
+    assert five.shape == (5, batch.input_ids.shape[1]) and (five - whole[:5]).abs().max() < TOL
+    with pytest.raises(ValueError, match="multiple of 2"):
+        dp_group.train_step(batch.select(slice(0, 7)), pg_token_mean_loss)
+
+
+def test_worker_exception_comes_back_with_its_traceback(dp_group):
+    from rlkit.policy.workers import WorkerError
+
+    batch = random_batch(b=4, t=16)
+    with pytest.raises(WorkerError) as info:
+        dp_group.train_step(batch, failing_loss)
+    message = str(info.value)
+    assert "failed in train_step()" in message and "loss exploded on purpose" in message
+    assert "Traceback" in message and "in failing_loss" in message  # the worker's own frames
+    assert isinstance(info.value.cause, ValueError)
+    # every rank failed at the same point, so the group is still in step and usable
+    version = dp_group.version
+    dp_group.train_step(batch, pg_token_mean_loss)
+    assert dp_group.version == version + 1
+
+    with pytest.raises(WorkerError, match="rank 1 of 2 failed in train_step"):
+        dp_group.train_step(batch, rank1_failing_loss)  # rank 0 is left waiting in the all-reduce
+    with pytest.raises(WorkerError, match="broken"):
+        dp_group.score(batch.input_ids, batch.attention_mask)
+    dp_group.close()  # kills the stuck rank; the fixture's second close() is a no-op
+    assert "closed" in repr(dp_group)
+
+
+def test_bad_layout_is_rejected_before_any_worker_starts(monkeypatch, model_factory):
+    """start_ray is replaced (a stand-in) only to prove that validation happens before Ray is touched."""
+    from rlkit.policy import workers
+
+    def must_not_start(*args, **kwargs):
+        raise AssertionError("Ray was started for an invalid layout")
+
+    monkeypatch.setattr(workers, "start_ray", must_not_start)
+    nano = PolicyConfig(model_name=str(model_factory("nano", "llama")))  # 2 heads, 1 KV head
+    with pytest.raises(ConfigError, match="num_key_value_heads=1"):
+        workers.RayPolicyGroup(nano.model_copy(update={"megatron_cfg": MegatronConfig(tensor_model_parallel_size=2)}), 2)
+    with pytest.raises(ConfigError, match="must divide the world size 3"):
+        workers.RayPolicyGroup(nano.model_copy(update={"megatron_cfg": MegatronConfig(tensor_model_parallel_size=2)}), 3)
+
+
+def test_grpo_step_through_the_session_with_a_ray_policy(ray_cluster, tmp_path):
+    import rlkit
+    from rlkit.policy.workers import RayPolicyGroup
+    from tests.session.conftest import tiny_overrides, varied_reward
+    from rlkit.envs import RewardFunctionEnvironment
+
+    session = rlkit.Session.from_config("quickstart", tiny_overrides(tmp_path, **{"policy.num_workers": 2}),
+                                        env=RewardFunctionEnvironment(varied_reward))
+    try:
+        assert isinstance(session.policy, RayPolicyGroup) and session.policy.dp_size == 2
+        metrics = session.step()
+        batch = session.batch
+        assert batch.batch_size == 16 and session.policy.version == 1 and not session.stale
+        # trainer logprobs came back from two ranks in row order: they match the generator's
+        assert abs(batch.info["token_mult_prob_error"] - 1.0) < 1e-3
+        assert metrics["train/grad_norm"] > 0 and "train/loss" in metrics.values
+        assert session.last_refit.num_tensors == len(session.policy.hf_state_dict())
+    finally:
+        session.close()
