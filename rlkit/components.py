@@ -43,10 +43,24 @@ def build_generator(config: RunConfig):
         except ImportError as e:  # pragma: no cover - the CPU profile installs vLLM
             raise ImportError(f"vLLM is not installed ({e}); set policy.generation.backend=hf to use "
                               "transformers' generate instead") from e
+        if not p.generation.colocated.enabled:  # the engine in its own process, refit by broadcast
+            from rlkit.generation.remote import RemoteGenerator
+
+            return RemoteGenerator(p.model_name, p.generation, max_model_len=max_len, seed=config.seed,
+                                   ray_address=p.ray_address)
         return VllmGenerator(p.model_name, p.generation, max_model_len=max_len, seed=config.seed)
     from rlkit.generation.hf import HFGenerator
 
     return HFGenerator(p.model_name, p.generation, max_model_len=max_len, seed=config.seed)
+
+
+def build_weight_sync(config: RunConfig):
+    """In-process hand-over for a colocated generator, a broadcast to its actor otherwise."""
+    from rlkit.weight_sync import BroadcastWeightSync, ColocatedWeightSync
+
+    g = config.policy.generation
+    bucket_bytes = g.refit_bucket_size_mb * 1e6
+    return ColocatedWeightSync(bucket_bytes) if g.colocated.enabled else BroadcastWeightSync(bucket_bytes)
 
 
 def build_environment(config: RunConfig):

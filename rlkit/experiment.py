@@ -39,8 +39,12 @@ def checkpoint_folder(config: RunConfig, run_dir: Optional[str | Path] = None) -
 
 
 def _truncate_jsonl(path: Path, last_step: int) -> None:
-    """Drop the lines logged after ``last_step`` (steps a killed run logged past its last checkpoint)."""
+    """Drop the lines logged after ``last_step`` (steps a killed run logged past its last checkpoint;
+    ``-1``: all of them, for a fresh start)."""
     if not path.is_file():
+        return
+    if last_step < 0:
+        path.unlink()
         return
     kept = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= last_step]
     tmp = path.with_suffix(".tmp")
@@ -69,31 +73,21 @@ def run_experiment(config: RunConfig, session: Any = None, progress: bool = True
     if start is not None and session is not None:
         raise ValueError("resume=True builds its session from the checkpoint; do not pass session= as well")
     (run_dir / "config.yaml").write_text(config_to_yaml(config))
-    if start is None:
-        (run_dir / "metrics.jsonl").unlink(missing_ok=True)
-        (run_dir / "tables.jsonl").unlink(missing_ok=True)
+    for name in ("metrics.jsonl", "tables.jsonl"):  # a resumed run keeps what was logged up to its checkpoint
+        _truncate_jsonl(run_dir / name, -1 if start is None else int(start.name.split("_")[-1]))
     own_session = session is None
-    if start is not None:
-        session = load_session(Session, start, config=config)
-        for name in ("metrics.jsonl", "tables.jsonl"):
-            _truncate_jsonl(run_dir / name, session.step_count)
     logger = build_logger(config.logger, run_dir, config.name, config.model_dump(mode="json"))
     try:
+        if start is not None:
+            session = load_session(Session, start, config=config)
+            warm_start = read_checkpoint_state(start)["extra"].get("warm_start") or dict(  # none if saved by hand
+                accuracy_before_rl=None, sft_steps=0, sft_final_loss=None, seconds_sft=0.0)
         session = session or Session(config)
         setup_s = time.perf_counter() - t0
         if start is None:
-            sft_result = session.sft(progress=progress) if config.sft.enabled and config.sft.num_steps else None
-            before = session.evaluate()
-            logger.log({"validation/accuracy": before.accuracy}, step=0)
-            warm_start = {"accuracy_before_rl": before.accuracy,
-                          "sft_steps": len(sft_result.losses) if sft_result else 0,
-                          "sft_final_loss": sft_result.losses[-1] if sft_result else None,
-                          "seconds_sft": sft_result.seconds if sft_result else 0.0}
+            warm_start = _warm_start(session, config, logger, progress)
             if ckpt_cfg.enabled:
                 save_periodic(session, ckpt_dir, ckpt_cfg.keep_last, {"warm_start": warm_start})
-        else:  # a checkpoint saved by hand (session.save) carries no warm-start record
-            warm_start = read_checkpoint_state(start)["extra"].get("warm_start") or dict(
-                accuracy_before_rl=None, sft_steps=0, sft_final_loss=None, seconds_sft=0.0)
         period = config.logger.sample_table_period
         total = config.grpo.max_num_steps
 
@@ -107,10 +101,9 @@ def run_experiment(config: RunConfig, session: Any = None, progress: bool = True
         t_rl = time.perf_counter()
         done = session.run(max(0, total - session.step_count) if start else total, progress=progress, on_step=on_step)
         rl_s = time.perf_counter() - t_rl
-        history = session.history if start else done
-        before_acc = warm_start["accuracy_before_rl"]
         after = session.evaluate()
         logger.log({"validation/accuracy": after.accuracy}, step=session.step_count)
+        history, before_acc = session.history if start else done, warm_start["accuracy_before_rl"]
         summary = {
             "name": config.name,
             "held_out_prompts": after.num_prompts,
@@ -134,6 +127,17 @@ def run_experiment(config: RunConfig, session: Any = None, progress: bool = True
         logger.finish()
         if own_session and session is not None:
             session.close()
+
+
+def _warm_start(session: Any, config: RunConfig, logger: Any, progress: bool) -> dict[str, Any]:
+    """SFT (if enabled), then held-out accuracy before RL, logged at step 0; what a resumed run reports."""
+    sft_result = session.sft(progress=progress) if config.sft.enabled and config.sft.num_steps else None
+    before = session.evaluate()
+    logger.log({"validation/accuracy": before.accuracy}, step=0)
+    return {"accuracy_before_rl": before.accuracy,
+            "sft_steps": len(sft_result.losses) if sft_result else 0,
+            "sft_final_loss": sft_result.losses[-1] if sft_result else None,
+            "seconds_sft": sft_result.seconds if sft_result else 0.0}
 
 
 def _mean(values: list[float]) -> Optional[float]:

@@ -15,13 +15,15 @@ import time
 from dataclasses import replace
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager, Mapping, Optional, Sequence
 
 from rlkit import stages
 from rlkit.algorithms import RLLoss, RunningBaseline
 from rlkit.config.loading import load_config
 from rlkit.config.run import RunConfig
 from rlkit.generation.base import SamplingSettings
+from rlkit.stages.async_rollouts import AsyncRollouts, updates_per_step
 from rlkit.stages.metrics import StepMetrics, step_metrics
 from rlkit.trajectories import Trajectories
 
@@ -32,7 +34,7 @@ class Session:
     def __init__(self, config: RunConfig, env: Any = None, loss_fn: Optional[Callable] = None):
         from transformers import AutoTokenizer
 
-        from rlkit.components import build_environment, build_generator, build_policy, ensure_model
+        from rlkit.components import build_environment, build_generator, build_policy, build_weight_sync, ensure_model
         from rlkit.data import PromptSampler, load_prompt_dataset
 
         self.config = config
@@ -43,7 +45,11 @@ class Session:
         self.env = env if env is not None else build_environment(config)
         self.policy = build_policy(config)
         self.generator = build_generator(config)
+        self.weight_sync = build_weight_sync(config)  # in-process hand-over, or a broadcast to the engine's actor
         self.generator_version = self.policy.version
+        a = config.grpo.async_grpo  # async GRPO: a background producer samples later steps' rollouts
+        self.rollouts = AsyncRollouts(self._sample_async_batch, a.max_trajectory_age_steps,
+                                      self.generator_version) if a.enabled else None
         self.loss_fn = loss_fn if loss_fn is not None else RLLoss(config.loss_fn, kl_in_reward=config.grpo.reward_kl_coef > 0)
         self.baseline = RunningBaseline()
         self.step_count = 0
@@ -73,6 +79,8 @@ class Session:
 
         new = overrides if isinstance(overrides, RunConfig) else load_config(self.config.model_dump(), overrides)
         frozen = [k for k in RunConfig.model_fields if k not in self.LIVE_SECTIONS and getattr(new, k) != getattr(self.config, k)]
+        if new.grpo.async_grpo != self.config.grpo.async_grpo:
+            frozen.append("grpo.async_grpo")
         if frozen:
             raise ConfigError([f"{k}: changing it needs a new Session (Session.from_config(..., overrides=...)); "
                                f"in place only {', '.join(self.LIVE_SECTIONS)} can change" for k in frozen])
@@ -106,27 +114,43 @@ class Session:
 
     # ---- stages ----------------------------------------------------------------------------------
     def rollout(self, rows: Optional[Sequence[dict]] = None, seed: Optional[int] = None) -> Trajectories:
-        """Sample G completions for this step's prompts (or for ``rows``)."""
+        """Sample G completions for this step's prompts (or for ``rows``). With async GRPO: the next ready
+        batch from the background producer (the same one again within a step)."""
+        g = self.config.grpo
+        if self.rollouts is not None and rows is None:
+            ups = updates_per_step(g.num_prompts_per_step * g.num_generations_per_prompt,
+                                   self.config.policy.train_global_batch_size, g.num_epochs)
+            return self._keep(self.rollouts.batch_for_step(self.step_count, self.policy.version, ups))
         if self.stale:
             warnings.warn(f"the generator holds policy version {self.generator_version}, the policy is at "
                           f"{self.policy.version}: these samples are off-policy (call session.refit() first)",
                           stacklevel=2)
-        g = self.config.grpo
-        if g.dynamic_sampling and rows is None:
+        if g.use_dynamic_sampling and rows is None:
             return self._keep(self._dynamic_rollout(seed))
         if rows is None:
             if self._step_rows is None:
                 self._step_rows = self.sampler.next_batch()
             rows = self._step_rows
-        batch = stages.rollout(self.generator, self.tokenizer, rows, g.num_generations_per_prompt,
-                               self.sampling(seed), self.generator_version, self.config.data.system_prompt)
+        with self._generator_lock():
+            batch = stages.rollout(self.generator, self.tokenizer, rows, g.num_generations_per_prompt,
+                                   self.sampling(seed), self.generator_version, self.config.data.system_prompt)
         return self._keep(batch)
+
+    def _sample_async_batch(self, index: int, version: int) -> Trajectories:
+        """Async GRPO's producer thread: batch ``index`` (the prompts and seed sync step ``index`` would use)."""
+        g = self.config.grpo
+        return stages.rollout(self.generator, self.tokenizer, self.sampler.next_batch(), g.num_generations_per_prompt,
+                              self.sampling(self.config.seed * 1_000_003 + index), version, self.config.data.system_prompt)
+
+    def _generator_lock(self) -> ContextManager:
+        """Exclusive use of the generator: async GRPO's producer may be sampling in the background."""
+        return self.rollouts.exclusive() if self.rollouts is not None else nullcontext()
 
     def _dynamic_rollout(self, seed: Optional[int]) -> Trajectories:
         """DAPO: rounds of fresh prompts, scored, keeping groups whose rewards vary (returns a scored batch)."""
         g = self.config.grpo
         if self._step_rows is None:
-            self._step_rows = [self.sampler.next_batch() for _ in range(g.dynamic_sampling_max_tries)]
+            self._step_rows = [self.sampler.next_batch() for _ in range(g.dynamic_sampling_max_gen_batches)]
         base = self.sampling(seed).seed
 
         def sample_and_score(attempt: int) -> Trajectories:
@@ -135,7 +159,7 @@ class Session:
                                    self.generator_version, self.config.data.system_prompt)
             return self.score(batch)
 
-        return stages.dynamic_sampling(sample_and_score, g.num_prompts_per_step, g.dynamic_sampling_max_tries)
+        return stages.dynamic_sampling(sample_and_score, g.num_prompts_per_step, g.dynamic_sampling_max_gen_batches)
 
     def score(self, batch: Optional[Trajectories] = None) -> Trajectories:
         g = self.config.grpo
@@ -168,14 +192,18 @@ class Session:
         timings = {k: v for k, v in batch.info.items() if k.startswith("timing/")}
         timings["timing/train"] = result.seconds
         metrics = step_metrics(self.step_count, self.policy.version, batch, result.metrics, timings, version_before)
+        metrics.values.update({k: v for k, v in batch.info.items() if k.startswith("rollout/")})  # async producer's
         self.history.append(metrics)
         return metrics
 
     def refit(self) -> Any:
         """Push the policy's weights into the generator. Interrupted midway, the generator stays stale."""
         self.generator_version = -1  # unknown mixture until the sync completes
-        report = stages.refit(self.policy, self.generator)
+        with self._generator_lock():
+            report = stages.refit(self.policy, self.generator, self.weight_sync)
         self.generator_version = report.policy_version
+        if self.rollouts is not None:
+            self.rollouts.weights_loaded(report.policy_version, self.step_count)
         self.last_refit = report
         return report
 
@@ -190,7 +218,11 @@ class Session:
         metrics = self.train(batch)
         report = self.refit()
         metrics.values["timing/refit"] = report.seconds
-        metrics.values["timing/step_total"] = time.perf_counter() - t0
+        if self.rollouts is not None:  # the refit first waited for the batch being sampled
+            metrics.values["timing/refit_wait"] = self.rollouts.last_exclusive_wait
+        metrics.values["timing/step_total"] = elapsed = time.perf_counter() - t0
+        metrics.values["rollout/samples_per_second"] = batch.batch_size / elapsed
+        metrics.values["rollout/tokens_per_second"] = float(batch.completion_lengths.sum()) / elapsed
         return metrics
 
     def run(self, steps: Optional[int] = None, progress: bool = True,
@@ -206,7 +238,11 @@ class Session:
         for _ in bar:
             metrics = self.step()
             done.append(metrics)
-            bar.set_postfix(reward=f"{metrics['rollout/reward_mean']:.3f}", kl=f"{metrics.get('train/kl', 0):.4f}")
+            shown = {"reward": f"{metrics['rollout/reward_mean']:.3f}",
+                     "entropy": f"{metrics.get('train/approx_entropy', float('nan')):.3f}"}
+            if getattr(self.loss_fn, "needs_reference", False):
+                shown["kl"] = f"{metrics.get('train/kl', 0.0):.4f}"
+            bar.set_postfix(shown)
             period = self.config.grpo.val_period
             if period and self.step_count % period == 0:
                 metrics.values["validation/accuracy"] = self.evaluate().accuracy
@@ -225,11 +261,12 @@ class Session:
             self.refit()
         n = num_prompts or self.config.eval.num_prompts
         rows = list(self.dataset["validation"].select(range(min(n, len(self.dataset["validation"])))))
-        self.last_eval = stages.evaluate(
-            self.generator, self.tokenizer, self.env, rows, self.config.policy.generation.max_new_tokens,
-            self.policy.version, greedy=self.config.eval.greedy if greedy is None else greedy,
-            seed=self.config.seed, system_prompt=self.config.data.system_prompt,
-        )
+        with self._generator_lock():
+            self.last_eval = stages.evaluate(
+                self.generator, self.tokenizer, self.env, rows, self.config.policy.generation.max_new_tokens,
+                self.policy.version, greedy=self.config.eval.greedy if greedy is None else greedy,
+                seed=self.config.seed, system_prompt=self.config.data.system_prompt,
+            )
         return self.last_eval
 
     def sft(self, num_steps: Optional[int] = None, progress: bool = True) -> stages.SFTResult:
@@ -277,7 +314,7 @@ class Session:
     # ---- lifecycle -------------------------------------------------------------------------------
     def close(self) -> None:
         """Release the generator, the policy and Megatron's global state; a new Session can follow."""
-        for part in ("generator", "policy", "env"):
+        for part in ("rollouts", "generator", "weight_sync", "policy", "env"):
             component = getattr(self, part, None)
             if component is not None and hasattr(component, "close"):
                 component.close()

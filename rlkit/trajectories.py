@@ -141,12 +141,24 @@ class Trajectories:
     def __len__(self) -> int:
         return self.batch_size
 
+    # ---- notebook display (formatting only; see rlkit.notebook.display) ------------------------------------
+    def show(self, color: Any = "advantages", tokenizer: Any = None, rows: int = 8, label: Optional[str] = None) -> Any:
+        """Completion tokens of the first ``rows`` samples coloured by ``color``: "advantages", "mismatch"
+        (|generator - trainer logprob|), "entropy" or any [B, T] tensor (named ``label``). ``tokenizer`` decodes
+        the ids (default: the character tokenizer of rlkit's tiny models; pass ``session.tokenizer`` for others)."""
+        from rlkit.notebook.display import token_view
+
+        return token_view(self, color, tokenizer, rows, label)
+
     def __repr__(self) -> str:
-        filled = [n for n in ("rewards", "advantages", "prev_logprobs", "ref_logprobs") if getattr(self, n) is not None]
-        return (
-            f"Trajectories(B={self.batch_size} = {self.num_prompts} prompts x {self.group_size}, "
-            f"T={self.input_ids.shape[1]}, policy_version={self.policy_version}, filled={filled})"
-        )
+        from rlkit.notebook.display import trajectories_summary
+
+        return trajectories_summary(self)
+
+    def _repr_html_(self) -> str:
+        from rlkit.notebook.display import trajectories_html
+
+        return trajectories_html(self)
 
 
 @dataclass(frozen=True)

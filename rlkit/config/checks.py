@@ -66,8 +66,8 @@ def cross_section_problems(sections: Mapping[str, Any], partial: bool) -> list[s
             out.append(f"policy.generation.max_new_tokens={policy.generation.max_new_tokens}: leaves no room for "
                        f"the prompt in policy.max_total_sequence_length={policy.max_total_sequence_length}")
     if grpo is not None:
-        if grpo.dynamic_sampling and grpo.num_generations_per_prompt < 2:
-            out.append("grpo.dynamic_sampling: needs grpo.num_generations_per_prompt >= 2 (a group of one has no variance)")
+        if grpo.use_dynamic_sampling and grpo.num_generations_per_prompt < 2:
+            out.append("grpo.use_dynamic_sampling: needs grpo.num_generations_per_prompt >= 2 (a group of one has no variance)")
         if grpo.advantage_estimator in ("grpo", "rloo") and grpo.num_generations_per_prompt < 2:
             out.append(f"grpo.num_generations_per_prompt=1: the {grpo.advantage_estimator!r} baseline needs >= 2 "
                        "samples per prompt (or use advantage_estimator=reinforce_baseline)")
@@ -99,8 +99,8 @@ def _async_problems(grpo: Any, loss_fn: Any) -> list[str]:
         out.append("grpo.async_grpo.enabled=true needs an importance-sampling correction against the generator's "
                    "logprobs, but loss_fn.off_policy_correction='none'. Fix: set loss_fn.off_policy_correction=tis "
                    "(or seq_mask), or grpo.async_grpo.enabled=false")
-    if grpo.dynamic_sampling:
-        out.append("grpo.dynamic_sampling: not supported with grpo.async_grpo.enabled=true yet; disable one of them")
+    if grpo.use_dynamic_sampling:
+        out.append("grpo.use_dynamic_sampling: not supported with grpo.async_grpo.enabled=true yet; disable one of them")
     return out
 
 

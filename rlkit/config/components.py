@@ -16,6 +16,16 @@ class Section(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
+    def __repr__(self) -> str:  # only the settings that differ from the defaults
+        from rlkit.notebook.display import config_summary
+
+        return config_summary(self)
+
+    def _repr_html_(self) -> str:  # every setting by dotted key, changed ones in bold
+        from rlkit.notebook.display import config_html
+
+        return config_html(self)
+
 
 class OptimizerConfig(Section):
     name: Literal["adamw"] = "adamw"

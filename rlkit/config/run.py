@@ -34,8 +34,8 @@ class GRPOConfig(Section):
     reward_kl_coef: float = Field(_ADV.kl_coef, ge=0)  # REINFORCE++: KL folded into the reward
     baseline_momentum: float = Field(_ADV.baseline_momentum, ge=0, lt=1)
     num_epochs: int = Field(1, ge=1)  # optimizer passes over each rollout (PPO epochs)
-    dynamic_sampling: bool = False  # DAPO: drop zero-variance groups and sample again until full
-    dynamic_sampling_max_tries: int = Field(4, ge=1)
+    use_dynamic_sampling: bool = False  # DAPO: drop zero-variance groups and sample again until full
+    dynamic_sampling_max_gen_batches: int = Field(4, ge=1)
     overlong_buffer_length: Optional[int] = Field(None, ge=1)  # DAPO soft overlong punishment
     overlong_penalty: float = Field(1.0, ge=0)
     val_period: int = Field(0, ge=0)  # steps between held-out evaluations during run(); 0: only at the ends

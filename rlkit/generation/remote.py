@@ -20,6 +20,7 @@ to the engine directly; a failed actor is not restarted (build a new generator).
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -29,12 +30,12 @@ import torch
 from rlkit.config.components import GenerationConfig
 from rlkit.generation.base import Generation, SamplingSettings
 
-ALIGN_BYTES = 64  # tensors start at multiples of this in a packed bucket, so dtype views are legal
+ALIGN_BYTES = 64  # tensors start at multiples of this in a receive buffer, so dtype views are legal
 
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """Where one HF-named tensor sits in a packed bucket (a flat uint8 buffer)."""
+    """Where one HF-named tensor sits in a bucket's receive buffer (a flat uint8 tensor)."""
 
     name: str
     shape: tuple[int, ...]
@@ -43,19 +44,19 @@ class TensorSpec:
     nbytes: int
 
 
-def pack_bucket(bucket: Iterable[tuple[str, torch.Tensor]]) -> tuple[torch.Tensor, list[TensorSpec]]:
-    """One flat uint8 buffer [nbytes] holding every tensor of ``bucket`` (each at an aligned offset)."""
-    bucket = list(bucket)
+def bucket_layout(bucket: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[TensorSpec], int]:
+    """Where each tensor of ``bucket`` goes in one flat uint8 receive buffer, and the buffer's size."""
     specs, offset = [], 0
     for name, t in bucket:
         n = t.numel() * t.element_size()
         specs.append(TensorSpec(name, tuple(t.shape), t.dtype, offset, n))
         offset += -(-n // ALIGN_BYTES) * ALIGN_BYTES
-    device = bucket[0][1].device if bucket else torch.device("cpu")
-    flat = torch.empty(offset, dtype=torch.uint8, device=device)
-    for spec, (_, t) in zip(specs, bucket):
-        flat[spec.offset:spec.offset + spec.nbytes].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
-    return flat, specs
+    return specs, offset
+
+
+def as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a flat uint8 tensor: a view when ``t`` is contiguous (the usual case), else one copy."""
+    return t.detach().contiguous().reshape(-1).view(torch.uint8)
 
 
 def unpack_bucket(flat: torch.Tensor, specs: list[TensorSpec]) -> list[tuple[str, torch.Tensor]]:
@@ -92,11 +93,19 @@ class _GeneratorActor:
         self._store, self._group = pair_group(host, port, rank=1, backend=backend)
         self._device = "cuda" if backend == "nccl" else "cpu"
 
-    def receive_bucket(self, specs: list[TensorSpec], nbytes: int) -> int:
-        """Receive one packed bucket by broadcast from rank 0 and load it; returns the bytes received."""
-        flat = self._receive(nbytes)
+    def receive_bucket(self, specs: list[TensorSpec], nbytes: int) -> tuple[float, float]:
+        """Receive one bucket from rank 0, one broadcast per tensor straight into its place in a flat
+        buffer (the sender needs no packing copy), and load it; returns (receive, load) seconds."""
+        from rlkit.distributed import start_broadcast
+
+        t0 = time.perf_counter()
+        flat = self._buffer(nbytes)
+        works = [start_broadcast(self._group, flat[s.offset:s.offset + s.nbytes], root=0) for s in specs]
+        for work in works:
+            work.wait()
+        t1 = time.perf_counter()
         self.generator.update_weights(unpack_bucket(flat, specs))
-        return nbytes
+        return t1 - t0, time.perf_counter() - t1
 
     def receive_bytes(self, nbytes: int) -> int:
         """Receive a broadcast of ``nbytes`` and discard it: the transport alone, for benchmarks."""
@@ -105,11 +114,14 @@ class _GeneratorActor:
     def _receive(self, nbytes: int) -> torch.Tensor:
         from rlkit.distributed import broadcast
 
-        if self._group is None:
-            raise RuntimeError("no weight group: the driver must call open_weight_group() first")
-        flat = torch.empty(nbytes, dtype=torch.uint8, device=self._device)
+        flat = self._buffer(nbytes)
         broadcast(self._group, flat, root=0)
         return flat
+
+    def _buffer(self, nbytes: int) -> torch.Tensor:
+        if self._group is None:
+            raise RuntimeError("no weight group: the driver must call open_weight_group() first")
+        return torch.empty(nbytes, dtype=torch.uint8, device=self._device)
 
     def close(self) -> None:
         self._store = self._group = None
@@ -174,7 +186,7 @@ class RemoteGenerator:
         return store, group
 
     def receive_bucket(self, specs: list[TensorSpec], nbytes: int):
-        """Ask the actor to receive (by broadcast) and load one packed bucket; returns a Ray reference."""
+        """Ask the actor to receive (by broadcast) and load one bucket; returns a Ray reference."""
         return self.actor.receive_bucket.remote(specs, nbytes)
 
     def receive_bytes(self, nbytes: int):

@@ -1,34 +1,301 @@
-"""Text and HTML summaries of sessions and batches. They read attributes only: no compute, no I/O."""
+"""Text and HTML summaries of sessions, batches, step metrics and configs.
+
+They read attributes only: no forward pass, no I/O, nothing that waits on an engine. (Cheap reductions of
+tensors a batch already holds, like one mean over ``[B]`` rewards, are formatting, not compute.)
+The owning classes delegate to these functions with one-line ``__repr__`` / ``_repr_html_`` methods, so all
+notebook presentation lives in this package.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+import functools
+from typing import Any, Optional, Union
 
-from rlkit.notebook.html import key_values, table
+from rlkit.notebook.html import CELL, MUTED, STYLE, diverging, esc, fmt, key_values, legend, metrics_table, \
+    sequential, table, token_span
+
+SAMPLE_COLUMNS = ("#", "group", "prompt", "completion", "reward", "advantage", "length", "finish")
 
 
+# ---- session ---------------------------------------------------------------------------------------------
 def session_facts(s: Any) -> dict[str, object]:
     cfg = s.config
     if s.policy is None:
-        return {"state": "closed"}
+        return {"state": "closed (create a new Session to continue)"}
     mc = cfg.policy.megatron_cfg
-    return {
-        "model": f"{cfg.policy.model_name} ({s.policy.arch.family}, {s.policy.arch.num_layers} layers x {s.policy.arch.hidden_size})",
-        "policy": f"Megatron-Core, TP={mc.tensor_model_parallel_size} PP={mc.pipeline_model_parallel_size} "
-                  f"CP={mc.context_parallel_size} EP={mc.expert_model_parallel_size}, device=cpu",
+    policy = s.policy
+    arch = getattr(policy, "arch", None)
+    layout = getattr(policy, "layout", None)
+    dp = "?"
+    try:
+        from rlkit.policy.megatron import parallel
+
+        dp = parallel.dp_size()
+    except Exception:  # noqa: BLE001 - a display never raises
+        pass
+    device = "cuda" if _cuda() else "cpu"
+    facts = {
+        "model": f"{cfg.policy.model_name}" + (f" ({arch.family}, {arch.num_layers} layers x {arch.hidden_size})" if arch else ""),
+        "policy": f"{type(policy).__name__} on {device}",
+        "parallel layout": f"TP={mc.tensor_model_parallel_size} PP={mc.pipeline_model_parallel_size} "
+                           f"CP={mc.context_parallel_size} EP={mc.expert_model_parallel_size} DP={dp}"
+                           + (" (sequence parallel)" if layout is not None and layout.sequence_parallel else ""),
+        "generator": f"{cfg.policy.generation.backend} "
+                     f"({'colocated' if cfg.policy.generation.colocated.enabled else 'separate'}): {s.generator!r}",
         "environment": getattr(s.env, "name", type(s.env).__name__),
+        "loss": repr(s.loss_fn),
+        "advantages": cfg.grpo.advantage_estimator,
         "step": s.step_count,
-        "policy version": s.policy.version,
-        "generator": f"{cfg.policy.generation.backend} (colocated), holds version {s.generator_version}"
-                     + (" (STALE: call refit())" if s.stale else " (in sync)"),
+        "policy version": policy.version,
+        "generator weights": f"version {s.generator_version}"
+                             + (" (STALE: call session.refit())" if s.stale else " (in sync)"),
         "last reward": f"{s.history[-1]['rollout/reward_mean']:.3f}" if s.history else "-",
     }
+    if getattr(s, "rollouts", None) is not None:
+        facts["async rollouts"] = repr(s.rollouts)
+    return facts
+
+
+@functools.lru_cache(maxsize=1)
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def session_summary(s: Any) -> str:
-    facts = session_facts(s)
-    return "Session(" + ", ".join(f"{k}={v}" for k, v in facts.items()) + ")"
+    f = session_facts(s)
+    if "state" in f:
+        return f"Session({f['state']})"
+    keys = ("model", "parallel layout", "environment", "step", "policy version", "generator weights", "last reward")
+    return "Session(" + ", ".join(f"{k}={f[k]}" for k in keys) + ")"
 
 
 def session_html(s: Any) -> str:
     return key_values("rlkit Session", session_facts(s))
+
+
+# ---- trajectories ------------------------------------------------------------------------------------------
+def _filled(batch: Any) -> list[str]:
+    names = ("rewards", "advantages", "prev_logprobs", "ref_logprobs", "entropy")
+    return [n for n in names if getattr(batch, n) is not None]
+
+
+def trajectories_summary(batch: Any) -> str:
+    reward = f", reward_mean={float(batch.rewards.mean()):.3f}" if batch.rewards is not None and len(batch) else ""
+    return (f"Trajectories(B={batch.batch_size} = {batch.num_prompts} prompts x {batch.group_size}, "
+            f"T={batch.input_ids.shape[1]}, policy_version={batch.policy_version}, filled={_filled(batch)}{reward})")
+
+
+def sample_rows(batch: Any, limit: int = 16) -> list[list[Any]]:
+    """``[#, group, prompt, completion, reward, advantage, length, finish]`` for the first ``limit`` samples.
+
+    The prompt is the dataset row's raw prompt when the batch carries rows (else the rendered text); the
+    advantage is the mean over the sample's completion tokens (constant per sample for GRPO)."""
+    n = min(limit, batch.batch_size)
+    rows = batch.row_of_sample
+    rewards = batch.rewards[:n].tolist() if batch.rewards is not None else [None] * n
+    lengths = batch.completion_lengths[:n]
+    if batch.advantages is not None:
+        adv = (batch.advantages[:n].sum(1) / lengths.clamp(min=1)).tolist()
+    else:
+        adv = [None] * n
+    out = []
+    for i in range(n):
+        prompt = rows[i].get("prompt", batch.prompts[i]) if rows else batch.prompts[i]
+        out.append([i, i // batch.group_size, prompt, batch.completions[i], rewards[i], adv[i], int(lengths[i]),
+                    batch.finish_reasons[i]])
+    return out
+
+
+def trajectories_html(batch: Any, limit: int = 16) -> str:
+    info = batch.info
+    facts = [f"B={batch.batch_size} ({batch.num_prompts} prompts x {batch.group_size} samples)",
+             f"T={batch.input_ids.shape[1]}", f"policy version {batch.policy_version}",
+             f"filled: {', '.join(_filled(batch)) or 'nothing yet (run score())'}"]
+    if "token_mult_prob_error" in info:
+        facts.append(f"generator/trainer mismatch {info['token_mult_prob_error']:.5f}")
+    if batch.reward_errors:
+        facts.append(f"<span style='color:#c00'>{len(batch.reward_errors)} reward error(s)</span>")
+    truncated = sum(r == "length" for r in batch.finish_reasons)
+    if truncated:
+        facts.append(f"{truncated} truncated")
+    shown = min(limit, batch.batch_size)
+    note = (f"<div style='{MUTED};font-size:11px'>first {shown} of {batch.batch_size} samples; "
+            "batch.show(color='advantages' | 'mismatch') colours the tokens</div>")
+    rows = sample_rows(batch, limit)
+    return (f"<div style='font-family:monospace;font-size:12px'><b>Trajectories</b> · {' · '.join(facts)}</div>"
+            + table(SAMPLE_COLUMNS, rows) + note)
+
+
+# ---- token-level view ----------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=1)
+def _char_tokenizer() -> Any:
+    from rlkit.models.tokenizer import build_char_tokenizer
+
+    return build_char_tokenizer()
+
+
+@dataclasses.dataclass(frozen=True)
+class TokenView:
+    """The completion tokens of some samples, each coloured by one per-token value (a hover shows them all).
+
+    Made by ``Trajectories.show``; displays as HTML in a notebook and as text elsewhere."""
+
+    label: str
+    rows: tuple  # per sample: (prompt, finish reason, reward, ((token text, value, css colour, tooltip), ...))
+    legend_html: str
+
+    def _repr_html_(self) -> str:
+        lines = []
+        for prompt, finish, reward, tokens in self.rows:
+            spans = "".join(token_span(text, colour, tip) for text, _, colour, tip in tokens)
+            lines.append(f"<tr><td style='{CELL};{MUTED}'>{esc(prompt)}</td><td style='{CELL}'>{spans}</td>"
+                         f"<td style='{CELL}'>{fmt(reward)}</td><td style='{CELL}'>{esc(finish)}</td></tr>")
+        head = "".join(f"<th style='{CELL}'>{h}</th>" for h in ("prompt", f"completion tokens, coloured by {esc(self.label)}",
+                                                                 "reward", "finish"))
+        return (f"<div style='font-size:11px'>{self.legend_html}</div>"
+                f"<table style='{STYLE}'><tr>{head}</tr>{''.join(lines)}</table>")
+
+    def __repr__(self) -> str:
+        out = [f"TokenView({self.label})"]
+        for prompt, finish, reward, tokens in self.rows:
+            toks = " ".join(f"{t!r}:{v:+.3g}" for t, v, _, _ in tokens)
+            out.append(f"  {prompt!r} reward={fmt(reward)} [{finish}] {toks}")
+        return "\n".join(out)
+
+
+def token_view(batch: Any, color: Union[str, Any] = "advantages", tokenizer: Any = None, rows: int = 8,
+               label: Optional[str] = None) -> TokenView:
+    """See :meth:`rlkit.trajectories.Trajectories.show`."""
+    import torch
+
+    tok = tokenizer if tokenizer is not None else _char_tokenizer()
+    mask = batch.loss_mask
+    if isinstance(color, torch.Tensor):
+        values, label = color.float(), label or "value"
+        scale = float(values[mask].abs().max()) if mask.any() else 1.0
+        signed = bool((values[mask] < 0).any())
+        paint = (lambda v: diverging(v, scale)) if signed else (lambda v: sequential(v, scale))
+        key = [("transparent", "0"), (paint(scale), f"{scale:.3g}")]
+    elif color == "advantages":
+        values, label = batch.require("advantages", "advantages()"), "advantage"
+        scale = float(values[mask].abs().max()) if mask.any() else 1.0
+        paint = lambda v: diverging(v, scale)  # noqa: E731
+        key = [(diverging(-scale, scale), f"{-scale:.3g}"), ("transparent", "0"), (diverging(scale, scale), f"+{scale:.3g}")]
+    elif color == "mismatch":
+        trainer = batch.require("prev_logprobs", "logprobs()")
+        values, label = (batch.generator_logprobs - trainer).abs(), "|generator - trainer logprob|"
+        paint = lambda v: sequential(v, 1.0, log_floor=1e-6)  # noqa: E731
+        key = [(paint(x), f"{x:g}") for x in (1e-6, 1e-4, 1e-2, 1.0)]
+    elif color == "entropy":
+        values, label = batch.require("entropy", "logprobs()"), "entropy"
+        scale = float(values[mask].max()) if mask.any() else 1.0
+        paint = lambda v: sequential(v, scale)  # noqa: E731
+        key = [("transparent", "0"), (paint(scale), f"{scale:.3g}")]
+    else:
+        raise ValueError(f"color={color!r}: use 'advantages', 'mismatch', 'entropy' or a [B, T] tensor")
+    extra = {"generator logprob": batch.generator_logprobs, "trainer logprob": batch.prev_logprobs,
+             "advantage": batch.advantages}
+    shown = []
+    for i in range(min(rows, batch.batch_size)):
+        positions = mask[i].nonzero().flatten().tolist()
+        ids = batch.input_ids[i, positions].tolist()
+        texts = tok.convert_ids_to_tokens(ids)
+        tokens = []
+        for p, tid, text in zip(positions, ids, texts):
+            v = float(values[i, p])
+            tip = f"token {text!r} (id {tid}) {label}={v:.4g}" + "".join(
+                f", {name}={float(t[i, p]):.4g}" for name, t in extra.items() if t is not None)
+            tokens.append((str(text), v, paint(v), tip))
+        prompt = batch.row_of_sample[i].get("prompt", batch.prompts[i]) if batch.rows else batch.prompts[i]
+        reward = float(batch.rewards[i]) if batch.rewards is not None else None
+        shown.append((prompt, batch.finish_reasons[i], reward, tuple(tokens)))
+    return TokenView(label, tuple(shown), f"{esc(label)}: " + legend(key))
+
+
+# ---- step metrics ---------------------------------------------------------------------------------------------
+def metrics_summary(m: Any) -> str:
+    keys = ("rollout/reward_mean", "train/loss", "train/kl", "train/clipped_fraction",
+            "train/token_mult_prob_error", "timing/step_total")
+    shown = ", ".join(f"{k.split('/')[1]}={m.values[k]:.4g}" for k in keys if k in m.values)
+    return f"StepMetrics(step={m.step}, {shown})"
+
+
+def metrics_html(m: Any) -> str:
+    return metrics_table(f"step {m.step} (policy version {m.policy_version})", m.values)
+
+
+# ---- configs ---------------------------------------------------------------------------------------------------
+def _fields(section: Any) -> list[tuple[str, Any, Any]]:
+    """``(name, value, default)`` of a pydantic section or a config dataclass (default ``...`` if required)."""
+    if hasattr(type(section), "model_fields"):
+        return [(n, getattr(section, n), f.get_default(call_default_factory=True))
+                for n, f in type(section).model_fields.items()]
+    if dataclasses.is_dataclass(section):
+        out = []
+        for f in dataclasses.fields(section):
+            default = f.default if f.default is not dataclasses.MISSING else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else ...)
+            out.append((f.name, getattr(section, f.name), default))
+        return out
+    return []
+
+
+def _is_section(value: Any) -> bool:
+    return hasattr(type(value), "model_fields") or (dataclasses.is_dataclass(value) and not isinstance(value, type))
+
+
+def config_leaves(section: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
+    """Every leaf setting as ``(dotted.key, value, default)``."""
+    out = []
+    for name, value, default in _fields(section):
+        key = f"{prefix}{name}"
+        if _is_section(value):
+            out += config_leaves(value, key + ".")
+        else:
+            out.append((key, value, default))
+    return out
+
+
+def _short(value: Any) -> str:
+    if callable(value) and not isinstance(value, type):
+        return getattr(value, "__name__", type(value).__name__)
+    return repr(value)
+
+
+def config_summary(section: Any, limit: int = 12) -> str:
+    """``ClassName(key=value, ...)`` listing only settings that differ from their defaults."""
+    changed = [(k, v) for k, v, d in config_leaves(section) if v != d]
+    parts = [f"{k}={_short(v)}" for k, v in changed[:limit]]
+    if len(changed) > limit:
+        parts.append(f"... {len(changed) - limit} more changed")
+    return f"{type(section).__name__}({', '.join(parts) or 'defaults'})"
+
+
+def config_html(section: Any) -> str:
+    """Every setting by dotted key, one collapsible block per top-level section; settings that differ from the
+    default are bold, with the default beside them."""
+    groups: dict[str, list[list[str]]] = {}
+    for key, value, default in config_leaves(section):
+        changed = value != default
+        shown = f"<b>{esc(_short(value))}</b>" if changed else esc(_short(value))
+        row = [key, shown, f"<span style='{MUTED}'>{esc(_short(default))}</span>" if changed else "", changed]
+        groups.setdefault(key.split(".")[0] if "." in key else "", []).append(row)
+    blocks = []
+    for name, rows in groups.items():
+        body = table(["key", "value", "default (if changed)"], [r[:3] for r in rows], raw_columns=(1, 2))
+        if not name:
+            blocks.append(body)
+            continue
+        changed = sum(r[3] for r in rows)
+        blocks.append(f"<details><summary style='font-family:monospace'>{esc(name)} "
+                      f"<span style='{MUTED}'>({changed} changed of {len(rows)})</span></summary>{body}</details>")
+    return f"<div><b style='font-family:monospace'>{esc(type(section).__name__)}</b>{''.join(blocks)}</div>"
+
+
+__all__ = ["TokenView", "config_html", "config_leaves", "config_summary", "metrics_html", "metrics_summary",
+           "sample_rows", "session_facts", "session_html", "session_summary", "token_view", "trajectories_html",
+           "trajectories_summary"]
+

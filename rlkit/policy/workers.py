@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import sys
 import time
@@ -120,6 +121,9 @@ class _PolicyWorker:
     def set_cfg(self, cfg: PolicyConfig) -> None:
         self.policy.cfg = cfg
 
+    def set_version(self, version: int) -> None:
+        self.policy.version = version
+
     def export_begin(self) -> None:
         self._export = self.policy.export_hf_groups()
 
@@ -160,8 +164,9 @@ def start_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> 
     Returns True when this call started it (its owner shuts it down).
 
     Ray 2.60's raylet gives its agents a fixed 15 s to report their ports (ray-project/ray#65983); on a
-    loaded machine their Python start-up misses it and the node start fails. The retries start Ray's
-    processes at a raised CPU priority where the OS allows it (the policy actors drop it again).
+    loaded machine their Python start-up misses it and the node start fails. On an oversubscribed machine
+    (load above twice the cores) and on retries, Ray's processes start at a raised CPU priority where the
+    OS allows it (the policy actors drop it again).
     """
     import ray
 
@@ -172,7 +177,8 @@ def start_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> 
         return False
     for attempt in range(1, RAY_START_ATTEMPTS + 1):
         try:
-            with _raised_priority(enabled=attempt > 1):
+            oversubscribed = os.getloadavg()[0] > 2 * (os.cpu_count() or 1)
+            with _raised_priority(enabled=attempt > 1 or oversubscribed):
                 ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
             return True
         except Exception as e:  # Ray raises a bare Exception when its node misses the start-up deadline
@@ -209,7 +215,7 @@ class RayPolicyGroup:
         self._cfg = cfg
         self.world_size = world_size
         self.arch = Architecture.from_hf_folder(cfg.model_name)
-        self.version = 0
+        self._version = 0
         self._workers: list[Any] = []
         self._started_ray = False
         self._broken: Optional[str] = None
@@ -280,9 +286,9 @@ class RayPolicyGroup:
                 self._broken = f"rank {rank} failed in {what}() while other ranks waited in a collective"
         if isinstance(error, RayTaskError):
             cause = error.cause if isinstance(error.cause, BaseException) else None
-            trace = getattr(error, "traceback_str", None) or str(error)
-            return WorkerError(f"policy worker rank {rank} of {self.world_size} failed in {what}():\n{trace}",
-                               cause, rank)
+            trace = re.sub(r"\x1b\[[0-9;]*m", "", getattr(error, "traceback_str", None) or str(error))
+            return WorkerError(f"policy worker rank {rank} of {self.world_size} failed in {what}(); the worker's "
+                               f"traceback (most recent call last):\n{trace}", cause, rank)
         if isinstance(error, RayActorError):
             self._broken = f"rank {rank} died in {what}()"
             return WorkerError(f"policy worker rank {rank} of {self.world_size} died in {what}(): {error}",
@@ -321,6 +327,17 @@ class RayPolicyGroup:
         self._check_usable()
         self._gather([w.set_cfg.remote(cfg) for w in self._workers], "set_cfg")
         self._cfg = cfg
+
+    @property
+    def version(self) -> int:
+        """Optimizer steps taken (rank 0's count; setting it sets every rank's)."""
+        return self._version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self._check_usable()
+        self._gather([w.set_version.remote(value) for w in self._workers], "set_version")
+        self._version = value
 
     @property
     def model(self):
@@ -362,9 +379,9 @@ class RayPolicyGroup:
         try:
             result: TrainStepResult = self._call_sliced("train_step", parts, loss_fn)[0]
         except KeyboardInterrupt:  # the workers finished the call (see _gather): did it update?
-            self.version = self._gather([self._workers[0].get_version.remote()], "version")[0]
+            self._version = self._gather([self._workers[0].get_version.remote()], "version")[0]
             raise
-        self.version = result.version
+        self._version = result.version
         timings = dict(result.timings, train_step_group=time.perf_counter() - t0)
         return TrainStepResult(result.metrics, result.grad_norm, result.learning_rate, result.num_microbatches,
                                result.version, timings)
@@ -393,6 +410,12 @@ class RayPolicyGroup:
 
     def hf_state_dict(self) -> dict[str, Tensor]:
         return {name: t for group in self.export_hf_groups() for name, t in group}
+
+    def load_hf_state(self, hf: dict[str, Tensor]) -> None:
+        """Load HF-named full tensors on every rank (each keeps its shard)."""
+        import ray
+
+        self._call_all("load_hf_state", ray.put(dict(hf)))
 
     def set_reference_to_current(self) -> None:
         self._call_all("set_reference_to_current")
@@ -429,4 +452,4 @@ class RayPolicyGroup:
         backend = "DTensor" if self._cfg.dtensor_cfg.enabled else f"Megatron TP={mc.tensor_model_parallel_size}"
         state = f", BROKEN: {self._broken}" if self._broken else ""
         return (f"RayPolicyGroup({a.family}, {a.num_layers}x{a.hidden_size}, {self.world_size} workers: {backend} "
-                f"DP={getattr(self, 'dp_size', '?')}, version={self.version}{state})")
+                f"DP={getattr(self, 'dp_size', '?')}, version={self._version}{state})")

@@ -20,15 +20,14 @@ class StepMetrics:
         return self.values.get(key, default)
 
     def __repr__(self) -> str:
-        keys = ("rollout/reward_mean", "train/loss", "train/kl", "train/clipped_fraction",
-                "train/token_mult_prob_error", "timing/step_total")
-        shown = ", ".join(f"{k.split('/')[1]}={self.values[k]:.4g}" for k in keys if k in self.values)
-        return f"StepMetrics(step={self.step}, {shown})"
+        from rlkit.notebook.display import metrics_summary
+
+        return metrics_summary(self)
 
     def _repr_html_(self) -> str:
-        from rlkit.notebook.html import metrics_table
+        from rlkit.notebook.display import metrics_html
 
-        return metrics_table(f"step {self.step}", self.values)
+        return metrics_html(self)
 
 
 def rollout_metrics(batch: Trajectories) -> dict[str, float]:

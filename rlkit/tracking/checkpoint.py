@@ -28,6 +28,7 @@ still exist (it supplies the architecture, tokenizer and the generator's start-u
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -227,25 +228,27 @@ def save_session(session: Any, path: str | Path, extra: Optional[Mapping[str, An
     policy = session.policy
     if policy is None:
         raise CheckpointError("this session is closed: nothing to save")
-    weights = {n: p.detach().contiguous() for n, p in policy.model.named_parameters()}
-    reference = {n: t.contiguous() for n, t in (policy.reference_state or {}).items()}
-    opt_tensors, opt_meta = _optimizer_parts(policy.optimizer)
-    rng_tensors, rng_meta = capture_rng()
-    state = {
-        "format": FORMAT,
-        "format_version": FORMAT_VERSION,
-        "saved_at": time.time(),
-        "step_count": session.step_count,
-        "policy_version": policy.version,
-        "sampler": session.sampler.state_dict(),
-        "step_rows": session._step_rows,
-        "baseline": _jsonable_state(session.baseline),
-        "optimizer": opt_meta,
-        "scheduler": policy.scheduler.state_dict(),
-        "rng": rng_meta,
-        "history": [{"step": m.step, "policy_version": m.policy_version, "values": m.values} for m in session.history],
-        "extra": dict(extra or {}),
-    }
+    rollouts = getattr(session, "rollouts", None)  # async GRPO: keep its producer off the sampler meanwhile
+    with rollouts.exclusive() if rollouts is not None else contextlib.nullcontext():
+        weights = {n: p.detach().contiguous() for n, p in policy.model.named_parameters()}
+        reference = {n: t.contiguous() for n, t in (policy.reference_state or {}).items()}
+        opt_tensors, opt_meta = _optimizer_parts(policy.optimizer)
+        rng_tensors, rng_meta = capture_rng()
+        state = {
+            "format": FORMAT,
+            "format_version": FORMAT_VERSION,
+            "saved_at": time.time(),
+            "step_count": session.step_count,
+            "policy_version": policy.version,
+            "sampler": session.sampler.state_dict(),
+            "step_rows": session._step_rows,
+            "baseline": _jsonable_state(session.baseline),
+            "optimizer": opt_meta,
+            "scheduler": policy.scheduler.state_dict(),
+            "rng": rng_meta,
+            "history": [{"step": m.step, "policy_version": m.policy_version, "values": m.values} for m in session.history],
+            "extra": dict(extra or {}),
+        }
     tensor_files = {"model.safetensors": weights, "reference.safetensors": reference,
                     "optimizer.safetensors": opt_tensors, "rng.safetensors": rng_tensors}
 
@@ -342,8 +345,25 @@ def restore_session_state(session: Any, path: str | Path) -> dict[str, Any]:
     session.history = [StepMetrics(m["step"], m["policy_version"], m["values"]) for m in state["history"]]
     session.batch = None
     session.refit()
+    _restart_async_rollouts(session)
     restore_rng(load_file(str(folder / "rng.safetensors")), state["rng"])
     return state
+
+
+def _restart_async_rollouts(session: Any) -> None:
+    """Async GRPO: a new producer whose first batch is for the restored step (it was built for step 0).
+
+    Its batch counter (sampling seeds) restarts at 0 and the sampler continues from the saved position,
+    which the producer had moved ahead by the batches queued at save time: those prompts are skipped.
+    """
+    rollouts = getattr(session, "rollouts", None)
+    if rollouts is None:
+        return
+    from rlkit.stages.async_rollouts import AsyncRollouts
+
+    rollouts.close()
+    session.rollouts = AsyncRollouts(rollouts.make_batch, rollouts.max_age_steps, session.generator_version,
+                                     step=session.step_count)
 
 
 def load_session(cls: Any, path: str | Path, config: Any = None, overrides: Sequence[str] | Mapping = (),

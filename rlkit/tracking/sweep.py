@@ -5,7 +5,7 @@
 
 Why one process and one session: starting vLLM and Megatron costs far more than a short ablation run.
 When two consecutive runs differ only in keys that neither the model nor the generator nor the data
-depend on (``seed``, ``grpo.*``, ``loss_fn.*``, ``sft.*``, ``eval.*``, ``logger.*``, ``checkpointing.*``,
+depend on (``seed``, ``grpo.*`` but ``grpo.async_grpo``, ``loss_fn.*``, ``sft.*``, ``eval.*``, ``logger.*``, ``checkpointing.*``,
 ``policy.optimizer.*``, ``policy.scheduler.*``), the session is reset to the state a fresh one would have
 (weights from the model folder, new optimizer and schedule, new sampler, step 0, RNGs seeded as at
 construction) instead of rebuilt; any other change builds a new session. The test suite checks that a
@@ -223,12 +223,14 @@ def plot_reward_curves(runs: Sequence[SweepRun], path: Path) -> Path:
 # ---- session reuse ------------------------------------------------------------------------------------------
 def _without_resettable(config: RunConfig) -> dict[str, Any]:
     raw = config.model_dump(mode="json")
+    async_grpo = raw["grpo"].get("async_grpo")  # a session's producer thread exists or not from construction
     for key in RESETTABLE:
         node = raw
         *parents, leaf = key.split(".")
         for part in parents:
             node = node[part]
         node.pop(leaf, None)
+    raw["async_grpo"] = async_grpo
     return raw
 
 
@@ -279,6 +281,12 @@ def reset_session(session: Any, config: RunConfig) -> Any:
     session._timings = {}
     session.stop_requested = False
     session.refit()
+    rollouts = getattr(session, "rollouts", None)
+    if rollouts is not None:  # async GRPO: drop batches sampled for the previous run
+        from rlkit.stages.async_rollouts import AsyncRollouts
+
+        rollouts.close()
+        session.rollouts = AsyncRollouts(rollouts.make_batch, rollouts.max_age_steps, session.generator_version)
     seed_everything(config.seed)
     return session
 

@@ -2,8 +2,9 @@
 
 The policy exports HF-named tensors one fused group at a time; groups are packed into buckets of at most
 ``bucket_bytes`` without splitting one (vLLM loads q/k/v and gate/up into fused parameters). For each
-bucket the generator's actor is told the names, shapes and dtypes (a Ray call), receives the bytes by a
-``torch.distributed`` broadcast over a dedicated two-rank group (this process rank 0, the actor rank 1;
+bucket the generator's actor is told the names, shapes and dtypes (a Ray call), receives the bytes by
+``torch.distributed`` broadcasts (one per tensor, from the exported tensor itself, into the actor's flat
+receive buffer) over a dedicated two-rank group (this process rank 0, the actor rank 1;
 gloo on CPU, NCCL when the weights are on a GPU), and reloads them; one bucket is in flight at a time, so
 the extra memory on either side is one bucket. After the last bucket the prefix cache is reset, or later
 samples reuse attention state computed with the old weights.
@@ -30,26 +31,32 @@ class BroadcastWeightSync:
         self._peer: Optional[Any] = None  # the generator the open group leads to
         self._store = self._group = None
         self.backend: Optional[str] = None
+        self.last_actor_seconds: dict[str, float] = {}
 
     def sync(self, policy: Policy, generator: Any) -> RefitReport:
         from rlkit.distributed import start_broadcast
-        from rlkit.generation.remote import pack_bucket
+        from rlkit.generation.remote import as_bytes, bucket_layout
 
         if not hasattr(generator, "receive_bucket"):
             raise TypeError(f"BroadcastWeightSync needs a generator in another process (RemoteGenerator), got "
                             f"{type(generator).__name__}; use ColocatedWeightSync for an in-process engine")
         t0 = time.perf_counter()
         moved = tensors = buckets = 0
+        receive_s = load_s = 0.0
         for bucket in bucket_groups(policy.export_hf_groups(), self.bucket_bytes):
-            flat, specs = pack_bucket(bucket)
-            group = self._group_to(generator, "nccl" if flat.is_cuda else "gloo")
-            receiving = generator.receive_bucket(specs, flat.numel())
+            specs, nbytes = bucket_layout(bucket)
+            group = self._group_to(generator, "nccl" if bucket[0][1].is_cuda else "gloo")
+            receiving = generator.receive_bucket(specs, nbytes)
             try:
-                # Started before waiting on the actor, so an actor that fails before receiving raises
-                # from wait() instead of leaving this process blocked in the broadcast.
-                sending = start_broadcast(group, flat)
-                generator.wait(receiving)  # returns once the actor received and loaded the bucket
-                sending.wait()
+                # One broadcast per tensor, straight from the exported tensor (no packing copy). All are
+                # started before waiting on the actor, so an actor that fails before receiving raises from
+                # wait() instead of leaving this process blocked in a broadcast.
+                payload = [as_bytes(t) for _, t in bucket]  # held until every broadcast has finished
+                sending = [start_broadcast(group, b) for b in payload]
+                seconds = generator.wait(receiving)  # once the actor has received and loaded the bucket
+                receive_s, load_s = receive_s + seconds[0], load_s + seconds[1]
+                for work in sending:
+                    work.wait()
             except BaseException:
                 self.close()  # the two ranks may be out of step: open a fresh group next time
                 raise
@@ -57,6 +64,7 @@ class BroadcastWeightSync:
             tensors += len(specs)
             buckets += 1
         generator.reset_prefix_cache()
+        self.last_actor_seconds = {"receive": receive_s, "load": load_s}  # the actor's side of the last sync
         return RefitReport(time.perf_counter() - t0, moved, tensors, buckets, policy.version)
 
     def _group_to(self, generator: Any, backend: str) -> Any:

@@ -9,7 +9,7 @@ import torch
 
 from rlkit.config.components import GenerationConfig, PolicyConfig
 from rlkit.generation.base import SamplingSettings
-from rlkit.generation.remote import RemoteGenerator, pack_bucket, unpack_bucket
+from rlkit.generation.remote import RemoteGenerator, as_bytes, bucket_layout, unpack_bucket
 from rlkit.weight_sync import BroadcastWeightSync, ColocatedWeightSync
 from tests.generation.test_vllm_refit import mismatch
 from tests.helpers import pg_token_mean_loss
@@ -84,10 +84,14 @@ def test_actor_errors_come_back_with_their_type(engines):
         BroadcastWeightSync().sync(engines[1], object())
 
 
-def test_pack_unpack_round_trip_keeps_mixed_dtypes():
+def test_bucket_layout_round_trip_keeps_mixed_dtypes():
+    """What the actor does with the bytes it receives: each tensor lands at its offset and reads back exact."""
     bucket = [("a", torch.randn(3, 5)), ("b", torch.arange(7, dtype=torch.int64)),
               ("c", torch.randn(2, 3).to(torch.bfloat16)), ("d", torch.randn(4, 4).t())]  # d: non-contiguous
-    flat, specs = pack_bucket(bucket)
-    assert flat.dtype == torch.uint8 and all(s.offset % 64 == 0 for s in specs)
-    for (name, t), (name2, u) in zip(bucket, unpack_bucket(flat.clone(), specs)):
+    specs, nbytes = bucket_layout(bucket)
+    assert all(s.offset % 64 == 0 for s in specs) and nbytes >= sum(s.nbytes for s in specs)
+    flat = torch.zeros(nbytes, dtype=torch.uint8)
+    for s, (_, t) in zip(specs, bucket):
+        flat[s.offset:s.offset + s.nbytes] = as_bytes(t)
+    for (name, t), (name2, u) in zip(bucket, unpack_bucket(flat, specs)):
         assert name == name2 and u.dtype == t.dtype and torch.equal(u, t)

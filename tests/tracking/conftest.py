@@ -24,6 +24,11 @@ TINY = [
 ]
 
 
+def deterministic(metrics):
+    """The metrics a rerun must reproduce: all but wall-clock ones (``timing/*``, ``*_per_second``)."""
+    return {k: v for k, v in metrics.items() if not (k.startswith("timing/") or k.endswith("_per_second"))}
+
+
 def tiny_overrides(model, log_dir, *extra):
     return [f"policy.model_name={model}", f"logger.log_dir={log_dir}", *TINY, *extra]
 

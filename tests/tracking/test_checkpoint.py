@@ -18,13 +18,13 @@ import torch
 
 from rlkit.session import Session
 from rlkit.tracking import checkpoint
-from tests.tracking.conftest import tiny_config
+from tests.tracking.conftest import deterministic, tiny_config
 
 STEPS_BEFORE, STEPS_AFTER = 2, 2
 
 
 def values(metrics):
-    return {k: v for k, v in metrics.values.items() if not k.startswith("timing/")}
+    return deterministic(metrics.values)
 
 
 def file_digests(folder):
@@ -34,8 +34,8 @@ def file_digests(folder):
 @pytest.fixture(scope="module")
 def first_run(warm_model, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("checkpoint")
-    # a KL penalty makes the reference weights matter to the metrics, so a wrong restore would show
-    cfg = tiny_config(warm_model, tmp, "loss_fn.reference_policy_kl_penalty=0.05")
+    # a KL penalty and a warm-up make the reference weights and the schedule matter to the metrics
+    cfg = tiny_config(warm_model, tmp, "loss_fn.reference_policy_kl_penalty=0.05", "policy.scheduler.warmup_steps=10")
     ckpt = tmp / "ckpt"
     with Session(cfg) as s:
         for _ in range(STEPS_BEFORE):
@@ -96,6 +96,10 @@ def test_failed_or_killed_overwrite_leaves_the_previous_checkpoint_intact(first_
 
 
 def test_loaded_session_continues_exactly_like_the_uninterrupted_run(first_run):
+    info = checkpoint.CheckpointInfo.read(first_run.ckpt)
+    params = sum(t.numel() for t in first_run.saved_weights.values())
+    assert info.step_count == info.policy_version == STEPS_BEFORE
+    assert 16 * params < info.size_bytes < 16 * params + 200_000  # weights + reference + 2 Adam moments, fp32
     with Session.load(first_run.ckpt) as s:
         assert s.step_count == STEPS_BEFORE and s.policy.version == STEPS_BEFORE and not s.stale
         assert [values(m) for m in s.history] == first_run.saved_history

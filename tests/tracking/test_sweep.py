@@ -9,7 +9,7 @@ import pytest
 from rlkit.errors import ConfigError
 from rlkit.session import Session
 from rlkit.tracking.sweep import can_reuse, parse_grid, run_sweep
-from tests.tracking.conftest import tiny_config, tiny_overrides
+from tests.tracking.conftest import deterministic, tiny_config, tiny_overrides
 
 
 def test_parse_grid_reads_yaml_values_and_reports_every_bad_entry():
@@ -55,8 +55,7 @@ def wandb_records(path):
 
 
 def metric_lines(path):
-    return [{k: v for k, v in json.loads(line).items() if not k.startswith("timing/")}
-            for line in path.read_text().splitlines()]
+    return [deterministic(json.loads(line)) for line in path.read_text().splitlines()]
 
 
 def test_sweep_of_two_values_by_two_seeds(warm_model, tmp_path):

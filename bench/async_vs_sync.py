@@ -1,0 +1,87 @@
+"""RL steps per minute, async GRPO (max age 1) next to synchronous GRPO, for each generator placement.
+
+Each run is a fresh Session on the quickstart task (no SFT: throughput does not need a trained model) that
+takes ``--warmup`` steps, then is timed over ``--steps`` steps of ``session.run``. Placements: the vLLM
+engine in this process (``colocated``) and in a Ray actor (``remote``, refit by broadcast). The same script
+runs on a GPU machine unchanged (the components pick CUDA when it is there).
+
+What to expect: async overlaps sampling step k+1 with training step k, so the best case is
+max(generate, train) per step instead of their sum. In-process, the two share the interpreter (the GIL) and
+the same cores; with the engine in its own process they share only the cores.
+Usage: python bench/async_vs_sync.py [--steps 20] [--warmup 3] [--placements colocated,remote] [--preset tiny]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+
+def run(placement: str, asynchronous: bool, args: argparse.Namespace, model_dir: str) -> dict[str, float]:
+    import rlkit
+
+    overrides = {
+        "policy.model_name": f"{model_dir}/model", "policy.model_preset": args.preset, "sft.enabled": False,
+        "data.num_train": 4000, "data.num_validation": 16,
+        "policy.generation.colocated.enabled": placement == "colocated",
+        "grpo.async_grpo.enabled": asynchronous, "grpo.async_grpo.max_trajectory_age_steps": 1,
+        "loss_fn.off_policy_correction": "tis" if asynchronous else "none",
+        "logger.log_dir": f"{model_dir}/runs",
+    }
+    with rlkit.Session.from_config("quickstart", overrides) as s:
+        s.run(args.warmup, progress=False)
+        t0 = time.perf_counter()
+        history = s.run(args.steps, progress=False)
+        seconds = time.perf_counter() - t0
+    mean = lambda key: statistics.fmean(m.get(key, 0.0) for m in history)  # noqa: E731
+    return {
+        "steps_per_minute": 60 * len(history) / seconds,
+        "step_s": seconds / len(history),
+        "rollout_s": mean("timing/rollout"),
+        "train_s": mean("timing/train"),
+        "refit_s": mean("timing/refit"),
+        # sync: the trainer waits for the whole rollout; async: for a batch, and before a refit for the batch
+        # being sampled
+        "trainer_idle_s": mean("timing/trainer_idle") + mean("timing/refit_wait") if asynchronous else mean("timing/rollout"),
+        # sync: the engine idles for everything but the rollout
+        "generator_idle_s": mean("timing/generator_idle") if asynchronous else seconds / len(history) - mean("timing/rollout"),
+        "lag": mean("rollout/policy_lag"),
+        "reward": mean("rollout/reward_mean"),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--placements", default="colocated,remote")
+    parser.add_argument("--preset", default="tiny", help="model preset (tiny: the quickstart's ~0.8M model)")
+    args = parser.parse_args()
+
+    import torch
+
+    results = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for placement in args.placements.split(","):
+            for asynchronous in (False, True):
+                results[placement, asynchronous] = run(placement, asynchronous, args, tmp)
+
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU, {os.cpu_count()} cores"
+    load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
+    print(f"quickstart task, {args.preset} model, {args.steps} timed steps after {args.warmup} warm-up; {device}{load}")
+    print(f"{'placement':<10} {'mode':<6} {'steps/min':>9} {'step s':>7} {'rollout s':>9} {'train s':>8} "
+          f"{'refit s':>8} {'trainer idle s':>14} {'gen idle s':>10} {'lag':>4}")
+    for (placement, asynchronous), r in results.items():
+        print(f"{placement:<10} {'async' if asynchronous else 'sync':<6} {r['steps_per_minute']:>9.1f} {r['step_s']:>7.3f} "
+              f"{r['rollout_s']:>9.3f} {r['train_s']:>8.3f} {r['refit_s']:>8.3f} {r['trainer_idle_s']:>14.3f} {r['generator_idle_s']:>10.3f} {r['lag']:>4.2f}")
+    for placement in args.placements.split(","):
+        sync, asyn = results[placement, False], results[placement, True]
+        print(f"{placement}: async / sync steps per minute = {asyn['steps_per_minute']:.1f} / "
+              f"{sync['steps_per_minute']:.1f} = {asyn['steps_per_minute'] / sync['steps_per_minute']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Broadcast refit time divided by a raw broadcast of the same bytes over the same group, in one run.
+
+The refit (``BroadcastWeightSync``) exports the policy's HF-named tensors in buckets of whole fused groups,
+tells the engine's Ray actor each bucket's layout, broadcasts the tensors (gloo on CPU, NCCL on GPU), and
+the actor reloads them into vLLM; then the prefix cache is reset. The baseline broadcasts one flat buffer
+of the same size to the same actor over the same group and discards it (a Ray call + one broadcast).
+The two alternate, so drift in machine load hits both equally; medians over repeats.
+Usage: python bench/broadcast_refit.py [--preset small] [--repeats 7] [--bucket-mb 256]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--preset", default="small")
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--bucket-mb", type=float, default=256.0)
+    args = parser.parse_args()
+
+    import torch
+
+    from rlkit.config.components import GenerationConfig, PolicyConfig
+    from rlkit.distributed import start_broadcast
+    from rlkit.generation.remote import RemoteGenerator
+    from rlkit.models import make_model
+    from rlkit.models.factory import count_parameters
+    from rlkit.policy.megatron.policy import MegatronPolicy
+    from rlkit.weight_sync import BroadcastWeightSync, ColocatedWeightSync
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = make_model(tmp, args.preset, "llama")
+        params = count_parameters(path)
+        policy = MegatronPolicy(PolicyConfig(model_name=str(path)))
+        generator = RemoteGenerator(path, GenerationConfig(), max_model_len=64)
+        try:
+            sync = BroadcastWeightSync(bucket_bytes=args.bucket_mb * 1e6)
+            report = sync.sync(policy, generator)  # warm-up; opens the group
+            nbytes = report.bytes_moved
+            device = next(t for g in policy.export_hf_groups() for _, t in g).device
+            flat = torch.ones(nbytes, dtype=torch.uint8, device=device)
+
+            def raw() -> float:
+                t0 = time.perf_counter()
+                receiving = generator.receive_bytes(nbytes)
+                start_broadcast(sync._group, flat).wait()
+                generator.wait(receiving)
+                return time.perf_counter() - t0
+
+            raw()  # warm-up
+            refit, baseline, store, load = [], [], [], []
+            for _ in range(args.repeats):
+                report = sync.sync(policy, generator)
+                refit.append(report.seconds)
+                load.append(sync.last_actor_seconds["load"])
+                baseline.append(raw())
+            for _ in range(max(1, args.repeats // 2)):  # for reference: tensors through Ray's object store
+                store.append(ColocatedWeightSync(args.bucket_mb * 1e6).sync(policy, generator).seconds)
+        finally:
+            generator.close()
+            policy.close()
+
+    r, b, o, lo = (statistics.median(x) for x in (refit, baseline, store, load))
+    print(f"model: {args.preset} llama, {params / 1e6:.1f}M parameters, {nbytes / 1e6:.1f} MB, "
+          f"{report.num_buckets} bucket(s) of <= {args.bucket_mb:.0f} MB, {sync.backend}, {args.repeats} repeats")
+    print(f"broadcast refit (export, broadcast, vLLM reload, cache reset): {r * 1e3:8.1f} ms  ({nbytes / r / 1e9:.2f} GB/s)")
+    print(f"  of which vLLM reload_weights in the actor:                   {lo * 1e3:8.1f} ms")
+    print(f"raw broadcast of the same bytes to the same actor:             {b * 1e3:8.1f} ms  ({nbytes / b / 1e9:.2f} GB/s)")
+    print(f"(reference) refit through Ray's object store:                  {o * 1e3:8.1f} ms")
+    print(f"ratio broadcast refit / raw broadcast: {r / b:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Tiny SVG charts and text sparklines for the dashboard: plain strings, no plotting library, no state.
+
+Why not matplotlib: the dashboard redraws after every RL step, and a step of a tiny model takes a fraction
+of a second; rendering an SVG string costs well under a millisecond, works inside an ``ipywidgets.HTML``,
+in a saved notebook and without a display backend, and its points can be read back by a test.
+
+Deliberate simplifications: linear axes only, min/max tick labels, at most ``MAX_POINTS`` points per
+series (longer histories are thinned by striding, keeping the last point).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Mapping, Sequence
+
+MAX_POINTS = 400
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+SPARKS = "▁▂▃▄▅▆▇█"
+
+
+def _thin(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], list[float]]:
+    if len(xs) <= MAX_POINTS:
+        return list(xs), list(ys)
+    stride = math.ceil(len(xs) / MAX_POINTS)
+    keep = list(range(len(xs) - 1, -1, -stride))[::-1]
+    return [xs[i] for i in keep], [ys[i] for i in keep]
+
+
+def _num(v: float) -> str:
+    return f"{v:.3g}"
+
+
+def line_chart(title: str, xs: Sequence[float], series: Mapping[str, Sequence[float]],
+               width: int = 260, height: int = 130) -> str:
+    """One panel: ``series`` (label -> y values aligned with ``xs``; NaN = missing) as lines.
+
+    The ``<svg>`` carries ``data-title`` and ``data-points`` (points of the first series) for tests.
+    """
+    left, right, top, bottom = 40, 8, 18, 18
+    finite = [y for ys in series.values() for y in ys if y is not None and math.isfinite(y)]
+    lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
+    if hi - lo < 1e-12:
+        lo, hi = lo - 0.5 * (abs(lo) or 1), hi + 0.5 * (abs(hi) or 1)
+    x_lo, x_hi = (min(xs), max(xs)) if xs else (0, 1)
+    x_span = (x_hi - x_lo) or 1
+
+    def px(x: float) -> float:
+        return left + (x - x_lo) / x_span * (width - left - right) if len(xs) > 1 else (left + width - right) / 2
+
+    def py(y: float) -> float:
+        return top + (hi - y) / (hi - lo) * (height - top - bottom)
+
+    parts = [
+        f"<rect x='{left}' y='{top}' width='{width - left - right}' height='{height - top - bottom}' "
+        "fill='none' stroke='#ddd'/>",
+        f"<text x='{left - 3}' y='{top + 8}' text-anchor='end'>{_num(hi)}</text>",
+        f"<text x='{left - 3}' y='{height - bottom}' text-anchor='end'>{_num(lo)}</text>",
+    ]
+    if xs:
+        parts.append(f"<text x='{left}' y='{height - 4}'>{_num(x_lo)}</text>")
+        parts.append(f"<text x='{width - right}' y='{height - 4}' text-anchor='end'>step {_num(x_hi)}</text>")
+    first_points = 0
+    latest = []
+    for k, (label, ys) in enumerate(series.items()):
+        tx, ty = _thin(xs, ys)
+        pts = [(px(x), py(y)) for x, y in zip(tx, ty) if y is not None and math.isfinite(y)]
+        if k == 0:
+            first_points = len(pts)
+        color = PALETTE[k % len(PALETTE)]
+        if len(pts) == 1:
+            parts.append(f"<circle cx='{pts[0][0]:.1f}' cy='{pts[0][1]:.1f}' r='2.5' fill='{color}'/>")
+        elif pts:
+            path = " ".join(f"{x:.1f},{y:.1f}" for x, y in pts)
+            parts.append(f"<polyline points='{path}' fill='none' stroke='{color}' stroke-width='1.5'/>")
+        last = next((y for y in reversed(list(ys)) if y is not None and math.isfinite(y)), None)
+        if last is not None:
+            latest.append(f"<tspan fill='{color}'>{html.escape(label)} {_num(last)}</tspan>")
+    header = f"<text x='{left}' y='12' font-weight='bold'>{html.escape(title)}</text>"
+    values = f"<text x='{width - right}' y='12' text-anchor='end'>{' '.join(latest)}</text>"
+    return (f"<svg class='rlkit-chart' data-title='{html.escape(title)}' data-points='{first_points}' "
+            f"width='{width}' height='{height}' font-family='monospace' font-size='10' "
+            f"xmlns='http://www.w3.org/2000/svg'>{header}{values}{''.join(parts)}</svg>")
+
+
+def stacked_bars(title: str, xs: Sequence[float], parts: Mapping[str, Sequence[float]],
+                 width: int = 540, height: int = 130) -> str:
+    """Stacked bars per x (e.g. seconds per stage per step), with a legend of each part's last value."""
+    left, right, top, bottom = 40, 8, 18, 18
+    n = len(xs)
+    keep = list(range(max(0, n - 120), n))  # the last 120 steps: bars need room
+    totals = [sum(max(float(parts[k][i] or 0.0), 0.0) for k in parts) for i in keep]
+    hi = max(totals) if totals and max(totals) > 0 else 1.0
+    slot = (width - left - right) / max(len(keep), 1)
+    bars = []
+    for j, i in enumerate(keep):
+        y = height - bottom
+        for k, (label, values) in enumerate(parts.items()):
+            v = max(float(values[i] or 0.0), 0.0)
+            h = v / hi * (height - top - bottom)
+            y -= h
+            bars.append(f"<rect x='{left + j * slot:.1f}' y='{y:.1f}' width='{max(slot - 1, 0.5):.1f}' "
+                        f"height='{h:.1f}' fill='{PALETTE[k % len(PALETTE)]}'><title>{html.escape(label)} "
+                        f"{v:.3g}s (step {_num(xs[i])})</title></rect>")
+    legend = " ".join(
+        f"<tspan fill='{PALETTE[k % len(PALETTE)]}'>■{html.escape(label)}"
+        f"{' ' + _num(values[-1] or 0.0) if len(values) else ''}</tspan>"
+        for k, (label, values) in enumerate(parts.items())
+    )
+    return (f"<svg class='rlkit-chart' data-title='{html.escape(title)}' data-points='{len(keep)}' "
+            f"width='{width}' height='{height + 14}' font-family='monospace' font-size='10' "
+            f"xmlns='http://www.w3.org/2000/svg'>"
+            f"<text x='{left}' y='12' font-weight='bold'>{html.escape(title)}</text>"
+            f"<text x='{left - 3}' y='{top + 8}' text-anchor='end'>{_num(hi)}s</text>"
+            f"<text x='{left - 3}' y='{height - bottom}' text-anchor='end'>0</text>"
+            f"{''.join(bars)}<text x='{left}' y='{height + 10}'>{legend}</text></svg>")
+
+
+def sparkline(values: Sequence[float], width: int = 24) -> str:
+    """A one-line text chart of the last ``width`` values (``▁▂▃▄▅▆▇█``)."""
+    ys = [v for v in values if v is not None and math.isfinite(v)][-width:]
+    if not ys:
+        return ""
+    lo, hi = min(ys), max(ys)
+    if hi - lo < 1e-12:
+        return SPARKS[3] * len(ys)
+    return "".join(SPARKS[min(int((y - lo) / (hi - lo) * len(SPARKS)), len(SPARKS) - 1)] for y in ys)

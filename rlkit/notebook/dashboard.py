@@ -1,0 +1,208 @@
+"""A live dashboard for ``Session.run()``: plots, the latest samples and a stop control.
+
+``session.dashboard()`` returns a :class:`Dashboard` registered in ``session.listeners``, so ``run()``
+redraws it after every step. It plots reward (and held-out accuracy when evaluated), KL to the reference,
+entropy, clipped fraction, generation length, the generator/trainer logprob mismatch and the seconds per
+stage; shows the latest samples; and has a button that calls ``session.request_stop()``, so ``run()``
+ends after the current step and no step is cut in half.
+
+The stop button works while ``run()`` is executing where the frontend sends widget messages on a kernel
+subshell (JupyterLab >= 4.4 with ipykernel >= 7 does so by default); with an older frontend a click is
+only processed after the cell finishes, and the kernel's stop button (a KeyboardInterrupt, which the
+session survives) is the way to stop.
+
+Without ipywidgets the dashboard degrades to text: a summary with sparklines that is updated in place
+(``display(..., display_id=True)``) in a notebook, or printed once per step elsewhere.
+
+Deliberate simplifications: the charts are plain SVG strings (see :mod:`rlkit.notebook.charts`), redrawn
+whole after each step; the dashboard reads ``session.history``, so steps taken by hand (``session.train``)
+show after the next ``run()`` step or a call to :meth:`Dashboard.refresh`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rlkit.notebook.charts import line_chart, sparkline, stacked_bars
+from rlkit.notebook.display import SAMPLE_COLUMNS, sample_rows
+from rlkit.notebook.html import esc, table
+
+# (panel title, metric keys plotted in it)
+PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("reward", ("rollout/reward_mean", "validation/accuracy")),
+    ("KL to reference", ("train/kl",)),
+    ("entropy", ("train/approx_entropy",)),
+    ("clipped fraction", ("train/clipped_fraction",)),
+    ("generation length", ("rollout/gen_length_mean", "rollout/gen_length_max")),
+    ("generator/trainer mismatch", ("train/token_mult_prob_error",)),
+)
+STAGES = ("rollout", "score", "advantages", "logprobs", "reference_logprobs", "train", "refit")
+
+
+def _series(history: list, key: str) -> list[float]:
+    return [float(m.values.get(key, math.nan)) for m in history]
+
+
+def _in_ipython_kernel() -> bool:
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+class Dashboard:
+    """Live plots of a session's run; see the module docstring. ``close()`` detaches it."""
+
+    def __init__(self, session: Any, samples: int = 6):
+        self.session = session
+        self.samples = samples
+        self.widget = None  # the ipywidgets.VBox, or None in text mode
+        self._handle = None  # display handle of the text view (text mode, in a notebook)
+        self._parts: dict[str, Any] = {}
+        try:
+            import ipywidgets
+        except ImportError:
+            ipywidgets = None
+        if ipywidgets is not None:
+            self._build(ipywidgets)
+        session.listeners.append(self.update)
+        self.refresh()
+
+    # ---- what is shown --------------------------------------------------------------------------------
+    @property
+    def history(self) -> list:
+        return list(getattr(self.session, "history", []))
+
+    def charts_html(self) -> str:
+        """Every panel as inline SVG in a wrapping grid."""
+        history = self.history
+        xs = [m.step for m in history]
+        panels = []
+        for title, keys in PANELS:
+            series = {k.split("/")[-1]: _series(history, k) for k in keys}
+            series = {k: v for i, (k, v) in enumerate(series.items()) if i == 0 or any(not math.isnan(y) for y in v)}
+            panels.append(line_chart(title, xs, series))
+        stages = {s: [0.0 if math.isnan(v) else v for v in _series(history, f"timing/{s}")] for s in STAGES}
+        panels.append(stacked_bars("seconds per stage", xs, {k: v for k, v in stages.items() if any(v)}))
+        return ("<div class='rlkit-dashboard-charts' style='display:flex;flex-wrap:wrap;gap:4px'>"
+                + "".join(f"<div>{p}</div>" for p in panels) + "</div>")
+
+    def header_html(self) -> str:
+        history = self.history
+        s = self.session
+        if not history:
+            status = "no steps yet: run session.run(n) and this updates after every step"
+        else:
+            m = history[-1]
+            status = (f"step {m.step} · policy version {m.policy_version} · reward {m.get('rollout/reward_mean', math.nan):.3f}"
+                      f" · {m.get('timing/step_total', math.nan):.2f} s/step")
+        if getattr(s, "stop_requested", False):
+            status += " · <b>stop requested</b>: run() ends after the current step"
+        return f"<div class='rlkit-dashboard-header' style='font-family:monospace'><b>rlkit dashboard</b> · {status}</div>"
+
+    def samples_html(self) -> str:
+        batch = getattr(self.session, "batch", None)
+        if batch is None:
+            return ""
+        return table(SAMPLE_COLUMNS, sample_rows(batch, self.samples), "latest samples")
+
+    def text(self) -> str:
+        """The text view: latest value and a sparkline per metric, plus seconds per stage."""
+        history = self.history
+        lines = [f"rlkit dashboard: {len(history)} step(s)" + (" (stop requested)" if getattr(self.session, "stop_requested", False) else "")]
+        for title, keys in PANELS:
+            values = _series(history, keys[0])
+            last = next((v for v in reversed(values) if not math.isnan(v)), math.nan)
+            lines.append(f"  {title:<28}{last:>10.4g}  {sparkline(values)}")
+        if history:
+            times = [f"{s}={history[-1].values[f'timing/{s}']:.3f}s" for s in STAGES if f"timing/{s}" in history[-1].values]
+            lines.append("  seconds per stage: " + " ".join(times))
+        return "\n".join(lines)
+
+    def text_line(self) -> str:
+        """One line for the latest step (what text mode prints outside a notebook)."""
+        history = self.history
+        if not history:
+            return "rlkit dashboard: no steps yet"
+        m = history[-1]
+        shown = " ".join(f"{title.split()[0]}={m.values[keys[0]]:.4g}" for title, keys in PANELS if keys[0] in m.values)
+        return f"step {m.step}: {shown}"
+
+    # ---- updating ------------------------------------------------------------------------------------------
+    def update(self, metrics: Any = None) -> None:
+        """Called by ``run()`` after every step (``metrics`` is that step's StepMetrics)."""
+        self.refresh()
+        if self.widget is None and self._handle is None and not _in_ipython_kernel():
+            print(self.text_line())
+
+    def refresh(self) -> None:
+        """Redraw from ``session.history`` and ``session.batch`` (also after steps taken by hand)."""
+        if self.widget is not None:
+            p = self._parts
+            p["header"].value = self.header_html()
+            p["charts"].value = self.charts_html()
+            p["samples"].value = self.samples_html()
+            stopping = bool(getattr(self.session, "stop_requested", False))
+            p["stop"].disabled = stopping
+            p["stop"].description = "Stopping after this step" if stopping else "Stop after this step"
+        elif self._handle is not None:
+            self._handle.update(_TextView(self.text()))
+
+    def stop(self) -> None:
+        """What the button does: ask ``run()`` to end after the current step."""
+        self.session.request_stop()
+        self.refresh()
+
+    def close(self) -> None:
+        """Stop updating (removes the listener) and close the widget."""
+        listeners = getattr(self.session, "listeners", [])
+        if self.update in listeners:
+            listeners.remove(self.update)
+        if self.widget is not None:
+            self.widget.close()
+
+    # ---- widget and display ---------------------------------------------------------------------------------
+    def _build(self, w: Any) -> None:
+        self._parts = {
+            "header": w.HTML(),
+            "charts": w.HTML(),
+            "stop": w.Button(description="Stop after this step", icon="stop", button_style="warning",
+                             tooltip="session.request_stop(): run() ends after the current step",
+                             layout=w.Layout(width="220px")),
+            "samples": w.HTML(),
+        }
+        for name, part in self._parts.items():
+            part.add_class(f"rlkit-dashboard-{name}")
+        self._parts["stop"].on_click(lambda _button: self.stop())
+        self.widget = w.VBox([self._parts["header"], self._parts["charts"], self._parts["stop"], self._parts["samples"]])
+        self.widget.add_class("rlkit-dashboard")
+
+    def _ipython_display_(self) -> None:
+        from IPython.display import display
+
+        if self.widget is not None:
+            display(self.widget)
+        elif self._handle is None:
+            self._handle = display(_TextView(self.text()), display_id=True)
+        else:
+            self._handle.display(_TextView(self.text()))
+
+    def __repr__(self) -> str:
+        return self.text()
+
+
+class _TextView:
+    """The text-mode display object (plain text; ``<pre>`` in HTML frontends)."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def _repr_html_(self) -> str:
+        return f"<pre class='rlkit-dashboard-text'>{esc(self.text)}</pre>"
+

@@ -1,0 +1,268 @@
+"""The PyTorch-native policy: a transformers causal LM sharded with FSDP2 (``fully_shard``) over a DTensor mesh.
+
+Why a second backend: it trains any architecture transformers implements, with no weight conversion (the
+HF names are the parameter names), and it is the baseline the Megatron backend is measured against. It
+presents the same interface as :class:`rlkit.policy.megatron.policy.MegatronPolicy`, so a notebook switches
+with ``policy.dtensor_cfg.enabled=true`` / ``policy.megatron_cfg.enabled=false`` and compares.
+
+Numerics shared with the Megatron policy: logits divided by the sampling temperature, logprobs by
+log-softmax and gather, the loss normalised by counts over the global batch (all-reduced over the mesh),
+gradients *summed* over data-parallel ranks (FSDP's default average is switched off, because the loss is
+already a global-batch value), clipping by the global norm, AdamW with the same learning-rate schedule
+(:func:`rlkit.policy.megatron.policy.lr_lambda`), and the KL reference as a weight copy swapped in.
+
+Deliberate simplifications: one data-parallel mesh dimension (no tensor or context parallelism), fp32
+weights, each decoder layer one FSDP unit, the full vocabulary's log-softmax per microbatch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import time
+from typing import Iterator, Mapping
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
+from rlkit.policy.base import HFGroup, LossFn, TokenScores, TrainStepResult
+from rlkit.policy.megatron.build import Architecture
+from rlkit.policy.megatron.parallel import ensure_process_group
+from rlkit.policy.megatron.policy import defer_keyboard_interrupt, lr_lambda
+from rlkit.trajectories import LossCounts, Trajectories
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def _local(t: Tensor) -> Tensor:
+    """This rank's shard of a DTensor (a plain tensor is its own shard)."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def shifted_logprobs_and_entropy(logits: Tensor, input_ids: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    """logits [b, T, V] (position t predicts token t+1), input_ids [b, T] -> logprobs [b, T] (and entropy
+    [b, T]) aligned with the token they score; position 0 holds 0."""
+    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+    token = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            entropy = torch.nn.functional.pad(-(logp.exp() * logp).sum(-1), (1, 0))
+    return torch.nn.functional.pad(token, (1, 0)), entropy
+
+
+class DTensorPolicy:
+    """A causal LM from an HF folder, FSDP2-sharded over all ranks (implements :class:`rlkit.policy.base.Policy`)."""
+
+    def __init__(self, cfg: PolicyConfig, seed: int = 0):
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        from transformers import AutoModelForCausalLM
+
+        self.cfg = cfg
+        self.arch = Architecture.from_hf_folder(cfg.model_name)
+        ensure_process_group()
+        self.dp_rank, self.dp_size = dist.get_rank(), dist.get_world_size()
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self.mesh = init_device_mesh(self.device.type, (self.dp_size,), mesh_dim_names=("dp",))
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_pretrained(cfg.model_name, dtype=torch.float32, attn_implementation="sdpa")
+        model.to(self.device)
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=self.mesh)
+        fully_shard(model, mesh=self.mesh)
+        model.set_gradient_divide_factor(1.0)  # sum over ranks: the loss is already normalised globally
+        self.model = model
+        self.reset_optimizer(cfg.optimizer, cfg.scheduler)
+        self.temperature = cfg.generation.temperature
+        self.version = 0
+        self.reference_state: dict[str, Tensor] | None = None
+        self.set_reference_to_current()
+
+    def reset_optimizer(self, optimizer: OptimizerConfig, scheduler: SchedulerConfig) -> None:
+        """A fresh AdamW and learning-rate schedule (e.g. between an SFT warm start and RL)."""
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=optimizer.lr, betas=optimizer.betas, eps=optimizer.eps,
+            weight_decay=optimizer.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(scheduler))
+
+    # ---- weights ----------------------------------------------------------------------------------
+    def load_hf_state(self, hf: Mapping[str, Tensor]) -> None:
+        """Load HF-named full tensors; this rank keeps its shard. Strict on names and shapes."""
+        from torch.distributed.tensor import distribute_tensor
+
+        params = dict(self.model.named_parameters())
+        missing = sorted(set(params) - set(hf))
+        if missing:
+            raise KeyError(f"no HF weights for parameters {missing[:5]}")
+        with torch.no_grad():
+            for name, param in params.items():
+                if tuple(hf[name].shape) != tuple(param.shape):
+                    raise ValueError(f"{name}: HF weights have shape {tuple(hf[name].shape)}, model has {tuple(param.shape)}")
+                full = hf[name].to(self.device, param.dtype)
+                param.copy_(distribute_tensor(full, self.mesh, param.placements) if hasattr(param, "placements") else full)
+
+    def export_hf_groups(self) -> Iterator[HFGroup]:
+        """HF-named full tensors: embeddings, each decoder layer, then final norm and head. Gathering is a
+        collective, so every rank must iterate in step. At one rank they may alias the live weights:
+        copy them if you keep them past the next optimizer step."""
+        groups: dict[str, list[str]] = {}
+        for name, _ in self.model.named_parameters():
+            m = _LAYER.match(name)
+            key = f"layer{int(m.group(1)):06d}" if m else ("0embed" if "embed_tokens" in name else "zfinal")
+            groups.setdefault(key, []).append(name)
+        params = dict(self.model.named_parameters())
+        for key in sorted(groups):
+            yield [(name, self._full_tensor(params[name])) for name in groups[key]]
+
+    @staticmethod
+    def _full_tensor(param: Tensor) -> Tensor:
+        t = param.detach()
+        return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+    def hf_state_dict(self) -> dict[str, Tensor]:
+        return {name: t.clone() for group in self.export_hf_groups() for name, t in group}
+
+    def set_reference_to_current(self) -> None:
+        """Freeze the current weights as the KL reference (a copy of this rank's shards, no optimizer state)."""
+        self.reference_state = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+
+    @contextlib.contextmanager
+    def _swap_in_reference_weights(self):
+        params = dict(self.model.named_parameters())
+        with torch.no_grad():
+            live = {n: p.detach().clone() for n, p in params.items()}
+            try:
+                for n, p in params.items():
+                    p.copy_(self.reference_state[n])
+                yield
+            finally:
+                for n, p in params.items():
+                    p.copy_(live[n])
+
+    # ---- scoring ----------------------------------------------------------------------------------
+    def _logits(self, input_ids: Tensor) -> Tensor:
+        """input_ids [b, T] -> logits [b, T, V], divided by the sampling temperature (right padding needs
+        no mask: a causal model never looks at later positions)."""
+        logits = self.model(input_ids=input_ids.to(self.device), use_cache=False).logits
+        return logits / self.temperature if self.temperature != 1.0 else logits
+
+    @torch.no_grad()
+    def score(self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False) -> TokenScores:
+        """Per-token logprobs (and entropy) [B, T] of ``input_ids`` [B, T]; 0 at position 0 and on padding."""
+        self.model.eval()
+        logprobs, entropy = torch.zeros(input_ids.shape), torch.zeros(input_ids.shape)
+        step = self.cfg.logprob_batch_size
+        for start in range(0, input_ids.shape[0], step):
+            rows = slice(start, start + step)
+            t = int(attention_mask[rows].sum(1).max())
+            ids, mask = input_ids[rows, :t], attention_mask[rows, :t]
+            lp, ent = shifted_logprobs_and_entropy(self._logits(ids), ids.to(self.device), with_entropy)
+            logprobs[rows, :t] = lp.cpu() * mask
+            if with_entropy:
+                entropy[rows, :t] = ent.cpu() * mask
+        return TokenScores(logprobs, entropy if with_entropy else None)
+
+    def reference_score(self, input_ids: Tensor, attention_mask: Tensor) -> TokenScores:
+        with self._swap_in_reference_weights():
+            return self.score(input_ids, attention_mask)
+
+    # ---- training ---------------------------------------------------------------------------------
+    def global_counts(self, loss_mask: Tensor) -> LossCounts:
+        """Counts over this rank's batch summed over all ranks."""
+        local = torch.tensor([loss_mask.sum(), (loss_mask.sum(1) > 0).sum(), loss_mask.shape[0]], dtype=torch.float64)
+        if self.dp_size > 1:
+            dist.all_reduce(local)
+        tokens, seqs, n = (int(x) for x in local.tolist())
+        return LossCounts(valid_tokens=tokens, valid_sequences=seqs, num_sequences=n)
+
+    def _run_microbatches(self, batch: Trajectories, loss_fn: LossFn, backward: bool) -> tuple[dict[str, float], int]:
+        """Loss over ``batch`` in microbatches, normalised by global counts; with ``backward`` the summed
+        gradient of the global batch ends up in ``.grad``. Returns global metric sums and microbatch count."""
+        counts = self.global_counts(batch.loss_mask)
+        mbs = self.cfg.train_micro_batch_size
+        starts = list(range(0, batch.batch_size, mbs))
+        sums: dict[str, Tensor] = {}
+        with torch.set_grad_enabled(backward):
+            for i, start in enumerate(starts):
+                micro = batch.select(slice(start, start + mbs))
+                t = int(micro.attention_mask.sum(1).max())
+                ids = micro.input_ids[:, :t]
+                if backward:  # reduce-scatter once, after the last microbatch's backward
+                    self.model.set_requires_gradient_sync(i == len(starts) - 1)
+                logprobs, _ = shifted_logprobs_and_entropy(self._logits(ids), ids.to(self.device), False)
+                logprobs = logprobs.cpu() * micro.attention_mask[:, :t]
+                logprobs = torch.nn.functional.pad(logprobs, (0, micro.input_ids.shape[1] - t))
+                loss, metrics = loss_fn(logprobs, micro, counts)
+                if backward:
+                    loss.backward()
+                for k, v in metrics.items():
+                    sums[k] = sums.get(k, 0.0) + torch.as_tensor(v).detach().double()
+        if self.dp_size > 1:
+            for v in sums.values():
+                dist.all_reduce(v)
+        return {k: float(v) for k, v in sums.items()}, len(starts)
+
+    def _grad_norm(self) -> float:
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        for p in self.model.parameters():
+            if p.grad is not None:
+                sq += _local(p.grad).double().pow(2).sum()
+        if self.dp_size > 1:
+            dist.all_reduce(sq)  # FSDP shards are disjoint: the squares add up
+        return float(sq.sqrt())
+
+    def compute_gradients(self, batch: Trajectories, loss_fn: LossFn) -> dict[str, float]:
+        """Fill ``.grad`` of every parameter with the gradient of the global-batch loss; no update."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics, _ = self._run_microbatches(batch, loss_fn, backward=True)
+        return metrics
+
+    def evaluate_loss(self, batch: Trajectories, loss_fn: LossFn) -> dict[str, float]:
+        """The loss and its metrics on ``batch`` under the current weights, without gradients or update."""
+        self.model.eval()
+        metrics, _ = self._run_microbatches(batch, loss_fn, backward=False)
+        return metrics
+
+    def train_step(self, batch: Trajectories, loss_fn: LossFn) -> TrainStepResult:
+        """One optimizer step over ``batch`` in microbatches; all or nothing, like the Megatron policy's."""
+        t0 = time.perf_counter()
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        try:
+            metrics, n_micro = self._run_microbatches(batch, loss_fn, backward=True)
+            grad_norm = self._grad_norm()
+            if not math.isfinite(grad_norm):
+                raise FloatingPointError(f"gradient norm is {grad_norm}; the step was skipped, weights unchanged")
+        except BaseException:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise
+        lr = self.scheduler.get_last_lr()[0]
+        with defer_keyboard_interrupt():
+            if self.cfg.max_grad_norm is not None and grad_norm > self.cfg.max_grad_norm:
+                scale = self.cfg.max_grad_norm / (grad_norm + 1e-6)
+                for p in self.model.parameters():
+                    if p.grad is not None:
+                        p.grad.mul_(scale)
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.version += 1
+        return TrainStepResult(metrics=metrics, grad_norm=grad_norm, learning_rate=lr, num_microbatches=n_micro,
+                               version=self.version, timings={"train_step": time.perf_counter() - t0})
+
+    def close(self) -> None:
+        """Release the model and optimizer (the process group stays for whatever comes next)."""
+        self.model = None
+        self.optimizer = None
+        self.reference_state = None
+
+    def __repr__(self) -> str:
+        a = self.arch
+        return (f"DTensorPolicy({a.family}, {a.num_layers}x{a.hidden_size}, FSDP2 over {self.dp_size} rank(s), "
+                f"version={self.version})")
