@@ -5,6 +5,9 @@ import os
 # Must be set before torch loads OpenMP: idle OpenMP threads sleep instead of spinning, which keeps several
 # test processes (Ray workers, tutorial kernels, a JupyterLab server) from starving each other on 2 cores.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Tests use nano/tiny models, where a second thread buys nothing and several processes (Ray workers,
+# tutorial kernels, subprocess runs) on 2 cores would oversubscribe them.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

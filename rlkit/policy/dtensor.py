@@ -59,7 +59,7 @@ class DTensorPolicy:
 
     def __init__(self, cfg: PolicyConfig, seed: int = 0):
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import FSDPModule, fully_shard
         from transformers import AutoModelForCausalLM
 
         self.cfg = cfg
@@ -74,7 +74,10 @@ class DTensorPolicy:
         for layer in model.model.layers:
             fully_shard(layer, mesh=self.mesh)
         fully_shard(model, mesh=self.mesh)
-        model.set_gradient_divide_factor(1.0)  # sum over ranks: the loss is already normalised globally
+        for module in model.modules():
+            if isinstance(module, FSDPModule):  # each FSDP unit keeps its own reduction settings
+                module.set_gradient_divide_factor(1.0)  # sum over ranks: the loss is already a global value
+                module.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no AVG / PREMUL_SUM)
         self.model = model
         self.reset_optimizer(cfg.optimizer, cfg.scheduler)
         self.temperature = cfg.generation.temperature

@@ -160,7 +160,7 @@ def _worker_env(threads: int) -> dict[str, str]:
 
 
 def start_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> bool:
-    """Connect to Ray (``address``, or the one this process already joined) or start a local one.
+    """Connect to Ray (``address``, ``$RAY_ADDRESS``, or the one this process joined) or start a local one.
     Returns True when this call started it (its owner shuts it down).
 
     Ray 2.60's raylet gives its agents a fixed 15 s to report their ports (ray-project/ray#65983); on a
@@ -172,7 +172,8 @@ def start_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> 
 
     if ray.is_initialized():
         return False
-    if address is not None:
+    address = address or os.environ.get("RAY_ADDRESS")  # Ray's own convention for "join this cluster"
+    if address:
         ray.init(address=address, log_to_driver=False)
         return False
     for attempt in range(1, RAY_START_ATTEMPTS + 1):
