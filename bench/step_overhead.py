@@ -24,6 +24,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         s = rlkit.Session.from_config("quickstart", {
             "policy.model_name": f"{tmp}/model", "sft.enabled": False, "data.num_train": 2000,
+            "grpo.use_dynamic_sampling": False,  # one rollout per step on both sides
             "data.num_validation": 16})
         g = s.config.grpo
 

@@ -29,9 +29,9 @@ def build_policy(config: RunConfig):
         from rlkit.policy.dtensor import DTensorPolicy
 
         return DTensorPolicy(p, seed=config.seed)
-    from rlkit.policy.megatron.policy import MegatronPolicy
+    from rlkit.policy.megatron.moe import make_megatron_policy
 
-    return MegatronPolicy(p, seed=config.seed)
+    return make_megatron_policy(p, seed=config.seed)  # MegatronPolicy, or its MoE subclass for an MoE model
 
 
 def build_generator(config: RunConfig):

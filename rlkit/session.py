@@ -115,7 +115,7 @@ class Session:
     # ---- stages ----------------------------------------------------------------------------------
     def rollout(self, rows: Optional[Sequence[dict]] = None, seed: Optional[int] = None) -> Trajectories:
         """Sample G completions for this step's prompts (or for ``rows``). With async GRPO: the next ready
-        batch from the background producer (the same one again within a step)."""
+        batch from the background producer (the same one again within a step; ``seed`` is not used)."""
         g = self.config.grpo
         if self.rollouts is not None and rows is None:
             ups = updates_per_step(g.num_prompts_per_step * g.num_generations_per_prompt,
@@ -126,7 +126,9 @@ class Session:
                           f"{self.policy.version}: these samples are off-policy (call session.refit() first)",
                           stacklevel=2)
         if g.use_dynamic_sampling and rows is None:
-            return self._keep(self._dynamic_rollout(seed))
+            if self._step_rows is None:
+                self._step_rows = [self.sampler.next_batch() for _ in range(g.dynamic_sampling_max_gen_batches)]
+            return self._keep(self._dynamic_rollout(self._step_rows, self.sampling(seed).seed, self.generator_version))
         if rows is None:
             if self._step_rows is None:
                 self._step_rows = self.sampler.next_batch()
@@ -139,25 +141,28 @@ class Session:
     def _sample_async_batch(self, index: int, version: int) -> Trajectories:
         """Async GRPO's producer thread: batch ``index`` (the prompts and seed sync step ``index`` would use)."""
         g = self.config.grpo
+        seed = self.config.seed * 1_000_003 + index
+        if g.use_dynamic_sampling:
+            tries = [self.sampler.next_batch() for _ in range(g.dynamic_sampling_max_gen_batches)]
+            return self._dynamic_rollout(tries, seed, version)
         return stages.rollout(self.generator, self.tokenizer, self.sampler.next_batch(), g.num_generations_per_prompt,
-                              self.sampling(self.config.seed * 1_000_003 + index), version, self.config.data.system_prompt)
+                              self.sampling(seed), version, self.config.data.system_prompt)
 
     def _generator_lock(self) -> ContextManager:
         """Exclusive use of the generator: async GRPO's producer may be sampling in the background."""
         return self.rollouts.exclusive() if self.rollouts is not None else nullcontext()
 
-    def _dynamic_rollout(self, seed: Optional[int]) -> Trajectories:
-        """DAPO: rounds of fresh prompts, scored, keeping groups whose rewards vary (returns a scored batch)."""
+    def _dynamic_rollout(self, tries: Sequence[Sequence[dict]], base_seed: int, version: int) -> Trajectories:
+        """DAPO: rounds of fresh prompts (``tries``), scored, keeping groups whose rewards vary (returns a
+        scored batch). Also runs in async GRPO's producer thread, so it keeps nothing on the session."""
         g = self.config.grpo
-        if self._step_rows is None:
-            self._step_rows = [self.sampler.next_batch() for _ in range(g.dynamic_sampling_max_gen_batches)]
-        base = self.sampling(seed).seed
 
         def sample_and_score(attempt: int) -> Trajectories:
-            batch = stages.rollout(self.generator, self.tokenizer, self._step_rows[attempt],
-                                   g.num_generations_per_prompt, replace(self.sampling(), seed=base + 7919 * attempt),
-                                   self.generator_version, self.config.data.system_prompt)
-            return self.score(batch)
+            batch = stages.rollout(self.generator, self.tokenizer, tries[attempt], g.num_generations_per_prompt,
+                                   replace(self.sampling(), seed=base_seed + 7919 * attempt), version,
+                                   self.config.data.system_prompt)
+            return stages.score(batch, self.env, g.overlong_buffer_length, g.overlong_penalty,
+                                self.config.policy.generation.max_new_tokens)
 
         return stages.dynamic_sampling(sample_and_score, g.num_prompts_per_step, g.dynamic_sampling_max_gen_batches)
 

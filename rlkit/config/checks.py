@@ -38,6 +38,18 @@ def parallel_layout_problems(megatron_cfg: Any, model_config: Mapping[str, Any],
         out.append(f"{key}.sequence_parallel: needs tensor_model_parallel_size > 1")
     if megatron_cfg.sequence_parallel:
         out.append(f"{key}.sequence_parallel: not supported with the local (non-Transformer-Engine) layer spec")
+    experts = model_config.get("num_local_experts") or 0
+    ep, etp = megatron_cfg.expert_model_parallel_size, megatron_cfg.expert_tensor_parallel_size
+    if ep > 1 and not experts:
+        out.append(f"{key}.expert_model_parallel_size={ep}: needs a Mixture-of-Experts model (this one has no experts)")
+    elif experts and experts % ep:
+        out.append(f"{key}.expert_model_parallel_size={ep}: must divide num_local_experts={experts}")
+    if ep > 1:
+        out.append(f"{key}.expert_model_parallel_size={ep}: expert parallelism is not supported yet; use 1 "
+                   "(tensor parallelism shards the experts)")
+    if etp is not None and etp != tp:
+        out.append(f"{key}.expert_tensor_parallel_size={etp}: only the default (= tensor_model_parallel_size={tp}) "
+                   "is supported; leave it unset")
     model_parallel = tp * pp * cp
     if world_size % model_parallel:
         out.append(f"{key}: tensor x pipeline x context = {model_parallel} must divide the world size {world_size}")
@@ -92,16 +104,11 @@ def cross_section_problems(sections: Mapping[str, Any], partial: bool) -> list[s
 
 def _async_problems(grpo: Any, loss_fn: Any) -> list[str]:
     """Async GRPO trains on samples from older weights: the loss must correct for it."""
-    if grpo is None or not grpo.async_grpo.enabled:
+    if grpo is None or loss_fn is None or not grpo.async_grpo.enabled or loss_fn.off_policy_correction != "none":
         return []
-    out = []
-    if loss_fn is not None and loss_fn.off_policy_correction == "none":
-        out.append("grpo.async_grpo.enabled=true needs an importance-sampling correction against the generator's "
-                   "logprobs, but loss_fn.off_policy_correction='none'. Fix: set loss_fn.off_policy_correction=tis "
-                   "(or seq_mask), or grpo.async_grpo.enabled=false")
-    if grpo.use_dynamic_sampling:
-        out.append("grpo.use_dynamic_sampling: not supported with grpo.async_grpo.enabled=true yet; disable one of them")
-    return out
+    return ["grpo.async_grpo.enabled=true needs an importance-sampling correction against the generator's "
+            "logprobs, but loss_fn.off_policy_correction='none'. Fix: set loss_fn.off_policy_correction=tis "
+            "(or seq_mask), or grpo.async_grpo.enabled=false"]
 
 
 def _model_problems(policy: Any) -> list[str]:
@@ -111,12 +118,18 @@ def _model_problems(policy: Any) -> list[str]:
 
         if policy.model_preset not in PRESETS:
             return [f"policy.model_preset={policy.model_preset!r}: unknown; choose one of {sorted(PRESETS)}"]
+        if (PRESETS[policy.model_preset].num_experts > 0) != (policy.model_family == "mixtral"):
+            return [f"policy.model_family={policy.model_family!r}: preset {policy.model_preset!r} needs family "
+                    f"{'mixtral' if PRESETS[policy.model_preset].num_experts else 'llama or qwen2'}"]
         return []
     if not path.is_file():
         return [f"policy.model_name={policy.model_name!r}: no HF model folder there. Fix: create one with "
                 f"`rlkit make-model {policy.model_name}` or point it at an existing folder"]
     model_config = json.loads(path.read_text())
     if not policy.megatron_cfg.enabled:
+        if model_config.get("num_local_experts"):
+            return [f"policy.dtensor_cfg.enabled: {policy.model_name!r} is a Mixture-of-Experts model, which the "
+                    "DTensor backend does not train yet; use policy.megatron_cfg.enabled=true"]
         return []
     return parallel_layout_problems(policy.megatron_cfg, model_config, policy.num_workers)
 

@@ -52,6 +52,12 @@ class MegatronConfig(Section):
     expert_model_parallel_size: int = Field(1, ge=1)
     expert_tensor_parallel_size: Optional[int] = Field(None, ge=1)
     sequence_parallel: bool = False
+    # Mixture-of-Experts router, NeMo-RL's recommendations for RL: fp64 routing (the same experts chosen when
+    # scoring and training), no load-balancing loss, optionally a frozen router
+    moe_router_dtype: Literal["fp32", "fp64"] = "fp64"
+    moe_router_load_balancing_type: Literal["none", "aux_loss", "seq_aux_loss"] = "none"
+    moe_aux_loss_coeff: float = Field(0.0, ge=0)
+    freeze_moe_router: bool = False
 
 
 class DTensorConfig(Section):
@@ -85,7 +91,7 @@ class GenerationConfig(Section):
 class PolicyConfig(Section):
     model_name: str = "models/tiny"  # an HF model folder (make one with `rlkit make-model`)
     model_preset: Optional[str] = None  # if set and model_name does not exist, create this tiny preset there
-    model_family: Literal["llama", "qwen2"] = "llama"  # family of the created preset
+    model_family: Literal["llama", "qwen2", "mixtral"] = "llama"  # family of the created preset (MoE: mixtral)
     precision: Literal["float32"] = "float32"
     train_global_batch_size: Optional[int] = Field(None, ge=1)  # default: every sample of the step
     train_micro_batch_size: int = Field(8, ge=1)

@@ -221,3 +221,8 @@ class RemoteGenerator:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"pid {self.info.get('pid')}, {self.threads} thread(s)"
         return f"RemoteGenerator({Path(self.model_path).name}, Ray actor, {state})"
+
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<code>{html.escape(repr(self))}</code>"

@@ -85,8 +85,12 @@ class VllmGenerator:
         ]
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_token_ids]
         outputs = []
-        for rows in self._unchunked_calls(prompt_token_ids, n):
-            outputs += self.llm.generate([prompts[i] for i in rows], [params[i] for i in rows], use_tqdm=False)
+        try:
+            for rows in self._unchunked_calls(prompt_token_ids, n):
+                outputs += self.llm.generate([prompts[i] for i in rows], [params[i] for i in rows], use_tqdm=False)
+        except BaseException:  # a KeyboardInterrupt (Jupyter's stop) mid-generation
+            self._abort_unfinished()
+            raise
         samples = [
             (sample.token_ids, [float(step[tok].logprob) for tok, step in zip(sample.token_ids, sample.logprobs)],
              sample.text, "length" if sample.finish_reason == "length" else "stop")
@@ -116,6 +120,13 @@ class VllmGenerator:
         self.llm.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": list(bucket), "is_checkpoint_format": True}
         )
+
+    def _abort_unfinished(self) -> None:
+        """Drop the requests an interrupted ``generate`` left in the engine: left there, the next call waits
+        forever on them (the scheduler keeps them running but never finishes them)."""
+        engine = self.llm.llm_engine
+        if engine.has_unfinished_requests():
+            engine.abort_request(list(engine.output_processor.request_states), internal=True)
 
     def reset_prefix_cache(self) -> None:
         self.llm.reset_prefix_cache()

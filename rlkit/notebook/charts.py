@@ -124,4 +124,4 @@ def sparkline(values: Sequence[float], width: int = 24) -> str:
     lo, hi = min(ys), max(ys)
     if hi - lo < 1e-12:
         return SPARKS[3] * len(ys)
-    return "".join(SPARKS[min(int((y - lo) / (hi - lo) * len(SPARKS)), len(SPARKS) - 1)] for y in ys)
+    return "".join(SPARKS[round((y - lo) / (hi - lo) * (len(SPARKS) - 1))] for y in ys)

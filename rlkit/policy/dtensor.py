@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
+from rlkit.errors import ModelError
 from rlkit.policy.base import HFGroup, LossFn, TokenScores, TrainStepResult
 from rlkit.policy.megatron.build import Architecture
 from rlkit.policy.megatron.parallel import ensure_process_group
@@ -57,19 +58,23 @@ def shifted_logprobs_and_entropy(logits: Tensor, input_ids: Tensor, with_entropy
 class DTensorPolicy:
     """A causal LM from an HF folder, FSDP2-sharded over all ranks (implements :class:`rlkit.policy.base.Policy`)."""
 
-    def __init__(self, cfg: PolicyConfig, seed: int = 0):
+    def __init__(self, cfg: PolicyConfig, seed: int = 0, *, param_dtype: torch.dtype = torch.float32):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import FSDPModule, fully_shard
         from transformers import AutoModelForCausalLM
 
         self.cfg = cfg
         self.arch = Architecture.from_hf_folder(cfg.model_name)
+        if self.arch.family == "mixtral":
+            raise ModelError("the DTensor backend does not train Mixture-of-Experts models yet (transformers holds the "
+                             "experts fused, under other names than the checkpoint's); use policy.megatron_cfg")
         ensure_process_group()
         self.dp_rank, self.dp_size = dist.get_rank(), dist.get_world_size()
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self.mesh = init_device_mesh(self.device.type, (self.dp_size,), mesh_dim_names=("dp",))
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_pretrained(cfg.model_name, dtype=torch.float32, attn_implementation="sdpa")
+        # param_dtype: the config's precision is float32; benchmarks pass bfloat16 (weights, grads, Adam state)
+        model = AutoModelForCausalLM.from_pretrained(cfg.model_name, dtype=param_dtype, attn_implementation="sdpa")
         model.to(self.device)
         for layer in model.model.layers:
             fully_shard(layer, mesh=self.mesh)
@@ -158,16 +163,17 @@ class DTensorPolicy:
     def score(self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False) -> TokenScores:
         """Per-token logprobs (and entropy) [B, T] of ``input_ids`` [B, T]; 0 at position 0 and on padding."""
         self.model.eval()
-        logprobs, entropy = torch.zeros(input_ids.shape), torch.zeros(input_ids.shape)
+        logprobs = torch.zeros(input_ids.shape, device=input_ids.device)
+        entropy = torch.zeros(input_ids.shape, device=input_ids.device)
         step = self.cfg.logprob_batch_size
         for start in range(0, input_ids.shape[0], step):
             rows = slice(start, start + step)
             t = int(attention_mask[rows].sum(1).max())
             ids, mask = input_ids[rows, :t], attention_mask[rows, :t]
             lp, ent = shifted_logprobs_and_entropy(self._logits(ids), ids.to(self.device), with_entropy)
-            logprobs[rows, :t] = lp.cpu() * mask
+            logprobs[rows, :t] = lp.to(mask.device) * mask
             if with_entropy:
-                entropy[rows, :t] = ent.cpu() * mask
+                entropy[rows, :t] = ent.to(mask.device) * mask
         return TokenScores(logprobs, entropy if with_entropy else None)
 
     def reference_score(self, input_ids: Tensor, attention_mask: Tensor) -> TokenScores:
@@ -177,7 +183,8 @@ class DTensorPolicy:
     # ---- training ---------------------------------------------------------------------------------
     def global_counts(self, loss_mask: Tensor) -> LossCounts:
         """Counts over this rank's batch summed over all ranks."""
-        local = torch.tensor([loss_mask.sum(), (loss_mask.sum(1) > 0).sum(), loss_mask.shape[0]], dtype=torch.float64)
+        local = torch.tensor([int(loss_mask.sum()), int((loss_mask.sum(1) > 0).sum()), loss_mask.shape[0]],
+                             dtype=torch.float64, device=self.device)  # NCCL reduces device tensors only
         if self.dp_size > 1:
             dist.all_reduce(local)
         tokens, seqs, n = (int(x) for x in local.tolist())
@@ -198,16 +205,18 @@ class DTensorPolicy:
                 if backward:  # reduce-scatter once, after the last microbatch's backward
                     self.model.set_requires_gradient_sync(i == len(starts) - 1)
                 logprobs, _ = shifted_logprobs_and_entropy(self._logits(ids), ids.to(self.device), False)
-                logprobs = logprobs.cpu() * micro.attention_mask[:, :t]
+                logprobs = logprobs.to(micro.attention_mask.device) * micro.attention_mask[:, :t]  # batch's device
                 logprobs = torch.nn.functional.pad(logprobs, (0, micro.input_ids.shape[1] - t))
                 loss, metrics = loss_fn(logprobs, micro, counts)
                 if backward:
                     loss.backward()
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + torch.as_tensor(v).detach().double()
-        if self.dp_size > 1:
-            for v in sums.values():
-                dist.all_reduce(v)
+        if self.dp_size > 1 and sums:
+            keys = sorted(sums)
+            packed = torch.stack([sums[k].to(self.device) for k in keys])
+            dist.all_reduce(packed)
+            sums = dict(zip(keys, packed))
         return {k: float(v) for k, v in sums.items()}, len(starts)
 
     def _grad_norm(self) -> float:

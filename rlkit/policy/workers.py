@@ -3,8 +3,8 @@
 Why Ray: a notebook kernel is one process, and Megatron's parallel state is process-global, so more than
 one training rank means more processes. Ray starts them (or finds them on a cluster), carries tensors and
 exceptions back, and lets the notebook kill them when something hangs. Each actor builds the same
-in-process policy class a single-rank session uses (:class:`MegatronPolicy`, or :class:`DTensorPolicy`
-with ``policy.dtensor_cfg.enabled``), with torch.distributed initialised from ``MASTER_ADDR``/``RANK``/
+in-process policy class a single-rank session uses (:class:`MegatronPolicy` or its MoE subclass, or
+:class:`DTensorPolicy` with ``policy.dtensor_cfg.enabled``), with torch.distributed initialised from ``MASTER_ADDR``/``RANK``/
 ``WORLD_SIZE`` (gloo on CPU, NCCL on GPU), so the group adds no numerics of its own:
 
 * **Data parallelism.** A batch is cut into contiguous row slices, one per data-parallel rank; the
@@ -102,9 +102,9 @@ class _PolicyWorker:
         else:
             from megatron.core import parallel_state as ps
 
-            from rlkit.policy.megatron.policy import MegatronPolicy
+            from rlkit.policy.megatron.moe import make_megatron_policy
 
-            self.policy = MegatronPolicy(cfg, seed)
+            self.policy = make_megatron_policy(cfg, seed)
             dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
             leader = ps.get_tensor_model_parallel_rank() == 0 and ps.get_pipeline_model_parallel_rank() == 0
         return RankInfo(rank, dp_rank, dp_size, leader, os.getpid(), os.environ.get("OMP_NUM_THREADS"),

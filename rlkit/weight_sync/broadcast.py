@@ -83,3 +83,8 @@ class BroadcastWeightSync:
         state = f"open ({self.backend})" if self._group is not None else "not connected"
         return f"BroadcastWeightSync(bucket={self.bucket_bytes / 1e6:.0f} MB, group {state})"
 
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<code>{html.escape(repr(self))}</code>"
+

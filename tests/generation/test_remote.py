@@ -95,3 +95,12 @@ def test_bucket_layout_round_trip_keeps_mixed_dtypes():
         flat[s.offset:s.offset + s.nbytes] = as_bytes(t)
     for (name, t), (name2, u) in zip(bucket, unpack_bucket(flat, specs)):
         assert name == name2 and u.dtype == t.dtype and torch.equal(u, t)
+
+
+def test_non_colocated_is_one_config_key():
+    from rlkit.config.loading import load_config
+    from rlkit.errors import ConfigError
+
+    assert not load_config("quickstart", {"policy.generation.colocated.enabled": False}).policy.generation.colocated.enabled
+    with pytest.raises(ConfigError, match="set backend=vllm or colocated.enabled=true"):
+        load_config("quickstart", {"policy.generation.colocated.enabled": False, "policy.generation.backend": "hf"})

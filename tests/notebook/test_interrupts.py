@@ -20,7 +20,7 @@ import torch
 import rlkit
 from rlkit.envs import RewardFunctionEnvironment
 
-pytestmark = pytest.mark.timeout(600)  # a hang (e.g. an engine left with orphaned requests) fails, not blocks
+pytestmark = pytest.mark.timeout(300)  # a hang (e.g. an engine left with orphaned requests) fails, not blocks
 
 
 def varied_reward(prompts, completions, answer, **columns):
@@ -219,3 +219,25 @@ def test_interrupt_during_rollout_leaves_the_generator_usable(session):
     assert again.completions == reference.completions and len(again) == len(reference)
     batch = session.logprobs(session.score(again))
     assert batch.info["logprob_abs_diff_max"] < 1e-3
+
+
+def test_dashboard_stop_button_ends_run_after_the_current_step(session):
+    """The graceful stop: the button sets a flag that run() reads between steps, so no step is cut."""
+    dash = session.dashboard()
+    started = session.step_count
+
+    def press_stop_during_second_step(metrics):  # stands in for the user's click while step 2 runs
+        if metrics.step == started + 2:
+            dash._parts["stop"].click()
+
+    session.listeners.append(press_stop_during_second_step)
+    try:
+        done = session.run(5, progress=False)
+    finally:
+        session.listeners.remove(press_stop_during_second_step)
+        dash.close()
+    assert [m.step for m in done] == [started + 1, started + 2]
+    assert not session.stale and session.policy.version == done[-1].policy_version  # the step completed whole
+    charts = dash._parts["charts"].value
+    assert f"data-points='{len(session.history)}'" in charts and "stop requested" in dash._parts["header"].value
+    assert session.run(1, progress=False)[0].step == started + 3  # the next run starts normally

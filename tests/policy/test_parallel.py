@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from rlkit.config.components import MegatronConfig, OptimizerConfig, PolicyConfig
+from rlkit.config.components import DTensorConfig, MegatronConfig, OptimizerConfig, PolicyConfig
 from rlkit.errors import ConfigError
 from rlkit.policy.megatron.policy import MegatronPolicy
 from tests.helpers import pg_token_mean_loss, random_batch
@@ -165,6 +165,24 @@ def test_bad_layout_is_rejected_before_any_worker_starts(monkeypatch, model_fact
         workers.RayPolicyGroup(nano.model_copy(update={"megatron_cfg": MegatronConfig(tensor_model_parallel_size=2)}), 3)
 
 
+def test_config_checks_the_layout_against_the_number_of_workers(tmp_path, model_cfg):
+    from rlkit.config.loading import load_config
+
+    base = {"policy.model_name": str(tmp_path / "m"), "policy.model_preset": "nano", "sft.enabled": False}
+    load_config("quickstart", dict(base, **{"policy.num_workers": 2}))  # DP=2 over 16 x 8 samples: fine
+    with pytest.raises(ConfigError) as err:
+        load_config("quickstart", dict(base, **{"policy.num_workers": 2, "grpo.num_prompts_per_step": 5,
+                                                "grpo.num_generations_per_prompt": 3, "sft.enabled": True,
+                                                "sft.batch_size": 9}))
+    text = str(err.value)
+    assert "policy.train_global_batch_size=15: must be a multiple of the data-parallel size 2" in text
+    assert "sft.batch_size=9: must be a multiple of the data-parallel size 2" in text
+    existing = dict(base, **{"policy.model_name": model_cfg.model_name, "policy.megatron_cfg.tensor_model_parallel_size": 2})
+    with pytest.raises(ConfigError, match="must divide the world size 1"):
+        load_config("quickstart", existing)
+    load_config("quickstart", dict(existing, **{"policy.num_workers": 2}))  # TP=2 over 2 workers: fine
+
+
 def test_grpo_step_through_the_session_with_a_ray_policy(ray_cluster, tmp_path):
     import rlkit
     from rlkit.policy.workers import RayPolicyGroup
@@ -191,8 +209,9 @@ def test_dtensor_policy_runs_data_parallel_in_the_group(ray_cluster, model_cfg, 
     Compared with the single-process Megatron reference at the DTensor-vs-Megatron tolerances."""
     from rlkit.policy.workers import RayPolicyGroup
 
-    cfg = model_cfg.model_copy(update={"dtensor_cfg": {"enabled": True}, "megatron_cfg": {"enabled": False}})
-    group = RayPolicyGroup(PolicyConfig.model_validate(cfg.model_dump()), world_size=2, seed=0)
+    cfg = model_cfg.model_copy(update={"dtensor_cfg": DTensorConfig(enabled=True),
+                                       "megatron_cfg": MegatronConfig(enabled=False)})
+    group = RayPolicyGroup(cfg, world_size=2, seed=0)
     try:
         assert [(r.dp_rank, r.dp_size) for r in group.ranks] == [(0, 2), (1, 2)]
         batch = reference["batch"]

@@ -79,7 +79,7 @@ class MegatronPolicy:
         self.cfg = cfg
         self.arch = Architecture.from_hf_folder(cfg.model_name)
         mc = cfg.megatron_cfg
-        self.layout = parallel.ParallelLayout(**mc.model_dump(exclude={"enabled"}))
+        self.layout = parallel.ParallelLayout(**mc.model_dump(include=set(parallel.ParallelLayout.__dataclass_fields__)))
         parallel.init_parallel(self.layout, seed)
         self.tp_rank, self.tp_size = parallel.tp_rank_and_size()
         self.model = build_gpt_model(self.arch, self.tp_size)

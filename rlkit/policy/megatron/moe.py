@@ -1,0 +1,241 @@
+"""Mixture-of-Experts for the Megatron policy: Mixtral-style HF models <-> Megatron-Core MoE layers.
+
+Why Mixtral's layout: it is the simplest MoE family vLLM serves (on the CPU too), and its block is the dense
+Llama block with the MLP replaced by a router and SwiGLU experts, so everything but the MLP reuses
+:mod:`rlkit.policy.megatron.convert`. Mixtral routes by softmax over all experts, keeps the top k and
+renormalises them; Megatron's default router (top k of the logits, softmax over those k) is the same
+function. Verified against transformers in fp32 (~1e-7).
+
+=============================================  ================================================================
+Megatron (local spec, SequentialMLP experts)   HF (Mixtral checkpoint names)
+=============================================  ================================================================
+decoder.layers.i.mlp.router.weight  [E, H]     model.layers.i.block_sparse_moe.gate.weight
+...mlp.experts.local_experts.e.linear_fc1      [experts.e.w1 (gate); experts.e.w3 (up)]  (block_sparse_moe.)
+...mlp.experts.local_experts.e.linear_fc2      experts.e.w2 (down)
+everything else                                as the dense model (see convert.py)
+=============================================  ================================================================
+
+Router settings for RL (``policy.megatron_cfg``, NeMo-RL's names): ``moe_router_dtype=fp64`` (routing
+decisions that do not flip between the scoring and the training pass), ``moe_router_load_balancing_type=none``
+with ``moe_aux_loss_coeff=0`` (no auxiliary loss pulling against the RL objective), ``freeze_moe_router``
+(the router takes no gradient steps).
+
+Deliberate simplifications: no expert parallelism yet (every rank holds every expert; tensor parallelism
+shards each expert like a dense MLP), no shared experts (Qwen2-MoE), the all-gather token dispatcher,
+experts run one after another (no grouped GEMM). One stand-in: megatron-core 0.16.1 without Transformer
+Engine names an undefined ``te_general_gemm`` in the router's linear, so :func:`apply_moe_fallbacks`
+defines it as None, which selects the plain ``torch.mm`` path the code already has.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Callable, Iterator, Mapping
+
+import torch
+from torch import Tensor
+
+from rlkit.config.components import MegatronConfig, PolicyConfig
+from rlkit.policy.megatron import convert, parallel
+from rlkit.policy.megatron.build import Architecture, transformer_config
+from rlkit.policy.megatron.policy import MegatronPolicy, load_hf_state
+
+HFGroup = list[tuple[str, Tensor]]
+
+
+def is_moe(hf_config: Mapping) -> bool:
+    """True for a Mixtral-style Mixture-of-Experts HF config."""
+    return bool(hf_config.get("num_local_experts"))
+
+
+@dataclasses.dataclass(frozen=True)
+class MoEArchitecture(Architecture):
+    """The dense facts plus the expert layout (``ffn_hidden_size`` is one expert's)."""
+
+    num_experts: int = 0
+    top_k: int = 2
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict) -> "MoEArchitecture":
+        dense = Architecture.from_hf_config(cfg)
+        return cls(**dataclasses.asdict(dense), num_experts=cfg["num_local_experts"], top_k=cfg["num_experts_per_tok"])
+
+
+def apply_moe_fallbacks() -> None:
+    """Define the Transformer Engine GEMM the MoE router tests for, when TE is absent (see module docstring)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not getattr(moe_utils, "HAVE_TE", True) and not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+
+def build_moe_gpt_model(arch: MoEArchitecture, tensor_parallel_size: int, mc: MegatronConfig):
+    """A ``GPTModel`` with MoE MLPs in the layout of ``arch``, router settings from ``mc``."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    apply_moe_fallbacks()
+    config = dataclasses.replace(
+        transformer_config(arch, tensor_parallel_size),
+        num_moe_experts=arch.num_experts,
+        moe_router_topk=arch.top_k,
+        moe_ffn_hidden_size=arch.ffn_hidden_size,
+        moe_router_dtype=mc.moe_router_dtype,
+        moe_router_load_balancing_type=mc.moe_router_load_balancing_type,
+        moe_aux_loss_coeff=mc.moe_aux_loss_coeff,
+        moe_token_dispatcher_type="allgather",
+        moe_grouped_gemm=False,
+        expert_model_parallel_size=mc.expert_model_parallel_size,
+        expert_tensor_parallel_size=mc.expert_tensor_parallel_size,
+    )
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=get_gpt_layer_local_spec(num_experts=arch.num_experts, moe_grouped_gemm=False,
+                                                        normalization="RMSNorm"),
+        vocab_size=arch.vocab_size,
+        max_sequence_length=arch.max_position_embeddings,
+        pre_process=True,
+        post_process=True,
+        parallel_output=True,
+        share_embeddings_and_output_weights=arch.tie_word_embeddings,
+        position_embedding_type="rope",
+        rotary_base=int(arch.rope_theta),
+    )
+    if mc.freeze_moe_router:
+        for name, param in model.named_parameters():
+            if name.endswith("mlp.router.weight"):
+                param.requires_grad_(False)
+    if torch.cuda.is_available():
+        model = model.cuda()
+    return model
+
+
+# ---- conversion (full tensors) ---------------------------------------------------------------------
+def _attention_to_megatron(hf: Mapping[str, Tensor], i: int, arch: Architecture) -> dict[str, Tensor]:
+    h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
+    out = {
+        m + "input_layernorm.weight": hf[h + "input_layernorm.weight"],
+        m + "self_attention.linear_qkv.weight": convert.fuse_qkv(*(hf[h + f"self_attn.{x}_proj.weight"] for x in "qkv"), arch),
+        m + "self_attention.linear_proj.weight": hf[h + "self_attn.o_proj.weight"],
+        m + "pre_mlp_layernorm.weight": hf[h + "post_attention_layernorm.weight"],
+    }
+    if arch.qkv_bias:
+        out[m + "self_attention.linear_qkv.bias"] = convert.fuse_qkv(*(hf[h + f"self_attn.{x}_proj.bias"] for x in "qkv"), arch)
+    return out
+
+
+def hf_layer_to_megatron(hf: Mapping[str, Tensor], i: int, arch: MoEArchitecture) -> dict[str, Tensor]:
+    h, m = f"model.layers.{i}.block_sparse_moe.", f"decoder.layers.{i}.mlp."
+    out = _attention_to_megatron(hf, i, arch)
+    out[m + "router.weight"] = hf[h + "gate.weight"]
+    for e in range(arch.num_experts):
+        x, y = f"{h}experts.{e}.", f"{m}experts.local_experts.{e}."
+        out[y + "linear_fc1.weight"] = torch.cat([hf[x + "w1.weight"], hf[x + "w3.weight"]])
+        out[y + "linear_fc2.weight"] = hf[x + "w2.weight"]
+    return out
+
+
+def hf_to_megatron(hf: Mapping[str, Tensor], arch: MoEArchitecture) -> dict[str, Tensor]:
+    out = {"embedding.word_embeddings.weight": hf["model.embed_tokens.weight"]}
+    for i in range(arch.num_layers):
+        out.update(hf_layer_to_megatron(hf, i, arch))
+    out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
+    if not arch.tie_word_embeddings:
+        out["output_layer.weight"] = hf["lm_head.weight"]
+    return out
+
+
+def layer_param_names(i: int, arch: MoEArchitecture) -> list[str]:
+    m = f"decoder.layers.{i}."
+    names = [m + s for s in ("input_layernorm.weight", "self_attention.linear_qkv.weight",
+                             "self_attention.linear_proj.weight", "pre_mlp_layernorm.weight", "mlp.router.weight")]
+    if arch.qkv_bias:
+        names.append(m + "self_attention.linear_qkv.bias")
+    for e in range(arch.num_experts):
+        names += [f"{m}mlp.experts.local_experts.{e}.linear_fc1.weight", f"{m}mlp.experts.local_experts.{e}.linear_fc2.weight"]
+    return names
+
+
+def megatron_layer_to_hf(mc: Mapping[str, Tensor], i: int, arch: MoEArchitecture) -> HFGroup:
+    """HF tensors of decoder layer ``i`` (attention, router and every expert: one group, whole fused tensors)."""
+    h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
+    q, k, v = convert.split_qkv(mc[m + "self_attention.linear_qkv.weight"], arch)
+    out = [
+        (h + "input_layernorm.weight", mc[m + "input_layernorm.weight"]),
+        (h + "self_attn.q_proj.weight", q),
+        (h + "self_attn.k_proj.weight", k),
+        (h + "self_attn.v_proj.weight", v),
+        (h + "self_attn.o_proj.weight", mc[m + "self_attention.linear_proj.weight"]),
+        (h + "post_attention_layernorm.weight", mc[m + "pre_mlp_layernorm.weight"]),
+        (h + "block_sparse_moe.gate.weight", mc[m + "mlp.router.weight"]),
+    ]
+    if arch.qkv_bias:
+        qb, kb, vb = convert.split_qkv(mc[m + "self_attention.linear_qkv.bias"], arch)
+        out += [(h + "self_attn.q_proj.bias", qb), (h + "self_attn.k_proj.bias", kb), (h + "self_attn.v_proj.bias", vb)]
+    for e in range(arch.num_experts):
+        x, y = f"{h}block_sparse_moe.experts.{e}.", f"{m}mlp.experts.local_experts.{e}."
+        w1, w3 = torch.chunk(mc[y + "linear_fc1.weight"], 2, dim=0)
+        out += [(x + "w1.weight", w1), (x + "w3.weight", w3), (x + "w2.weight", mc[y + "linear_fc2.weight"])]
+    return out
+
+
+def megatron_to_hf_groups(full: Callable[[str], Tensor], arch: MoEArchitecture) -> Iterator[HFGroup]:
+    """Like :func:`convert.megatron_to_hf_groups`: embeddings, each layer (lazily gathered), final norm + head."""
+    yield [("model.embed_tokens.weight", full("embedding.word_embeddings.weight"))]
+    for i in range(arch.num_layers):
+        yield megatron_layer_to_hf({n: full(n) for n in layer_param_names(i, arch)}, i, arch)
+    last = [("model.norm.weight", full("decoder.final_layernorm.weight"))]
+    if not arch.tie_word_embeddings:
+        last.append(("lm_head.weight", full("output_layer.weight")))
+    yield last
+
+
+# ---- the policy --------------------------------------------------------------------------------------
+class MegatronMoEPolicy(MegatronPolicy):
+    """:class:`MegatronPolicy` on a Mixture-of-Experts model; only the model and its weight mapping differ."""
+
+    def __init__(self, cfg: PolicyConfig, seed: int = 0):
+        # MegatronPolicy.__init__'s steps, with the MoE architecture and model
+        self.cfg = cfg
+        self.arch = MoEArchitecture.from_hf_folder(cfg.model_name)
+        mc = cfg.megatron_cfg
+        self.layout = parallel.ParallelLayout(**mc.model_dump(include=set(parallel.ParallelLayout.__dataclass_fields__)))
+        parallel.init_parallel(self.layout, seed)
+        self.tp_rank, self.tp_size = parallel.tp_rank_and_size()
+        self.model = build_moe_gpt_model(self.arch, self.tp_size, mc)
+        self.load_hf_state(load_hf_state(cfg.model_name))
+        self.reset_optimizer(cfg.optimizer, cfg.scheduler)
+        self.temperature = cfg.generation.temperature
+        self.version = 0
+        self.reference_state = None
+        self.set_reference_to_current()
+
+    def load_hf_state(self, hf: Mapping[str, Tensor]) -> None:
+        """Load HF-named full tensors; this rank keeps its tensor-parallel shard. Strict on names and shapes."""
+        full = hf_to_megatron(hf, self.arch)
+        params = dict(self.model.named_parameters())
+        missing = sorted(set(params) - set(full))
+        if missing:
+            raise KeyError(f"no HF weights for Megatron parameters {missing[:5]}")
+        with torch.no_grad():
+            for name, param in params.items():
+                piece = convert.shard(name, full[name], self.tp_rank, self.tp_size)
+                if piece.shape != param.shape:
+                    raise ValueError(f"{name}: HF weights give shape {tuple(piece.shape)}, model has {tuple(param.shape)}")
+                param.copy_(piece)
+
+    def export_hf_groups(self) -> Iterator[HFGroup]:
+        params = dict(self.model.named_parameters())
+        yield from megatron_to_hf_groups(lambda n: self._full_tensor(n, params), self.arch)
+
+    def __repr__(self) -> str:
+        return super().__repr__().replace("MegatronPolicy(", f"MegatronMoEPolicy({self.arch.num_experts} experts top-{self.arch.top_k}, ", 1)
+
+
+def make_megatron_policy(cfg: PolicyConfig, seed: int = 0) -> MegatronPolicy:
+    """The Megatron policy for ``cfg.model_name``: the MoE one for a Mixture-of-Experts model."""
+    from rlkit.models.factory import read_hf_config
+
+    if is_moe(read_hf_config(cfg.model_name)):
+        return MegatronMoEPolicy(cfg, seed)
+    return MegatronPolicy(cfg, seed)

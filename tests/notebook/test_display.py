@@ -1,0 +1,141 @@
+"""Text and HTML displays: they show what the object holds, escape it, and compute nothing."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rlkit.config.loading import load_config
+from rlkit.errors import StageOrderError
+from rlkit.notebook.charts import line_chart, sparkline, stacked_bars
+from rlkit.stages.metrics import StepMetrics
+from tests.helpers import random_batch
+
+
+def scored_batch():
+    b = random_batch(b=8, t=20, group_size=4, seed=1)
+    rows = ({"prompt": "1<2", "answer": "x"}, {"prompt": "3+4", "answer": "7"})
+    return b.with_(rows=rows, rewards=torch.tensor([1.0, 0, 0, 1, 0, 0, 1, 0]),
+                   prev_logprobs=b.generator_logprobs - 0.01 * b.loss_mask,
+                   completions=("<b>7</b>",) + b.completions[1:])
+
+
+def test_trajectories_repr_and_table():
+    b = scored_batch()
+    assert repr(b) == ("Trajectories(B=8 = 2 prompts x 4, T=20, policy_version=0, "
+                       "filled=['rewards', 'advantages', 'prev_logprobs'], reward_mean=0.375)")
+    html = b._repr_html_()
+    assert html.count("<tr>") == 1 + 8  # header + one row per sample
+    for column in ("prompt", "completion", "reward", "advantage", "length", "finish"):
+        assert f">{column}</th>" in html
+    assert "1&lt;2" in html and "&lt;b&gt;7&lt;/b&gt;" in html and "<b>7</b>" not in html  # escaped, raw prompt shown
+    first_adv = float(b.advantages[0][b.loss_mask[0]][0])
+    assert f">{first_adv:.4g}</td>" in html
+    assert "first 8 of 8 samples" in html
+
+
+def test_table_is_capped_and_says_so():
+    b = random_batch(b=40, t=12, group_size=4)
+    html = b._repr_html_()
+    assert html.count("<tr>") == 1 + 16 and "first 16 of 40 samples" in html
+
+
+def test_token_view_colours_each_completion_token():
+    b = scored_batch()
+    view = b.show(color="advantages", rows=2)
+    html = view._repr_html_()
+    spans = re.findall(r"<span title='([^']*)' style='background:([^;]*);", html)
+    assert len(spans) == int(b.loss_mask[:2].sum())  # one span per completion token of the 2 rows
+    adv0 = float(b.advantages[0][b.loss_mask[0]][0])
+    colour = spans[0][1]
+    assert colour.startswith("rgba(0,150,60" if adv0 > 0 else "rgba(210,40,40")
+    assert "advantage=" in spans[0][0] and "generator logprob=" in spans[0][0] and "trainer logprob=" in spans[0][0]
+    text = repr(view)
+    assert text.startswith("TokenView(advantage)") and text.count("\n") == 2
+
+    mismatch = b.show(color="mismatch", rows=1)
+    assert "+0.01" in repr(mismatch)  # |generator - trainer| = 0.01 on every completion token
+    custom = b.show(color=b.loss_mask.float(), rows=1, label="clipped")
+    assert "clipped" in custom._repr_html_()
+
+
+def test_token_view_guards_missing_fields():
+    b = random_batch()
+    with pytest.raises(StageOrderError, match=r"logprobs\(\)"):
+        b.show(color="mismatch")
+    with pytest.raises(ValueError, match="advantages"):
+        b.show(color="rainbow")
+
+
+def test_step_metrics_repr_and_grouped_html():
+    m = StepMetrics(3, 7, {"rollout/reward_mean": 0.5, "train/loss": 0.125, "train/kl": 0.01, "timing/train": 0.2})
+    assert repr(m) == "StepMetrics(step=3, reward_mean=0.5, loss=0.125, kl=0.01)"
+    html = m._repr_html_()
+    assert "step 3 (policy version 7)" in html
+    for group in ("rollout", "train", "timing"):
+        assert f"<b>{group}</b>" in html
+
+
+def test_config_repr_lists_only_changes_and_html_lists_everything():
+    cfg = load_config("quickstart", ["grpo.num_prompts_per_step=4", "loss_fn.ratio_clip_max=0.28"])
+    text = repr(cfg)
+    assert text.startswith("RunConfig(") and "grpo.num_prompts_per_step=4" in text
+    assert "loss_fn.ratio_clip_max=0.28" in text or "more changed" in text
+    assert "seed=" not in text  # unchanged settings are left out
+    assert repr(cfg.grpo).startswith("GRPOConfig(") and "num_prompts_per_step=4" in repr(cfg.grpo)
+    html = cfg._repr_html_()
+    assert "<b>4</b>" in html and "policy.optimizer.lr" in html and "loss_fn.kl_estimator" in html
+    assert html.count("<details>") == len(type(cfg).model_fields) - 2  # one block per section; name, seed inline
+
+
+class Tripwire:
+    """Stand-in for a policy or generator: attributes are readable, any method call fails the test."""
+
+    def __init__(self, **attributes):
+        self.__dict__.update(attributes)
+
+    def __getattr__(self, name):
+        raise AssertionError(f"a display called or read {name!r}: displays must not compute")
+
+    def __repr__(self):
+        return "Tripwire()"
+
+
+def test_session_display_reads_attributes_only():
+    cfg = load_config("quickstart")
+    arch = SimpleNamespace(family="llama", num_layers=2, hidden_size=64)
+    session = SimpleNamespace(
+        config=cfg, policy=Tripwire(version=5, arch=arch, layout=SimpleNamespace(sequence_parallel=False)),
+        generator=Tripwire(), env=SimpleNamespace(name="arithmetic"), loss_fn="RLLoss(ppo_clip)",
+        step_count=5, generator_version=4, history=[StepMetrics(5, 5, {"rollout/reward_mean": 0.25})], rollouts=None,
+    )
+    session.stale = session.generator_version != session.policy.version
+    from rlkit.notebook.display import session_html, session_summary
+
+    text = session_summary(session)
+    assert "step=5" in text and "STALE" in text and "last reward=0.250" in text and "TP=1" in text
+    html = session_html(session)
+    assert "STALE: call session.refit()" in html and "version 4" in html and "ppo_clip" in html
+    session.policy = None
+    assert session_summary(session).startswith("Session(closed")
+
+
+def test_charts_carry_their_points_and_skip_missing_values():
+    svg = line_chart("reward", [1, 2, 3, 4], {"mean": [0.1, float("nan"), 0.3, 0.4]})
+    assert "data-points='3'" in svg and svg.count("<polyline") == 1 and "mean 0.4" in svg
+    assert "data-points='1'" in line_chart("kl", [1], {"kl": [0.5]})
+    bars = stacked_bars("time", [1, 2], {"rollout": [0.1, 0.2], "train": [0.3, 0.1]})
+    assert bars.count("<rect") == 4 and "rollout 0.2" in bars
+    assert sparkline([1, 2, 3]) == "▁▅█" and sparkline([]) == ""
+
+
+def test_importing_displays_does_not_import_ipywidgets():
+    code = ("import sys, rlkit, rlkit.notebook.display, rlkit.notebook.dashboard, rlkit.trajectories;"
+            "print('ipywidgets' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,196 @@
+"""The notebook experience in a real browser: JupyterLab on localhost, Debian's headless Chromium, Playwright.
+
+Run with ``scripts/test.sh browser`` (which installs ``chromium`` from Debian and the ``playwright`` package;
+no browser is downloaded). Screenshots land in ``test-output/browser/``.
+
+1. Tutorial 01 runs top to bottom from JupyterLab's "Run All Cells"; the dashboard widget is in the DOM with
+   every step plotted, and no cell shows an error.
+2. The dashboard's stop button, clicked while ``run()`` is executing, ends the run after the current step
+   (JupyterLab sends widget messages on a kernel subshell, so the click is handled mid-cell).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from tests.tutorials.notebooks import KERNEL_NAME, REPO, TUTORIALS, jupyter_path_env, strip_tagged, write_kernelspec
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(1200)]
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-quic"]
+OUTPUT = REPO / "test-output" / "browser"
+CELL_TIMEOUT_S = 900
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def prepare_notebook(source: Path, target: Path) -> None:
+    """A copy that runs on the test kernel, with gpu-tagged cells removed."""
+    nb = nbformat.read(str(source), as_version=4)
+    strip_tagged(nb)
+    nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": "rlkit test venv", "language": "python"}
+    nbformat.write(nb, str(target))
+
+
+STOP_NOTEBOOK = [
+    "import os\nos.environ.setdefault('VLLM_LOGGING_LEVEL', 'ERROR')\nimport tempfile, rlkit\n"
+    "WORKDIR = tempfile.mkdtemp()\n"
+    "session = rlkit.Session.from_config('quickstart', {'policy.model_name': f'{WORKDIR}/model',"
+    " 'policy.model_preset': 'nano', 'sft.enabled': False, 'data.num_train': 200, 'data.num_validation': 8,"
+    " 'grpo.num_prompts_per_step': 4, 'grpo.num_generations_per_prompt': 4, 'policy.train_micro_batch_size': 16})",
+    "dashboard = session.dashboard()\ndashboard",
+    "import time\nslow = lambda metrics: time.sleep(0.5)  # room to click between steps\n"
+    "session.listeners.append(slow)\nhistory = session.run(400, progress=False)\n"
+    "print(f'RUN ENDED after {len(history)} steps')",
+]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    """JupyterLab on a free localhost port, token disabled, serving a temporary folder."""
+    root = tmp_path_factory.mktemp("lab")
+    jupyter = tmp_path_factory.mktemp("jupyter")
+    write_kernelspec(jupyter)
+    config = jupyter / "config"
+    (config / "labconfig").mkdir(parents=True)
+    # No "receive Jupyter news?" toast over the page: it would need the network and cover the output.
+    (config / "labconfig" / "page_config.json").write_text(
+        json.dumps({"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
+    prepare_notebook(TUTORIALS / "01_quickstart.ipynb", root / "01_quickstart.ipynb")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in STOP_NOTEBOOK])
+    nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": "rlkit test venv", "language": "python"}
+    nbformat.write(nb, str(root / "stop_button.ipynb"))
+
+    port = free_port()
+    env = dict(os.environ, JUPYTER_CONFIG_DIR=str(config), **jupyter_path_env(jupyter),
+               HF_HUB_OFFLINE="1", WANDB_MODE="offline")
+    log = open(root / "jupyterlab.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1", "--allow-root",
+         "--ServerApp.token=", "--ServerApp.password=", f"--ServerApp.root_dir={root}",
+         f"--LabApp.user_settings_dir={jupyter / 'settings'}", f"--LabApp.workspaces_dir={jupyter / 'workspaces'}"],
+        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while True:
+        try:
+            urllib.request.urlopen(f"{url}/api/status", timeout=5)
+            break
+        except OSError:
+            if server.poll() is not None or time.time() > deadline:
+                server.kill()
+                pytest.fail(f"JupyterLab did not start; log:\n{(root / 'jupyterlab.log').read_text()[-3000:]}")
+            time.sleep(1)
+    yield url, root
+    server.terminate()
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
+    log.close()
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    shutil.copy(root / "jupyterlab.log", OUTPUT / "jupyterlab.log")  # for a look after a failure
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} is missing: run scripts/setup-browser.sh (Debian's chromium package)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+def open_notebook(browser, url: str, name: str):
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{url}/lab/tree/{name}", wait_until="domcontentloaded")
+    page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120_000)
+    # the kernel is up when the toolbar's status says Idle
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('.jp-Notebook-ExecutionIndicator, .jp-StatusBar-TextItem')]"
+        ".some(e => (e.getAttribute('data-status') || e.textContent || '').toLowerCase().includes('idle'))",
+        timeout=180_000)
+    return page
+
+
+def run_all(page) -> None:
+    page.locator(".lm-MenuBar-item", has_text="Run").first.click()
+    page.locator("li.lm-Menu-item[data-command='notebook:run-all-cells']").click()
+
+
+def wait_until_all_ran(page, n_code_cells: int) -> None:
+    page.wait_for_function(
+        """n => {
+            const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')].map(e => e.textContent);
+            return prompts.length === n && prompts.every(t => /\\[\\d+\\]/.test(t));
+        }""", arg=n_code_cells, timeout=CELL_TIMEOUT_S * 1000)
+
+
+def test_tutorial_01_runs_in_jupyterlab_and_the_dashboard_renders_with_data(lab, browser):
+    url, root = lab
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    nb = nbformat.read(str(root / "01_quickstart.ipynb"), as_version=4)
+    n_code = sum(c.cell_type == "code" for c in nb.cells)
+    page = open_notebook(browser, url, "01_quickstart.ipynb")
+    run_all(page)
+    try:
+        wait_until_all_ran(page, n_code)
+    finally:
+        page.screenshot(path=str(OUTPUT / "01_quickstart_end.png"))
+    error_outputs = page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.error']")
+    assert error_outputs.count() == 0, error_outputs.first.text_content()
+
+    dashboard = page.locator(".rlkit-dashboard")
+    assert dashboard.count() == 1
+    dashboard.scroll_into_view_if_needed()
+    header = dashboard.locator(".rlkit-dashboard-header").text_content()
+    assert "step 31" in header, header
+    reward = dashboard.locator("svg.rlkit-chart[data-title='reward']")
+    assert reward.get_attribute("data-points") == "31"
+    assert reward.locator("polyline").count() >= 1
+    assert dashboard.locator("svg.rlkit-chart").count() == 7
+    assert dashboard.locator(".rlkit-dashboard-samples table tr").count() >= 2  # header + samples
+    assert dashboard.locator("button.rlkit-dashboard-stop").count() == 1
+    dashboard.screenshot(path=str(OUTPUT / "01_quickstart_dashboard.png"))
+    page.close()
+
+
+def test_stop_button_ends_a_running_run_after_the_current_step(lab, browser):
+    url, _ = lab
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    page = open_notebook(browser, url, "stop_button.ipynb")
+    run_all(page)
+    dashboard = page.locator(".rlkit-dashboard")
+    dashboard.wait_for(timeout=CELL_TIMEOUT_S * 1000)
+    page.wait_for_function(  # a few steps done, the run cell still executing
+        "() => /step [3-9]/.test(document.querySelector('.rlkit-dashboard-header')?.textContent || '')",
+        timeout=CELL_TIMEOUT_S * 1000)
+    page.locator("button.rlkit-dashboard-stop").click()
+    ended = page.locator(".jp-OutputArea-output", has_text="RUN ENDED after")
+    ended.wait_for(timeout=120_000)
+    steps = int(ended.text_content().split("after")[1].split()[0])
+    dashboard.screenshot(path=str(OUTPUT / "stop_button_dashboard.png"))
+    assert 3 <= steps < 400, steps  # stopped by the click, long before the 400 asked for
+    assert "stop requested" in dashboard.locator(".rlkit-dashboard-header").text_content()
+    page.close()
+
