@@ -47,6 +47,10 @@ def parallel_layout_problems(megatron_cfg: Any, model_config: Mapping[str, Any],
     if ep > 1:
         out.append(f"{key}.expert_model_parallel_size={ep}: expert parallelism is not supported yet; use 1 "
                    "(tensor parallelism shards the experts)")
+    if experts and tp > 1:
+        out.append(f"{key}.tensor_model_parallel_size={tp}: Megatron's MoE layer trains with tensor parallelism only "
+                   "together with sequence parallelism, which the local (non-Transformer-Engine) layer spec does not "
+                   "support; use 1 and data parallelism")
     if etp is not None and etp != tp:
         out.append(f"{key}.expert_tensor_parallel_size={etp}: only the default (= tensor_model_parallel_size={tp}) "
                    "is supported; leave it unset")

@@ -1,7 +1,7 @@
 """The PyTorch-native policy: a transformers causal LM sharded with FSDP2 (``fully_shard``) over a DTensor mesh.
 
-Why a second backend: it trains any architecture transformers implements, with no weight conversion (the
-HF names are the parameter names), and it is the baseline the Megatron backend is measured against. It
+Why a second backend: it trains transformers' own implementation of the model, with no weight conversion
+(the HF names are the parameter names), and it is the baseline the Megatron backend is measured against. It
 presents the same interface as :class:`rlkit.policy.megatron.policy.MegatronPolicy`, so a notebook switches
 with ``policy.dtensor_cfg.enabled=true`` / ``policy.megatron_cfg.enabled=false`` and compares.
 
@@ -12,7 +12,8 @@ already a global-batch value), clipping by the global norm, AdamW with the same 
 (:func:`rlkit.policy.megatron.policy.lr_lambda`), and the KL reference as a weight copy swapped in.
 
 Deliberate simplifications: one data-parallel mesh dimension (no tensor or context parallelism), fp32
-weights, each decoder layer one FSDP unit, the full vocabulary's log-softmax per microbatch.
+weights, each decoder layer one FSDP unit, the full vocabulary's log-softmax per microbatch, dense models
+only (transformers 5 holds Mixtral's experts fused under names that differ from the checkpoint's).
 """
 
 from __future__ import annotations

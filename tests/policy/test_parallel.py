@@ -223,3 +223,33 @@ def test_dtensor_policy_runs_data_parallel_in_the_group(ray_cluster, model_cfg, 
         assert set(after) == set(reference["after"]) and max_diff(after, reference["after"]) < 1e-4
     finally:
         group.close()
+
+
+def test_moe_data_parallel_2_matches_one_process(ray_cluster, model_factory):
+    """Experts replicated on both ranks, gradients summed. (MoE with TP > 1 is rejected: Megatron's MoE layer
+    trains under tensor parallelism only with sequence parallelism, which the local spec lacks.)"""
+    from rlkit.policy.megatron.moe import make_megatron_policy
+    from rlkit.policy.workers import RayPolicyGroup
+
+    path = model_factory("nano-moe", "mixtral", seed=1)
+    cfg = PolicyConfig(model_name=str(path), train_micro_batch_size=4, optimizer=OptimizerConfig(lr=1e-3))
+    batch = random_batch(b=8, t=24)
+    single = make_megatron_policy(cfg)
+    try:
+        before = single.hf_state_dict()
+        scores = single.score(batch.input_ids, batch.attention_mask).logprobs
+        step = single.train_step(batch, pg_token_mean_loss)
+        after = single.hf_state_dict()
+    finally:
+        single.close()
+    with pytest.raises(ConfigError, match="sequence parallelism"):
+        RayPolicyGroup(cfg.model_copy(update={"megatron_cfg": MegatronConfig(tensor_model_parallel_size=2)}), 2)
+    group = RayPolicyGroup(cfg, 2)
+    try:
+        assert group.dp_size == 2
+        assert (group.score(batch.input_ids, batch.attention_mask).logprobs - scores).abs().max() < TOL
+        group_step = group.train_step(batch, pg_token_mean_loss)
+        assert abs(group_step.grad_norm - step.grad_norm) < TOL * step.grad_norm
+        assert max_diff(after, before) > 100 * TOL and max_diff(group.hf_state_dict(), after) < TOL
+    finally:
+        group.close()

@@ -127,15 +127,15 @@ def open_notebook(browser, url: str, name: str):
     page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120_000)
     # the kernel is up when the toolbar's status says Idle
     page.wait_for_function(
-        "() => [...document.querySelectorAll('.jp-Notebook-ExecutionIndicator, .jp-StatusBar-TextItem')]"
-        ".some(e => (e.getAttribute('data-status') || e.textContent || '').toLowerCase().includes('idle'))",
+        "() => [...document.querySelectorAll('.jp-Notebook-ExecutionIndicator')]"
+        ".some(e => e.getAttribute('data-status') === 'idle')",
         timeout=180_000)
     return page
 
 
 def run_all(page) -> None:
     page.locator(".lm-MenuBar-item", has_text="Run").first.click()
-    page.locator("li.lm-Menu-item[data-command='notebook:run-all-cells']").click()
+    page.locator("li.lm-Menu-item[data-command='runmenu:run-all']").click()
 
 
 def wait_until_all_ran(page, n_code_cells: int) -> None:

