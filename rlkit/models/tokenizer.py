@@ -1,0 +1,59 @@
+"""A character-level tokenizer for synthetic tasks, saved in HF format so transformers and vLLM both load it.
+
+Every printable ASCII character is one token; role markers and EOS are special tokens, so a rendered
+arithmetic prompt is a dozen tokens. The tokenizer is built with the `tokenizers` library (a WordLevel model
+over single characters, split by a regex pre-tokenizer, joined back by a Fuse decoder) rather than a custom
+Python class, because vLLM loads only tokenizers that `AutoTokenizer` can build from files.
+
+The chat template renders ``<|bos|><|user|>{content}<|end|><|assistant|>``; the assistant's reply ends with
+``<|end|>``, which is also the EOS token, so generation stops where a turn ends.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|end|>", "<|unk|>", "<|system|>", "<|user|>", "<|assistant|>")
+CHARACTERS = tuple(string.digits + string.ascii_letters + string.punctuation + " \n")
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>' + message['content'] + '<|end|>' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>' }}{% endif %}"
+)
+
+
+def char_vocab() -> dict[str, int]:
+    """Token -> id: special tokens first (pad is 0), then the characters."""
+    return {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARACTERS)}
+
+
+def build_char_tokenizer() -> PreTrainedTokenizerFast:
+    """The character tokenizer with its chat template; ``len(tok)`` is 103."""
+    vocab = char_vocab()
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    core.decoder = decoders.Fuse()
+    core.add_special_tokens(list(SPECIAL_TOKENS))
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        bos_token="<|bos|>",
+        eos_token="<|end|>",
+        pad_token="<|pad|>",
+        unk_token="<|unk|>",
+        additional_special_tokens=["<|system|>", "<|user|>", "<|assistant|>"],
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def save_char_tokenizer(folder: str | Path) -> PreTrainedTokenizerFast:
+    tok = build_char_tokenizer()
+    tok.save_pretrained(str(folder))
+    return tok
