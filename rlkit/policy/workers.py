@@ -45,7 +45,7 @@ from rlkit.policy.megatron.build import Architecture
 from rlkit.trajectories import Trajectories
 
 RAY_START_ATTEMPTS = 3  # a loaded machine can miss the raylet's fixed 15 s wait for its agents; retry
-FAILURE_GRACE_S = 5.0  # after one rank fails, how long the others get to finish before the group is broken
+FAILURE_GRACE_S = 15.0  # after one rank fails, how long the others get to finish before the group is broken
 
 
 class WorkerError(RLKitError, RuntimeError):
