@@ -1,10 +1,14 @@
-"""Run every CPU benchmark in bench/ one after another (each prints its own side-by-side ratio)."""
+"""Run every CPU benchmark in bench/ one after another (each prints its own side-by-side ratio).
+
+bench/gpu_1b_step.py is for a GPU machine and is not run here.
+"""
 
 import subprocess
 import sys
 from pathlib import Path
 
-SCRIPTS = ["refit_vs_memcpy.py", "step_overhead.py"]
+SCRIPTS = ["refit_vs_memcpy.py", "step_overhead.py", "broadcast_refit.py", "async_vs_sync.py",
+           "megatron_vs_dtensor.py"]
 
 for name in SCRIPTS:
     print(f"== {name}", flush=True)

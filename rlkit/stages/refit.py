@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from rlkit.generation.base import Generator
 from rlkit.policy.base import Policy
-from rlkit.weight_sync import ColocatedWeightSync, RefitReport
+from rlkit.weight_sync import ColocatedWeightSync, RefitReport, WeightSync
 
 
-def refit(policy: Policy, generator: Generator, sync: ColocatedWeightSync | None = None) -> RefitReport:
+def refit(policy: Policy, generator: Generator, sync: WeightSync | None = None) -> RefitReport:
     return (sync or ColocatedWeightSync()).sync(policy, generator)

@@ -13,6 +13,7 @@ def tiny_overrides(tmp_path, **extra):
         "grpo.num_prompts_per_step": 4,
         "grpo.num_generations_per_prompt": 4,
         "sft.enabled": False,
+        "grpo.use_dynamic_sampling": False,
         "data.num_train": 200,
         "data.num_validation": 16,
         "eval.num_prompts": 16,

@@ -134,16 +134,35 @@ def open_notebook(browser, url: str, name: str):
 
 
 def run_all(page) -> None:
-    page.locator(".lm-MenuBar-item", has_text="Run").first.click()
-    page.locator("li.lm-Menu-item[data-command='runmenu:run-all']").click()
+    """Run > Run All Cells, as a user does; retried if no cell got queued (a click while the menu opens is lost)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    for _ in range(3):
+        page.locator(".lm-MenuBar-item", has_text="Run").first.click()
+        item = page.locator("li.lm-Menu-item[data-command='runmenu:run-all']")
+        item.wait_for(state="visible")
+        page.wait_for_timeout(500)
+        item.click()
+        try:
+            page.wait_for_function(
+                "() => [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')]"
+                ".some(e => /\\[(\\*|\\d+)\\]/.test(e.textContent))", timeout=15_000)
+            return
+        except PlaywrightTimeout:
+            page.keyboard.press("Escape")
+    raise AssertionError("Run All Cells queued no cell")
 
 
 def wait_until_all_ran(page, n_code_cells: int) -> None:
+    """Every code cell has an execution count (or a dialog popped up, which fails the test)."""
     page.wait_for_function(
         """n => {
+            if (document.querySelector('.jp-Dialog')) return true;
             const prompts = [...document.querySelectorAll('.jp-CodeCell .jp-InputArea-prompt')].map(e => e.textContent);
             return prompts.length === n && prompts.every(t => /\\[\\d+\\]/.test(t));
         }""", arg=n_code_cells, timeout=CELL_TIMEOUT_S * 1000)
+    dialog = page.locator(".jp-Dialog")
+    assert dialog.count() == 0, f"JupyterLab asked: {dialog.first.text_content()}"
 
 
 def test_tutorial_01_runs_in_jupyterlab_and_the_dashboard_renders_with_data(lab, browser):
