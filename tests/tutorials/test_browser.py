@@ -85,7 +85,8 @@ def lab(tmp_path_factory):
     server = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--no-browser", f"--port={port}", "--ip=127.0.0.1", "--allow-root",
          "--ServerApp.token=", "--ServerApp.password=", f"--ServerApp.root_dir={root}",
-         f"--LabApp.user_settings_dir={jupyter / 'settings'}", f"--LabApp.workspaces_dir={jupyter / 'workspaces'}"],
+         f"--LabApp.user_settings_dir={jupyter / 'settings'}", f"--LabApp.workspaces_dir={jupyter / 'workspaces'}",
+         "--LabApp.expose_app_in_browser=True"],
         cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 120
