@@ -8,6 +8,7 @@ process group (vLLM and Megatron each use their own), so a weight broadcast cann
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import socket
@@ -18,18 +19,27 @@ RAY_START_ATTEMPTS = 3  # a loaded machine can miss the raylet's fixed start-up 
 
 
 def ensure_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> bool:
-    """Connect to Ray (``address``, or the instance this process already joined) or start a local one
-    (no dashboard). Returns True when this call started it, so the caller owns its shutdown."""
+    """Connect to Ray (``address``, ``$RAY_ADDRESS``, or the one this process joined) or start a local one.
+    Returns True when this call started it (its owner shuts it down).
+
+    Ray 2.60's raylet gives its agents a fixed 15 s to report their ports (ray-project/ray#65983); on a
+    loaded machine their Python start-up misses it and the node start fails. On an oversubscribed machine
+    (load above twice the cores) and on retries, Ray's processes start at a raised CPU priority where the
+    OS allows it (the policy actors drop it again).
+    """
     import ray
 
     if ray.is_initialized():
         return False
-    if address is not None:
+    address = address or os.environ.get("RAY_ADDRESS")  # Ray's own convention for "join this cluster"
+    if address:
         ray.init(address=address, log_to_driver=False)
         return False
     for attempt in range(1, RAY_START_ATTEMPTS + 1):
         try:
-            ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
+            oversubscribed = os.getloadavg()[0] > 2 * (os.cpu_count() or 1)
+            with _raised_priority(enabled=attempt > 1 or oversubscribed):
+                ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
             return True
         except Exception as e:  # Ray raises a bare Exception when its node misses the start-up deadline
             ray.shutdown()
@@ -38,6 +48,22 @@ def ensure_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) ->
                                    "heavily loaded machine Ray's agents can miss the raylet's start-up deadline; "
                                    "start one with `ray start --head` and pass its address") from e
     raise AssertionError("unreachable")
+
+
+@contextlib.contextmanager
+def _raised_priority(enabled: bool, boost: int = 10):
+    """Processes started inside the block inherit this thread's niceness lowered by ``boost`` (if allowed)."""
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    try:
+        if enabled:
+            os.setpriority(os.PRIO_PROCESS, 0, before - boost)
+    except PermissionError:
+        enabled = False
+    try:
+        yield
+    finally:
+        if enabled:
+            os.setpriority(os.PRIO_PROCESS, 0, before)
 
 
 def actor_env(threads: int) -> dict[str, str]:

@@ -146,8 +146,9 @@ class Dashboard:
             p["charts"].value = self.charts_html()
             p["samples"].value = self.samples_html()
             stopping = bool(getattr(self.session, "stop_requested", False))
-            p["stop"].disabled = stopping
-            p["stop"].description = "Stopping after this step" if stopping else "Stop after this step"
+            if p["stop"].disabled != stopping:  # touch the button only on a change (a click may be setting it)
+                p["stop"].disabled = stopping
+                p["stop"].description = "Stopping after this step" if stopping else "Stop after this step"
         elif self._handle is not None:
             self._handle.update(_TextView(self.text()))
 
@@ -155,6 +156,13 @@ class Dashboard:
         """What the button does: ask ``run()`` to end after the current step."""
         self.session.request_stop()
         self.refresh()
+
+    def _on_click(self, button: Any) -> None:
+        # May run on a kernel subshell thread while run() executes on the main thread: set the flag and the
+        # button's own look only; the main thread redraws the rest after the current step.
+        self.session.request_stop()
+        button.disabled = True
+        button.description = "Stopping after this step"
 
     def close(self) -> None:
         """Stop updating (removes the listener) and close the widget."""
@@ -176,7 +184,8 @@ class Dashboard:
         }
         for name, part in self._parts.items():
             part.add_class(f"rlkit-dashboard-{name}")
-        self._parts["stop"].on_click(lambda _button: self.stop())
+        self._parts["stop"].on_click(self._on_click)
+        _handle_clicks_where_the_frontend_sends_them(self._parts["stop"])
         self.widget = w.VBox([self._parts["header"], self._parts["charts"], self._parts["stop"], self._parts["samples"]])
         self.widget.add_class("rlkit-dashboard")
 
@@ -192,6 +201,21 @@ class Dashboard:
 
     def __repr__(self) -> str:
         return self.text()
+
+
+def _handle_clicks_where_the_frontend_sends_them(button: Any) -> None:
+    """Let the stop button's clicks reach the kernel while a cell runs.
+
+    JupyterLab (>= 4.4) sends widget messages on a kernel subshell, which ipykernel (>= 7) handles on its
+    own thread even while the main thread executes ``run()``. But ipykernel 7.4 routes a comm's incoming
+    messages to the shell that last *published* on that comm, which for a widget made in a notebook cell is
+    the busy main shell: the click would wait until ``run()`` returns. The button only sets a flag, so its
+    comm keeps the frontend's choice. This overrides one method of ipykernel's comm object (no public API
+    does this); with other kernels or versions it does nothing, and a click waits for the cell to end.
+    """
+    comm = getattr(button, "comm", None)
+    if comm is not None and callable(getattr(comm, "_reply_subshell_for", None)):
+        comm._reply_subshell_for = lambda data, default: default
 
 
 class _TextView:

@@ -26,7 +26,6 @@ train step that completed remotely counts; checkpoints (``Session.save``) need t
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import socket
@@ -39,12 +38,12 @@ import torch
 from torch import Tensor
 
 from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
+from rlkit.distributed import ensure_ray as start_ray
 from rlkit.errors import ConfigError, RLKitError
 from rlkit.policy.base import HFGroup, LossFn, TokenScores, TrainStepResult
 from rlkit.policy.megatron.build import Architecture
 from rlkit.trajectories import Trajectories
 
-RAY_START_ATTEMPTS = 3  # a loaded machine can miss the raylet's fixed 15 s wait for its agents; retry
 FAILURE_GRACE_S = 15.0  # after one rank fails, how long the others get to finish before the group is broken
 
 
@@ -157,54 +156,6 @@ def _worker_env(threads: int) -> dict[str, str]:
         if key in os.environ:
             env[key] = os.environ[key]
     return env
-
-
-def start_ray(address: Optional[str] = None, num_cpus: Optional[int] = None) -> bool:
-    """Connect to Ray (``address``, ``$RAY_ADDRESS``, or the one this process joined) or start a local one.
-    Returns True when this call started it (its owner shuts it down).
-
-    Ray 2.60's raylet gives its agents a fixed 15 s to report their ports (ray-project/ray#65983); on a
-    loaded machine their Python start-up misses it and the node start fails. On an oversubscribed machine
-    (load above twice the cores) and on retries, Ray's processes start at a raised CPU priority where the
-    OS allows it (the policy actors drop it again).
-    """
-    import ray
-
-    if ray.is_initialized():
-        return False
-    address = address or os.environ.get("RAY_ADDRESS")  # Ray's own convention for "join this cluster"
-    if address:
-        ray.init(address=address, log_to_driver=False)
-        return False
-    for attempt in range(1, RAY_START_ATTEMPTS + 1):
-        try:
-            oversubscribed = os.getloadavg()[0] > 2 * (os.cpu_count() or 1)
-            with _raised_priority(enabled=attempt > 1 or oversubscribed):
-                ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False)
-            return True
-        except Exception as e:  # Ray raises a bare Exception when its node misses the start-up deadline
-            ray.shutdown()
-            if "timed out during startup" not in str(e) or attempt == RAY_START_ATTEMPTS:
-                raise RuntimeError(f"could not start a local Ray cluster ({attempt} attempt(s)): {e}. On a "
-                                   "heavily loaded machine Ray's agents can miss the raylet's start-up deadline; "
-                                   "start one with `ray start --head` and pass its address") from e
-    raise AssertionError("unreachable")
-
-
-@contextlib.contextmanager
-def _raised_priority(enabled: bool, boost: int = 10):
-    """Processes started inside the block inherit this thread's niceness lowered by ``boost`` (if allowed)."""
-    before = os.getpriority(os.PRIO_PROCESS, 0)
-    try:
-        if enabled:
-            os.setpriority(os.PRIO_PROCESS, 0, before - boost)
-    except PermissionError:
-        enabled = False
-    try:
-        yield
-    finally:
-        if enabled:
-            os.setpriority(os.PRIO_PROCESS, 0, before)
 
 
 class RayPolicyGroup:
