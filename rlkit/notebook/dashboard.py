@@ -158,11 +158,12 @@ class Dashboard:
         self.refresh()
 
     def _on_click(self, button: Any) -> None:
-        # May run on a kernel subshell thread while run() executes on the main thread: set the flag and the
-        # button's own look only; the main thread redraws the rest after the current step.
+        # May run on a kernel subshell thread while run() executes on the main thread: set the flag, the
+        # button's look and the header line (run() may end before the main thread redraws again).
         self.session.request_stop()
         button.disabled = True
         button.description = "Stopping after this step"
+        self._parts["header"].value = self.header_html()
 
     def close(self) -> None:
         """Stop updating (removes the listener) and close the widget."""

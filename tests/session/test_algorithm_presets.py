@@ -17,6 +17,7 @@ def shared(tmp_path_factory):
     from rlkit.envs import RewardFunctionEnvironment
 
     overrides = tiny_overrides(tmp_path_factory.mktemp("presets"))
+    del overrides["grpo.use_dynamic_sampling"]  # each preset keeps its own setting (dapo turns it on)
     s = rlkit.Session.from_config("quickstart", overrides, env=RewardFunctionEnvironment(varied_reward))
     yield s, overrides
     s.close()
