@@ -6,9 +6,11 @@ so stage and algorithm code never branch on the backend.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Protocol, runtime_checkable
+from typing import Callable, Iterator, Mapping, Protocol, runtime_checkable
 
+import torch
 from torch import Tensor
 
 from rlkit.trajectories import LossCounts, Trajectories
@@ -64,3 +66,20 @@ class Policy(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@contextlib.contextmanager
+def weights_swapped_in(module: torch.nn.Module, weights: Mapping[str, Tensor]):
+    """Copy ``weights`` (parameter name -> tensor) into ``module`` for the block; the live weights come back
+    afterwards, even if the block raises. How a policy scores with its frozen KL reference without keeping a
+    second model or optimizer state."""
+    params = dict(module.named_parameters())
+    with torch.no_grad():
+        live = {n: p.detach().clone() for n, p in params.items()}
+        try:
+            for n, p in params.items():
+                p.copy_(weights[n])
+            yield
+        finally:
+            for n, p in params.items():
+                p.copy_(live[n])

@@ -18,7 +18,6 @@ only (transformers 5 holds Mixtral's experts fused under names that differ from 
 
 from __future__ import annotations
 
-import contextlib
 import math
 import re
 import time
@@ -30,7 +29,7 @@ from torch import Tensor
 
 from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
 from rlkit.errors import ModelError
-from rlkit.policy.base import HFGroup, LossFn, TokenScores, TrainStepResult
+from rlkit.policy.base import HFGroup, LossFn, TokenScores, TrainStepResult, weights_swapped_in
 from rlkit.policy.megatron.build import Architecture
 from rlkit.policy.megatron.parallel import ensure_process_group
 from rlkit.policy.megatron.policy import defer_keyboard_interrupt, lr_lambda
@@ -140,18 +139,8 @@ class DTensorPolicy:
         """Freeze the current weights as the KL reference (a copy of this rank's shards, no optimizer state)."""
         self.reference_state = {n: p.detach().clone() for n, p in self.model.named_parameters()}
 
-    @contextlib.contextmanager
     def _swap_in_reference_weights(self):
-        params = dict(self.model.named_parameters())
-        with torch.no_grad():
-            live = {n: p.detach().clone() for n, p in params.items()}
-            try:
-                for n, p in params.items():
-                    p.copy_(self.reference_state[n])
-                yield
-            finally:
-                for n, p in params.items():
-                    p.copy_(live[n])
+        return weights_swapped_in(self.model, self.reference_state)
 
     # ---- scoring ----------------------------------------------------------------------------------
     def _logits(self, input_ids: Tensor) -> Tensor:

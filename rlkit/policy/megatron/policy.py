@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
-from rlkit.policy.base import HFGroup, LossFn, TokenScores, TrainStepResult
+from rlkit.policy.base import HFGroup, LossFn, TokenScores, TrainStepResult, weights_swapped_in
 from rlkit.policy.megatron import convert, parallel
 from rlkit.policy.megatron.build import Architecture, build_gpt_model
 from rlkit.policy.megatron.scores import shifted_entropy, shifted_token_logprobs
@@ -134,19 +134,8 @@ class MegatronPolicy:
         """Freeze the current weights as the KL reference (a weight copy, no optimizer state)."""
         self.reference_state = {n: p.detach().clone() for n, p in self.model.named_parameters()}
 
-    @contextlib.contextmanager
     def _swap_in_reference_weights(self):
-        """Swap the reference weights in for the block, and back even if it raises."""
-        params = dict(self.model.named_parameters())
-        with torch.no_grad():
-            live = {n: p.detach().clone() for n, p in params.items()}
-            try:
-                for n, p in params.items():
-                    p.copy_(self.reference_state[n])
-                yield
-            finally:
-                for n, p in params.items():
-                    p.copy_(live[n])
+        return weights_swapped_in(self.model, self.reference_state)
 
     # ---- scoring ----------------------------------------------------------------------------------
     def _logits(self, input_ids: Tensor) -> Tensor:
