@@ -36,7 +36,8 @@ def main() -> None:
             b = stages.advantages(b, g.advantage_estimator, g.advantage_params(), s.baseline)
             b = stages.logprobs(b, s.policy, s.loss_fn.needs_reference)
             stages.train(b, s.policy, s.loss_fn)
-            stages.refit(s.policy, s.generator)
+            # keep the session's bookkeeping in step, or its next step() would start with an extra refit
+            s.generator_version = stages.refit(s.policy, s.generator).policy_version
 
         for _ in range(3):  # warm-up both paths
             s.step()
