@@ -18,9 +18,7 @@ only (transformers 5 holds Mixtral's experts fused under names that differ from 
 
 from __future__ import annotations
 
-import math
 import re
-import time
 from typing import Iterator, Mapping
 
 import torch
@@ -32,7 +30,7 @@ from rlkit.errors import ModelError
 from rlkit.policy.base import HFGroup, LossFn, TokenScores, TrainStepResult, weights_swapped_in
 from rlkit.policy.megatron.build import Architecture
 from rlkit.policy.megatron.parallel import ensure_process_group
-from rlkit.policy.megatron.policy import defer_keyboard_interrupt, lr_lambda
+from rlkit.policy.megatron.policy import all_or_nothing_step, lr_lambda
 from rlkit.trajectories import LossCounts, Trajectories
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
@@ -233,30 +231,7 @@ class DTensorPolicy:
 
     def train_step(self, batch: Trajectories, loss_fn: LossFn) -> TrainStepResult:
         """One optimizer step over ``batch`` in microbatches; all or nothing, like the Megatron policy's."""
-        t0 = time.perf_counter()
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        try:
-            metrics, n_micro = self._run_microbatches(batch, loss_fn, backward=True)
-            grad_norm = self._grad_norm()
-            if not math.isfinite(grad_norm):
-                raise FloatingPointError(f"gradient norm is {grad_norm}; the step was skipped, weights unchanged")
-        except BaseException:
-            self.optimizer.zero_grad(set_to_none=True)
-            raise
-        lr = self.scheduler.get_last_lr()[0]
-        with defer_keyboard_interrupt():
-            if self.cfg.max_grad_norm is not None and grad_norm > self.cfg.max_grad_norm:
-                scale = self.cfg.max_grad_norm / (grad_norm + 1e-6)
-                for p in self.model.parameters():
-                    if p.grad is not None:
-                        p.grad.mul_(scale)
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.version += 1
-        return TrainStepResult(metrics=metrics, grad_norm=grad_norm, learning_rate=lr, num_microbatches=n_micro,
-                               version=self.version, timings={"train_step": time.perf_counter() - t0})
+        return all_or_nothing_step(self, batch, loss_fn)
 
     def close(self) -> None:
         """Release the model and optimizer (the process group stays for whatever comes next)."""

@@ -72,6 +72,39 @@ def defer_keyboard_interrupt():
             raise KeyboardInterrupt
 
 
+def all_or_nothing_step(policy, batch: Trajectories, loss_fn: LossFn) -> TrainStepResult:
+    """One optimizer step of ``policy`` over ``batch``, shared by every in-process backend.
+
+    All or nothing: gradients are accumulated first (``policy._run_microbatches``) and dropped if anything,
+    a KeyboardInterrupt included, interrupts them; clipping, the optimizer and the scheduler update then
+    run with Ctrl-C deferred, so weights and optimizer state are never half updated.
+    """
+    t0 = time.perf_counter()
+    policy.model.train()
+    policy.optimizer.zero_grad(set_to_none=True)
+    try:
+        metrics, n_micro = policy._run_microbatches(batch, loss_fn, backward=True)
+        grad_norm = policy._grad_norm()
+        if not math.isfinite(grad_norm):
+            raise FloatingPointError(f"gradient norm is {grad_norm}; the step was skipped, weights unchanged")
+    except BaseException:
+        policy.optimizer.zero_grad(set_to_none=True)
+        raise
+    lr = policy.scheduler.get_last_lr()[0]
+    with defer_keyboard_interrupt():
+        if policy.cfg.max_grad_norm is not None and grad_norm > policy.cfg.max_grad_norm:
+            scale = policy.cfg.max_grad_norm / (grad_norm + 1e-6)
+            for p in policy.model.parameters():
+                if p.grad is not None:
+                    p.grad.mul_(scale)
+        policy.optimizer.step()
+        policy.scheduler.step()
+        policy.optimizer.zero_grad(set_to_none=True)
+        policy.version += 1
+    return TrainStepResult(metrics=metrics, grad_norm=grad_norm, learning_rate=lr, num_microbatches=n_micro,
+                           version=policy.version, timings={"train_step": time.perf_counter() - t0})
+
+
 class MegatronPolicy:
     """A causal LM on Megatron-Core with HF weights in and out (implements :class:`rlkit.policy.base.Policy`)."""
 
@@ -237,36 +270,7 @@ class MegatronPolicy:
         All or nothing: gradients are accumulated first and dropped if anything (a KeyboardInterrupt
         included) interrupts them; the optimizer and scheduler update runs with Ctrl-C deferred.
         """
-        t0 = time.perf_counter()
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        try:
-            metrics, n_micro = self._run_microbatches(batch, loss_fn, backward=True)
-            grad_norm = self._grad_norm()
-            if not math.isfinite(grad_norm):
-                raise FloatingPointError(f"gradient norm is {grad_norm}; the step was skipped, weights unchanged")
-        except BaseException:
-            self.optimizer.zero_grad(set_to_none=True)
-            raise
-        lr = self.scheduler.get_last_lr()[0]
-        with defer_keyboard_interrupt():
-            if self.cfg.max_grad_norm is not None and grad_norm > self.cfg.max_grad_norm:
-                scale = self.cfg.max_grad_norm / (grad_norm + 1e-6)
-                for p in self.model.parameters():
-                    if p.grad is not None:
-                        p.grad.mul_(scale)
-            self.optimizer.step()
-            self.scheduler.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            self.version += 1
-        return TrainStepResult(
-            metrics=metrics,
-            grad_norm=grad_norm,
-            learning_rate=lr,
-            num_microbatches=n_micro,
-            version=self.version,
-            timings={"train_step": time.perf_counter() - t0},
-        )
+        return all_or_nothing_step(self, batch, loss_fn)
 
     def close(self) -> None:
         """Release the model and Megatron's global parallel state (a new policy can be built after)."""
