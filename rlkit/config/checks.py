@@ -44,9 +44,9 @@ def parallel_layout_problems(megatron_cfg: Any, model_config: Mapping[str, Any],
         out.append(f"{key}.expert_model_parallel_size={ep}: needs a Mixture-of-Experts model (this one has no experts)")
     elif experts and experts % ep:
         out.append(f"{key}.expert_model_parallel_size={ep}: must divide num_local_experts={experts}")
-    if ep > 1:
-        out.append(f"{key}.expert_model_parallel_size={ep}: expert parallelism is not supported yet; use 1 "
-                   "(tensor parallelism shards the experts)")
+    if ep > 1 and world_size % (ep * pp):
+        out.append(f"{key}.expert_model_parallel_size={ep}: expert x pipeline = {ep * pp} must divide the world "
+                   f"size {world_size} (policy.num_workers)")
     if experts and tp > 1:
         out.append(f"{key}.tensor_model_parallel_size={tp}: Megatron's MoE layer trains with tensor parallelism only "
                    "together with sequence parallelism, which the local (non-Transformer-Engine) layer spec does not "

@@ -50,11 +50,10 @@ def model_cfg(model_factory):
     return PolicyConfig(model_name=str(path), train_micro_batch_size=4, optimizer=OptimizerConfig(lr=1e-3))
 
 
-@pytest.fixture(scope="module")
-def reference(model_cfg):
-    """Single-process TP=1 results: scores, one train step, the weights before and after it."""
+def single_process_reference(cfg, make_policy=MegatronPolicy):
+    """Results of the in-process policy: scores, one train step, the weights before and after it."""
     batch = random_batch(b=8, t=24)
-    policy = MegatronPolicy(model_cfg)
+    policy = make_policy(cfg)
     try:
         before = policy.hf_state_dict()
         scores = policy.score(batch.input_ids, batch.attention_mask, with_entropy=True)
@@ -64,6 +63,11 @@ def reference(model_cfg):
     finally:
         policy.close()
     return dict(batch=batch, before=before, scores=scores, step=step, after=after, groups=groups)
+
+
+@pytest.fixture(scope="module")
+def reference(model_cfg):
+    return single_process_reference(model_cfg)
 
 
 def group_for(cfg, tp):
@@ -99,6 +103,26 @@ def test_tensor_parallel_2_matches_one_process(ray_cluster, model_cfg, reference
     group = group_for(model_cfg, tp=2)
     try:
         assert [(r.dp_rank, r.leader) for r in group.ranks] == [(0, True), (0, False)]
+        check_against_reference(group, reference)
+    finally:
+        group.close()
+
+
+def test_expert_parallel_2_matches_one_process(ray_cluster, model_factory):
+    """Tiny MoE (4 experts, top-2): EP=2 holds 2 experts per rank, DP=2 over the rest of the model."""
+    from rlkit.policy.megatron.moe import MegatronMoEPolicy
+    from rlkit.policy.workers import RayPolicyGroup
+
+    path = model_factory("nano-moe", "mixtral", seed=1)
+    cfg = PolicyConfig(model_name=str(path), train_micro_batch_size=4, optimizer=OptimizerConfig(lr=1e-3))
+    reference = single_process_reference(cfg, MegatronMoEPolicy)
+    group = RayPolicyGroup(cfg.model_copy(update={"megatron_cfg": MegatronConfig(expert_model_parallel_size=2)}),
+                           world_size=2, seed=0)
+    try:
+        assert [(r.dp_rank, r.leader) for r in group.ranks] == [(0, True), (1, True)]
+        expert_keys = [k for k in reference["after"] if ".experts." in k]
+        moved = max((reference["after"][k] - reference["before"][k]).abs().max().item() for k in expert_keys)
+        assert moved > 50 * TOL  # Adam moves each expert weight by about lr = 1e-3
         check_against_reference(group, reference)
     finally:
         group.close()
@@ -161,6 +185,13 @@ def test_bad_layout_is_rejected_before_any_worker_starts(monkeypatch, model_fact
     nano = PolicyConfig(model_name=str(model_factory("nano", "llama")))  # 2 heads, 1 KV head
     with pytest.raises(ConfigError, match="num_key_value_heads=1"):
         workers.RayPolicyGroup(nano.model_copy(update={"megatron_cfg": MegatronConfig(tensor_model_parallel_size=2)}), 2)
+    moe = PolicyConfig(model_name=str(model_factory("nano-moe", "mixtral", seed=1)))  # 4 experts
+    with pytest.raises(ConfigError, match="expert_model_parallel_size=3: must divide num_local_experts=4"):
+        workers.RayPolicyGroup(moe.model_copy(update={"megatron_cfg": MegatronConfig(expert_model_parallel_size=3)}), 3)
+    with pytest.raises(ConfigError, match="expert x pipeline = 2 must divide the world size 3"):
+        workers.RayPolicyGroup(moe.model_copy(update={"megatron_cfg": MegatronConfig(expert_model_parallel_size=2)}), 3)
+    with pytest.raises(ConfigError, match="needs a Mixture-of-Experts model"):
+        workers.RayPolicyGroup(nano.model_copy(update={"megatron_cfg": MegatronConfig(expert_model_parallel_size=2)}), 2)
     with pytest.raises(ConfigError, match="must divide the world size 3"):
         workers.RayPolicyGroup(nano.model_copy(update={"megatron_cfg": MegatronConfig(tensor_model_parallel_size=2)}), 3)
 

@@ -20,8 +20,10 @@ decisions that do not flip between the scoring and the training pass), ``moe_rou
 with ``moe_aux_loss_coeff=0`` (no auxiliary loss pulling against the RL objective), ``freeze_moe_router``
 (the router takes no gradient steps).
 
-Deliberate simplifications: no expert parallelism yet (every rank holds every expert; tensor parallelism
-shards each expert like a dense MLP), no shared experts (Qwen2-MoE), the all-gather token dispatcher,
+Expert parallelism (``expert_model_parallel_size``) splits the experts over ranks (see
+:class:`MegatronMoEPolicy`); the all-gather token dispatcher brings every token to the rank holding its
+experts. Deliberate simplifications: no tensor parallelism inside MoE layers (Megatron trains them only with
+sequence parallelism, which needs Transformer Engine's norms), no shared experts (Qwen2-MoE),
 experts run one after another (no grouped GEMM). One stand-in: megatron-core 0.16.1 without Transformer
 Engine names an undefined ``te_general_gemm`` in the router's linear, so :func:`apply_moe_fallbacks`
 defines it as None, which selects the plain ``torch.mm`` path the code already has.
@@ -30,9 +32,11 @@ defines it as None, which selects the plain ``torch.mm`` path the code already h
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Callable, Iterator, Mapping
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from rlkit.config.components import MegatronConfig, PolicyConfig
@@ -192,7 +196,12 @@ def megatron_to_hf_groups(full: Callable[[str], Tensor], arch: MoEArchitecture) 
 
 # ---- the policy --------------------------------------------------------------------------------------
 class MegatronMoEPolicy(MegatronPolicy):
-    """:class:`MegatronPolicy` on a Mixture-of-Experts model; only the model and its weight mapping differ."""
+    """:class:`MegatronPolicy` on a Mixture-of-Experts model; only the model and its weight mapping differ.
+
+    With expert parallelism (``expert_model_parallel_size`` = EP) expert-parallel rank r holds the experts
+    ``r*E/EP .. (r+1)*E/EP - 1`` as Megatron's local experts ``0 .. E/EP - 1``; loading keeps this rank's
+    experts and export gathers each layer's experts from the expert-parallel group.
+    """
 
     def __init__(self, cfg: PolicyConfig, seed: int = 0):
         # MegatronPolicy.__init__'s steps, with the MoE architecture and model
@@ -202,6 +211,9 @@ class MegatronMoEPolicy(MegatronPolicy):
         self.layout = parallel.ParallelLayout(**mc.model_dump(include=set(parallel.ParallelLayout.__dataclass_fields__)))
         parallel.init_parallel(self.layout, seed)
         self.tp_rank, self.tp_size = parallel.tp_rank_and_size()
+        self.ep_rank, self.ep_size = parallel.ep_rank_and_size()
+        self.experts_per_rank = self.arch.num_experts // self.ep_size
+        self._gathered_experts: dict[str, Tensor] = {}  # experts of the layer being exported, from other ranks
         self.model = build_moe_gpt_model(self.arch, self.tp_size, mc)
         self.load_hf_state(load_hf_state(cfg.model_name))
         self.reset_optimizer(cfg.optimizer, cfg.scheduler)
@@ -210,10 +222,19 @@ class MegatronMoEPolicy(MegatronPolicy):
         self.reference_state = None
         self.set_reference_to_current()
 
+    def _global_name(self, local_name: str) -> str:
+        """``...local_experts.j...`` of this rank -> the name with the global expert index."""
+        match = _LOCAL_EXPERT.search(local_name)
+        if match is None or self.ep_size == 1:
+            return local_name
+        e = self.ep_rank * self.experts_per_rank + int(match.group(1))
+        return f"{local_name[:match.start(1)]}{e}{local_name[match.end(1):]}"
+
     def load_hf_state(self, hf: Mapping[str, Tensor]) -> None:
-        """Load HF-named full tensors; this rank keeps its tensor-parallel shard. Strict on names and shapes."""
+        """Load HF-named full tensors; this rank keeps its tensor-parallel shard and its experts. Strict on
+        names and shapes."""
         full = hf_to_megatron(hf, self.arch)
-        params = dict(self.model.named_parameters())
+        params = {self._global_name(n): p for n, p in self.model.named_parameters()}
         missing = sorted(set(params) - set(full))
         if missing:
             raise KeyError(f"no HF weights for Megatron parameters {missing[:5]}")
@@ -224,12 +245,54 @@ class MegatronMoEPolicy(MegatronPolicy):
                     raise ValueError(f"{name}: HF weights give shape {tuple(piece.shape)}, model has {tuple(param.shape)}")
                 param.copy_(piece)
 
+    def _forward_length(self, attention_mask: Tensor) -> int:
+        """Under expert parallelism the longest row over the expert-parallel group: Megatron's all-gather token
+        dispatcher needs the same number of tokens from every rank of the group in each forward pass."""
+        t = super()._forward_length(attention_mask)
+        if self.ep_size == 1:
+            return t
+        longest = torch.tensor(t)
+        dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=parallel.ep_group())
+        return int(longest)
+
+    def _full_expert_tensor(self, name: str, params: Mapping[str, Tensor]) -> Tensor:
+        """The full tensor of global expert parameter ``name``. Under expert parallelism one all-gather over the
+        expert-parallel group brings local expert j from every rank (experts ``r*E/EP + j``); the ones not
+        asked for yet wait in ``_gathered_experts`` until the export reaches them (at most one layer's)."""
+        if name in self._gathered_experts:
+            return self._gathered_experts.pop(name)
+        match = _LOCAL_EXPERT.search(name)
+        e = int(match.group(1))
+        owner, j = divmod(e, self.experts_per_rank)
+        local_name = f"{name[:match.start(1)]}{j}{name[match.end(1):]}"
+        local = params[local_name].detach()
+        if self.ep_size == 1:
+            return local
+        pieces = [torch.empty_like(local) for _ in range(self.ep_size)]
+        dist.all_gather(pieces, local.contiguous(), group=parallel.ep_group())
+        for r, piece in enumerate(pieces):
+            if r != owner:
+                self._gathered_experts[f"{name[:match.start(1)]}{r * self.experts_per_rank + j}{name[match.end(1):]}"] = piece
+        return pieces[owner]
+
     def export_hf_groups(self) -> Iterator[HFGroup]:
         params = dict(self.model.named_parameters())
-        yield from megatron_to_hf_groups(lambda n: self._full_tensor(n, params), self.arch)
+        self._gathered_experts.clear()
+
+        def full(name: str) -> Tensor:
+            if _LOCAL_EXPERT.search(name):
+                return self._full_expert_tensor(name, params)
+            return self._full_tensor(name, params)
+
+        yield from megatron_to_hf_groups(full, self.arch)
 
     def __repr__(self) -> str:
-        return super().__repr__().replace("MegatronPolicy(", f"MegatronMoEPolicy({self.arch.num_experts} experts top-{self.arch.top_k}, ", 1)
+        ep = f", EP={self.ep_size}" if self.ep_size > 1 else ""
+        return super().__repr__().replace("MegatronPolicy(", f"MegatronMoEPolicy({self.arch.num_experts} experts "
+                                          f"top-{self.arch.top_k}{ep}, ", 1)
+
+
+_LOCAL_EXPERT = re.compile(r"\.local_experts\.(\d+)\.")
 
 
 def make_megatron_policy(cfg: PolicyConfig, seed: int = 0) -> MegatronPolicy:

@@ -2,8 +2,9 @@
 
 Why in-process: a notebook kernel holds the model, so a researcher can change the loss and re-run one
 step in seconds. The same class is what a Ray worker runs per rank, so no code here assumes TP=1 or DP=1:
-weights are sharded per tensor-parallel rank, gradients are summed over the data-parallel group and the
-loss is normalised by counts over the global batch.
+weights are sharded per tensor-parallel rank (and experts per expert-parallel rank), gradients are summed
+over the ranks that hold the same weights and see different data, and the loss is normalised by counts
+over the global batch.
 
 Deliberate simplifications: plain ``torch.optim.AdamW`` (Megatron's distributed optimizer hard-codes CUDA
 in places), fp32 weights, no pipeline parallelism, microbatches run one after another.
@@ -179,6 +180,10 @@ class MegatronPolicy:
         logits = self.model(input_ids, positions, causal)
         return logits / self.temperature if self.temperature != 1.0 else logits
 
+    def _forward_length(self, attention_mask: Tensor) -> int:
+        """Columns of ``attention_mask`` [b, T] a forward pass needs: up to the longest row (right padding)."""
+        return int(attention_mask.sum(1).max())
+
     @torch.no_grad()
     def score(self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False) -> TokenScores:
         """Per-token logprobs (and entropy) [B, T] of ``input_ids`` [B, T]; 0 at position 0 and on padding."""
@@ -187,7 +192,7 @@ class MegatronPolicy:
         step = self.cfg.logprob_batch_size
         for start in range(0, input_ids.shape[0], step):
             rows = slice(start, start + step)
-            t = int(attention_mask[rows].sum(1).max())
+            t = self._forward_length(attention_mask[rows])
             ids, mask = input_ids[rows, :t], attention_mask[rows, :t]
             logits = self._logits(ids)
             logprobs[rows, :t] = shifted_token_logprobs(logits, ids) * mask
@@ -211,13 +216,20 @@ class MegatronPolicy:
     def _grad_norm(self) -> float:
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 
-        sq = torch.zeros((), dtype=torch.float64)
+        sq = torch.zeros((), dtype=torch.float64)  # over the parameters every rank holds (TP shards summed)
+        expert_sq = torch.zeros((), dtype=torch.float64)  # over the experts split by expert parallelism
         for p in self.model.parameters():
-            if p.grad is not None and param_is_not_tensor_parallel_duplicate(p):
+            if p.grad is None:
+                continue
+            if parallel.is_expert_parallel(p):
+                expert_sq += p.grad.double().pow(2).sum()
+            elif param_is_not_tensor_parallel_duplicate(p):
                 sq += p.grad.double().pow(2).sum()
         if self.tp_size > 1:
             dist.all_reduce(sq, group=parallel.tp_group())
-        return float(sq.sqrt())
+        if parallel.ep_rank_and_size()[1] > 1:
+            dist.all_reduce(expert_sq, group=parallel.ep_group())
+        return float((sq + expert_sq).sqrt())
 
     def _run_microbatches(self, batch: Trajectories, loss_fn: LossFn, backward: bool) -> tuple[dict[str, float], int]:
         """Loss over ``batch`` in microbatches of ``train_micro_batch_size`` rows, normalised by global counts.
@@ -232,7 +244,7 @@ class MegatronPolicy:
         with torch.set_grad_enabled(backward):
             for start in range(0, batch.batch_size, mbs):
                 micro = batch.select(slice(start, start + mbs))
-                t = int(micro.attention_mask.sum(1).max())
+                t = self._forward_length(micro.attention_mask)
                 ids = micro.input_ids[:, :t]
                 logprobs = shifted_token_logprobs(self._logits(ids), ids) * micro.attention_mask[:, :t]
                 logprobs = torch.nn.functional.pad(logprobs, (0, micro.input_ids.shape[1] - t))
@@ -242,11 +254,14 @@ class MegatronPolicy:
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + torch.as_tensor(v).detach().double()
                 n_micro += 1
+        if backward:
+            for p in self.model.parameters():
+                group = parallel.grad_reduce_group(p)
+                if p.requires_grad and dist.get_world_size(group) > 1:
+                    if p.grad is None:  # e.g. an expert no token reached here: every rank must join the sum
+                        p.grad = torch.zeros_like(p)
+                    dist.all_reduce(p.grad, group=group)
         if parallel.dp_size() > 1:
-            if backward:
-                for p in self.model.parameters():
-                    if p.grad is not None:
-                        dist.all_reduce(p.grad, group=parallel.dp_group())
             for v in sums.values():
                 dist.all_reduce(v, group=parallel.dp_group())
         return {k: float(v) for k, v in sums.items()}, n_micro
