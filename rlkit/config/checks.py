@@ -36,8 +36,6 @@ def parallel_layout_problems(megatron_cfg: Any, model_config: Mapping[str, Any],
         out.append(f"{key}.context_parallel_size={cp}: context parallelism is not supported yet; use 1")
     if megatron_cfg.sequence_parallel and tp == 1:
         out.append(f"{key}.sequence_parallel: needs tensor_model_parallel_size > 1")
-    if megatron_cfg.sequence_parallel:
-        out.append(f"{key}.sequence_parallel: not supported with the local (non-Transformer-Engine) layer spec")
     experts = model_config.get("num_local_experts") or 0
     ep, etp = megatron_cfg.expert_model_parallel_size, megatron_cfg.expert_tensor_parallel_size
     if ep > 1 and not experts:
@@ -47,10 +45,9 @@ def parallel_layout_problems(megatron_cfg: Any, model_config: Mapping[str, Any],
     if ep > 1 and world_size % (ep * pp):
         out.append(f"{key}.expert_model_parallel_size={ep}: expert x pipeline = {ep * pp} must divide the world "
                    f"size {world_size} (policy.num_workers)")
-    if experts and tp > 1:
+    if experts and tp > 1 and not megatron_cfg.sequence_parallel:
         out.append(f"{key}.tensor_model_parallel_size={tp}: Megatron's MoE layer trains with tensor parallelism only "
-                   "together with sequence parallelism, which the local (non-Transformer-Engine) layer spec does not "
-                   "support; use 1 and data parallelism")
+                   f"together with sequence parallelism; set {key}.sequence_parallel=true")
     if etp is not None and etp != tp:
         out.append(f"{key}.expert_tensor_parallel_size={etp}: only the default (= tensor_model_parallel_size={tp}) "
                    "is supported; leave it unset")

@@ -1,4 +1,5 @@
-"""The Ray worker group with 2 processes on the CPU: TP=2 and DP=2 against the single-process policy.
+"""The Ray worker group with 2 processes on the CPU: TP=2 (with and without sequence parallelism), DP=2 and,
+for the tiny MoE model, EP=2 and TP=2 with SP, against the single-process policy.
 
 The reference is the in-process TP=1 policy on the same weights and batch. Logprobs, entropy, the
 gradient norm and the weights after one optimizer step must agree within 1e-5; the step moves the weights
@@ -70,10 +71,10 @@ def reference(model_cfg):
     return single_process_reference(model_cfg)
 
 
-def group_for(cfg, tp):
+def group_for(cfg, tp, sequence_parallel=False):
     from rlkit.policy.workers import RayPolicyGroup
 
-    layout = MegatronConfig(tensor_model_parallel_size=tp)
+    layout = MegatronConfig(tensor_model_parallel_size=tp, sequence_parallel=sequence_parallel)
     return RayPolicyGroup(cfg.model_copy(update={"megatron_cfg": layout}), world_size=2, seed=0)
 
 
@@ -108,22 +109,42 @@ def test_tensor_parallel_2_matches_one_process(ray_cluster, model_cfg, reference
         group.close()
 
 
-def test_expert_parallel_2_matches_one_process(ray_cluster, model_factory):
-    """Tiny MoE (4 experts, top-2): EP=2 holds 2 experts per rank, DP=2 over the rest of the model."""
+def test_sequence_parallel_with_tensor_parallel_2_matches_one_process(ray_cluster, model_cfg, reference):
+    """The sequence split over the TP ranks between layers (norm gradients summed over them); lengths that are
+    not a multiple of 2 are padded inside the forward pass."""
+    group = group_for(model_cfg, tp=2, sequence_parallel=True)
+    try:
+        check_against_reference(group, reference)
+    finally:
+        group.close()
+
+
+@pytest.fixture(scope="module")
+def moe_cfg(model_factory):
+    path = model_factory("nano-moe", "mixtral", seed=1, num_key_value_heads=2)  # 4 experts, top-2; TP=2 valid
+    return PolicyConfig(model_name=str(path), train_micro_batch_size=4, optimizer=OptimizerConfig(lr=1e-3))
+
+
+@pytest.fixture(scope="module")
+def moe_reference(moe_cfg):
     from rlkit.policy.megatron.moe import MegatronMoEPolicy
+
+    ref = single_process_reference(moe_cfg, MegatronMoEPolicy)
+    moved = max((ref["after"][k] - ref["before"][k]).abs().max().item() for k in ref["after"] if ".experts." in k)
+    assert moved > 50 * TOL  # Adam moves each expert weight by about lr = 1e-3
+    return ref
+
+
+@pytest.mark.parametrize("layout", [
+    dict(expert_model_parallel_size=2),  # 2 experts per rank, DP=2 over the rest of the model
+    dict(tensor_model_parallel_size=2, sequence_parallel=True),  # every expert split over TP=2 (ETP=2)
+], ids=["EP2", "TP2-SP"])
+def test_moe_parallel_layouts_match_one_process(ray_cluster, moe_cfg, moe_reference, layout):
     from rlkit.policy.workers import RayPolicyGroup
 
-    path = model_factory("nano-moe", "mixtral", seed=1)
-    cfg = PolicyConfig(model_name=str(path), train_micro_batch_size=4, optimizer=OptimizerConfig(lr=1e-3))
-    reference = single_process_reference(cfg, MegatronMoEPolicy)
-    group = RayPolicyGroup(cfg.model_copy(update={"megatron_cfg": MegatronConfig(expert_model_parallel_size=2)}),
-                           world_size=2, seed=0)
+    group = RayPolicyGroup(moe_cfg.model_copy(update={"megatron_cfg": MegatronConfig(**layout)}), world_size=2, seed=0)
     try:
-        assert [(r.dp_rank, r.leader) for r in group.ranks] == [(0, True), (1, True)]
-        expert_keys = [k for k in reference["after"] if ".experts." in k]
-        moved = max((reference["after"][k] - reference["before"][k]).abs().max().item() for k in expert_keys)
-        assert moved > 50 * TOL  # Adam moves each expert weight by about lr = 1e-3
-        check_against_reference(group, reference)
+        check_against_reference(group, moe_reference)
     finally:
         group.close()
 
@@ -190,6 +211,10 @@ def test_bad_layout_is_rejected_before_any_worker_starts(monkeypatch, model_fact
         workers.RayPolicyGroup(moe.model_copy(update={"megatron_cfg": MegatronConfig(expert_model_parallel_size=3)}), 3)
     with pytest.raises(ConfigError, match="expert x pipeline = 2 must divide the world size 3"):
         workers.RayPolicyGroup(moe.model_copy(update={"megatron_cfg": MegatronConfig(expert_model_parallel_size=2)}), 3)
+    with pytest.raises(ConfigError, match="set policy.megatron_cfg.sequence_parallel=true"):
+        workers.RayPolicyGroup(moe.model_copy(update={"megatron_cfg": MegatronConfig(tensor_model_parallel_size=2)}), 2)
+    with pytest.raises(ConfigError, match="sequence_parallel: needs tensor_model_parallel_size > 1"):
+        workers.RayPolicyGroup(moe.model_copy(update={"megatron_cfg": MegatronConfig(sequence_parallel=True)}), 2)
     with pytest.raises(ConfigError, match="needs a Mixture-of-Experts model"):
         workers.RayPolicyGroup(nano.model_copy(update={"megatron_cfg": MegatronConfig(expert_model_parallel_size=2)}), 2)
     with pytest.raises(ConfigError, match="must divide the world size 3"):

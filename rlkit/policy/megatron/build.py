@@ -6,7 +6,8 @@ RMSNorm with ``layernorm_epsilon = rms_norm_eps``; SwiGLU (``gated_linear_unit``
 ``num_query_groups = num_key_value_heads`` and ``kv_channels = head_dim``; no linear biases except the
 QKV bias of Qwen2; tied or untied output layer.
 
-Deliberate simplifications: the local (non-Transformer-Engine) layer spec, fp32 parameters, no dropout.
+Deliberate simplifications: the local (non-Transformer-Engine) layer spec with torch's RMSNorm (marked for
+sequence parallelism, see :class:`RMSNorm`), fp32 parameters, no dropout.
 RoPE scaling variants (Llama 3.1 "llama3", YaRN) are rejected rather than silently ignored.
 """
 
@@ -69,7 +70,8 @@ class Architecture:
         )
 
 
-def transformer_config(arch: Architecture, tensor_parallel_size: int = 1, params_dtype=torch.float32):
+def transformer_config(arch: Architecture, tensor_parallel_size: int = 1, sequence_parallel: bool = False,
+                       params_dtype=torch.float32):
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     return TransformerConfig(
@@ -80,6 +82,7 @@ def transformer_config(arch: Architecture, tensor_parallel_size: int = 1, params
         kv_channels=arch.head_dim,
         ffn_hidden_size=arch.ffn_hidden_size,
         tensor_model_parallel_size=tensor_parallel_size,
+        sequence_parallel=sequence_parallel,
         normalization="RMSNorm",
         layernorm_epsilon=arch.rms_norm_eps,
         gated_linear_unit=True,
@@ -100,15 +103,42 @@ def transformer_config(arch: Architecture, tensor_parallel_size: int = 1, params
     )
 
 
-def build_gpt_model(arch: Architecture, tensor_parallel_size: int = 1):
-    """A ``GPTModel`` with random weights in the layout of ``arch``. Needs Megatron's parallel state."""
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+class RMSNorm(torch.nn.RMSNorm):
+    """torch's RMSNorm, built from Megatron's norm arguments, that also works under sequence parallelism.
 
-    config = transformer_config(arch, tensor_parallel_size)
+    Megatron's torch-norm wrapper refuses sequence parallelism because it does not mark the weight: with the
+    sequence split over tensor-parallel ranks each rank's norm sees only its chunk, so the weight's gradient
+    must be summed over the tensor-parallel group. The ``sequence_parallel`` attribute marks that (Megatron's
+    router marks its weight the same way); the policy does the sum.
+    """
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **unused_megatron_options):
+        super().__init__(hidden_size, eps=eps)
+        self.weight.sequence_parallel = config.sequence_parallel
+
+
+def block_spec(num_layers: int, num_experts: int = 0):
+    """The local (non-Transformer-Engine) layer spec, dense or MoE, with :class:`RMSNorm` for every norm."""
+    import dataclasses
+
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+    layer = get_gpt_layer_local_spec(num_experts=num_experts or None, moe_grouped_gemm=False, normalization="RMSNorm")
+    layer = dataclasses.replace(layer, submodules=dataclasses.replace(
+        layer.submodules, input_layernorm=RMSNorm, pre_mlp_layernorm=RMSNorm))
+    return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=RMSNorm)
+
+
+def build_gpt_model(arch: Architecture, config, num_experts: int = 0):
+    """A ``GPTModel`` with random weights in the layout of ``arch`` (Megatron ``config`` from
+    :func:`transformer_config`, extended with the MoE settings when ``num_experts``). Needs Megatron's
+    parallel state."""
+    from megatron.core.models.gpt import GPTModel
+
     model = GPTModel(
         config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(normalization="RMSNorm"),
+        transformer_layer_spec=block_spec(arch.num_layers, num_experts),
         vocab_size=arch.vocab_size,
         max_sequence_length=arch.max_position_embeddings,
         pre_process=True,

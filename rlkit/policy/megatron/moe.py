@@ -41,7 +41,7 @@ from torch import Tensor
 
 from rlkit.config.components import MegatronConfig, PolicyConfig
 from rlkit.policy.megatron import convert, parallel
-from rlkit.policy.megatron.build import Architecture, transformer_config
+from rlkit.policy.megatron.build import Architecture, build_gpt_model, transformer_config
 from rlkit.policy.megatron.policy import MegatronPolicy, load_hf_state
 
 HFGroup = list[tuple[str, Tensor]]
@@ -75,12 +75,9 @@ def apply_moe_fallbacks() -> None:
 
 def build_moe_gpt_model(arch: MoEArchitecture, tensor_parallel_size: int, mc: MegatronConfig):
     """A ``GPTModel`` with MoE MLPs in the layout of ``arch``, router settings from ``mc``."""
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
     apply_moe_fallbacks()
     config = dataclasses.replace(
-        transformer_config(arch, tensor_parallel_size),
+        transformer_config(arch, tensor_parallel_size, mc.sequence_parallel),
         num_moe_experts=arch.num_experts,
         moe_router_topk=arch.top_k,
         moe_ffn_hidden_size=arch.ffn_hidden_size,
@@ -92,25 +89,11 @@ def build_moe_gpt_model(arch: MoEArchitecture, tensor_parallel_size: int, mc: Me
         expert_model_parallel_size=mc.expert_model_parallel_size,
         expert_tensor_parallel_size=mc.expert_tensor_parallel_size,
     )
-    model = GPTModel(
-        config=config,
-        transformer_layer_spec=get_gpt_layer_local_spec(num_experts=arch.num_experts, moe_grouped_gemm=False,
-                                                        normalization="RMSNorm"),
-        vocab_size=arch.vocab_size,
-        max_sequence_length=arch.max_position_embeddings,
-        pre_process=True,
-        post_process=True,
-        parallel_output=True,
-        share_embeddings_and_output_weights=arch.tie_word_embeddings,
-        position_embedding_type="rope",
-        rotary_base=int(arch.rope_theta),
-    )
+    model = build_gpt_model(arch, config, arch.num_experts)
     if mc.freeze_moe_router:
         for name, param in model.named_parameters():
             if name.endswith("mlp.router.weight"):
                 param.requires_grad_(False)
-    if torch.cuda.is_available():
-        model = model.cuda()
     return model
 
 
@@ -231,16 +214,18 @@ class MegatronMoEPolicy(MegatronPolicy):
         return f"{local_name[:match.start(1)]}{e}{local_name[match.end(1):]}"
 
     def load_hf_state(self, hf: Mapping[str, Tensor]) -> None:
-        """Load HF-named full tensors; this rank keeps its tensor-parallel shard and its experts. Strict on
-        names and shapes."""
+        """Load HF-named full tensors; this rank keeps its experts and its tensor-parallel shard of each
+        (expert-tensor-parallel for expert weights). Strict on names and shapes."""
         full = hf_to_megatron(hf, self.arch)
         params = {self._global_name(n): p for n, p in self.model.named_parameters()}
         missing = sorted(set(params) - set(full))
         if missing:
             raise KeyError(f"no HF weights for Megatron parameters {missing[:5]}")
+        etp_rank, etp_size = parallel.etp_rank_and_size()
         with torch.no_grad():
             for name, param in params.items():
-                piece = convert.shard(name, full[name], self.tp_rank, self.tp_size)
+                rank, size = (etp_rank, etp_size) if _LOCAL_EXPERT.search(name) else (self.tp_rank, self.tp_size)
+                piece = convert.shard(name, full[name], rank, size)
                 if piece.shape != param.shape:
                     raise ValueError(f"{name}: HF weights give shape {tuple(piece.shape)}, model has {tuple(param.shape)}")
                 param.copy_(piece)
@@ -265,7 +250,7 @@ class MegatronMoEPolicy(MegatronPolicy):
         e = int(match.group(1))
         owner, j = divmod(e, self.experts_per_rank)
         local_name = f"{name[:match.start(1)]}{j}{name[match.end(1):]}"
-        local = params[local_name].detach()
+        local = self._full_tensor(local_name, params, group=parallel.etp_group())  # this rank's expert j, whole
         if self.ep_size == 1:
             return local
         pieces = [torch.empty_like(local) for _ in range(self.ep_size)]

@@ -106,6 +106,26 @@ def ep_rank_and_size() -> tuple[int, int]:
     return parallel_state.get_expert_model_parallel_rank(), parallel_state.get_expert_model_parallel_world_size()
 
 
+def etp_rank_and_size() -> tuple[int, int]:
+    """This rank's place in the expert-tensor-parallel group (each expert's weights are split over it)."""
+    from megatron.core import parallel_state
+
+    return parallel_state.get_expert_tensor_parallel_rank(), parallel_state.get_expert_tensor_parallel_world_size()
+
+
+def etp_group():
+    from megatron.core import parallel_state
+
+    return parallel_state.get_expert_tensor_parallel_group()
+
+
+def expert_model_group():
+    """The ranks that together hold one copy of every expert (expert-tensor x expert-parallel)."""
+    from megatron.core import parallel_state
+
+    return parallel_state.get_expert_tensor_and_model_parallel_group()
+
+
 def ep_group():
     from megatron.core import parallel_state
 

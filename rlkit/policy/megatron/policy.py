@@ -27,7 +27,7 @@ from torch import Tensor
 from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
 from rlkit.policy.base import HFGroup, LossFn, TokenScores, TrainStepResult, weights_swapped_in
 from rlkit.policy.megatron import convert, parallel
-from rlkit.policy.megatron.build import Architecture, build_gpt_model
+from rlkit.policy.megatron.build import Architecture, build_gpt_model, transformer_config
 from rlkit.policy.megatron.scores import shifted_entropy, shifted_token_logprobs
 from rlkit.trajectories import LossCounts, Trajectories
 
@@ -116,7 +116,7 @@ class MegatronPolicy:
         self.layout = parallel.ParallelLayout(**mc.model_dump(include=set(parallel.ParallelLayout.__dataclass_fields__)))
         parallel.init_parallel(self.layout, seed)
         self.tp_rank, self.tp_size = parallel.tp_rank_and_size()
-        self.model = build_gpt_model(self.arch, self.tp_size)
+        self.model = build_gpt_model(self.arch, transformer_config(self.arch, self.tp_size, mc.sequence_parallel))
         self.load_hf_state(load_hf_state(cfg.model_name))
         self.reset_optimizer(cfg.optimizer, cfg.scheduler)
         self.temperature = cfg.generation.temperature
@@ -147,12 +147,15 @@ class MegatronPolicy:
                     raise ValueError(f"{name}: HF weights give shape {tuple(piece.shape)}, model has {tuple(param.shape)}")
                 param.copy_(piece)
 
-    def _full_tensor(self, name: str, params: Mapping[str, Tensor]) -> Tensor:
+    def _full_tensor(self, name: str, params: Mapping[str, Tensor], group=None) -> Tensor:
+        """Parameter ``name`` gathered over its tensor-parallel ``group`` (default: Megatron's TP group)."""
         local = params[name].detach()
-        if self.tp_size == 1 or convert.shard_dim(name) is None:
+        group = parallel.tp_group() if group is None else group
+        size = dist.get_world_size(group)
+        if size == 1 or convert.shard_dim(name) is None:
             return local
-        pieces = [torch.empty_like(local) for _ in range(self.tp_size)]
-        dist.all_gather(pieces, local.contiguous(), group=parallel.tp_group())
+        pieces = [torch.empty_like(local) for _ in range(size)]
+        dist.all_gather(pieces, local.contiguous(), group=group)
         return convert.unshard(name, pieces)
 
     def export_hf_groups(self) -> Iterator[HFGroup]:
@@ -173,11 +176,17 @@ class MegatronPolicy:
 
     # ---- scoring ----------------------------------------------------------------------------------
     def _logits(self, input_ids: Tensor) -> Tensor:
-        """input_ids [b, T] -> logits [b, T, V/tp], divided by the sampling temperature."""
+        """input_ids [b, T] -> logits [b, T, V/tp], divided by the sampling temperature.
+
+        Under sequence parallelism the sequence is split over the tensor-parallel ranks, so it is padded on the
+        right to a multiple of their number; causal attention keeps the padding out of the first T positions.
+        """
         b, t = input_ids.shape
-        positions = torch.arange(t).unsqueeze(0).expand(b, t)
-        causal = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)[None, None]
-        logits = self.model(input_ids, positions, causal)
+        padded = t + (-t % self.tp_size if self.layout.sequence_parallel else 0)
+        ids = torch.nn.functional.pad(input_ids, (0, padded - t))
+        positions = torch.arange(padded).unsqueeze(0).expand(b, padded)
+        causal = torch.triu(torch.ones(padded, padded, dtype=torch.bool), diagonal=1)[None, None]
+        logits = self.model(ids, positions, causal)[:, :t]
         return logits / self.temperature if self.temperature != 1.0 else logits
 
     def _forward_length(self, attention_mask: Tensor) -> int:
@@ -227,8 +236,8 @@ class MegatronPolicy:
                 sq += p.grad.double().pow(2).sum()
         if self.tp_size > 1:
             dist.all_reduce(sq, group=parallel.tp_group())
-        if parallel.ep_rank_and_size()[1] > 1:
-            dist.all_reduce(expert_sq, group=parallel.ep_group())
+        if parallel.ep_rank_and_size()[1] > 1:  # (experts only split by TP are in ``sq``)
+            dist.all_reduce(expert_sq, group=parallel.expert_model_group())
         return float((sq + expert_sq).sqrt())
 
     def _run_microbatches(self, batch: Trajectories, loss_fn: LossFn, backward: bool) -> tuple[dict[str, float], int]:
@@ -255,6 +264,7 @@ class MegatronPolicy:
                     sums[k] = sums.get(k, 0.0) + torch.as_tensor(v).detach().double()
                 n_micro += 1
         if backward:
+            self._sum_sequence_parallel_grads()
             for p in self.model.parameters():
                 group = parallel.grad_reduce_group(p)
                 if p.requires_grad and dist.get_world_size(group) > 1:
@@ -265,6 +275,18 @@ class MegatronPolicy:
             for v in sums.values():
                 dist.all_reduce(v, group=parallel.dp_group())
         return {k: float(v) for k, v in sums.items()}, n_micro
+
+    def _sum_sequence_parallel_grads(self) -> None:
+        """Under sequence parallelism each tensor-parallel rank's norms (and MoE router) saw only its chunk of
+        the sequence: sum their gradients over the tensor-parallel group (Megatron marks them
+        ``sequence_parallel``)."""
+        if not self.layout.sequence_parallel:
+            return
+        for p in self.model.parameters():
+            if p.requires_grad and getattr(p, "sequence_parallel", False):
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad, group=parallel.tp_group())
 
     def compute_gradients(self, batch: Trajectories, loss_fn: LossFn) -> dict[str, float]:
         """Fill ``.grad`` of every parameter with the gradient of the global-batch loss; no update."""
