@@ -30,8 +30,6 @@ def parallel_layout_problems(megatron_cfg: Any, model_config: Mapping[str, Any],
     if model_config["num_hidden_layers"] % pp:
         out.append(f"{key}.pipeline_model_parallel_size={pp}: must divide num_hidden_layers="
                    f"{model_config['num_hidden_layers']}")
-    if pp > 1:
-        out.append(f"{key}.pipeline_model_parallel_size={pp}: pipeline parallelism is not supported yet; use 1")
     if cp > 1:
         out.append(f"{key}.context_parallel_size={cp}: context parallelism is not supported yet; use 1")
     if megatron_cfg.sequence_parallel and tp == 1:
@@ -75,6 +73,9 @@ def cross_section_problems(sections: Mapping[str, Any], partial: bool) -> list[s
         if dp > 1 and global_batch % dp:
             out.append(f"policy.train_global_batch_size={global_batch}: must be a multiple of the data-parallel size "
                        f"{dp} (policy.num_workers={policy.num_workers} / model-parallel ranks)")
+        elif _pipelined(policy) and _uneven_microbatches(global_batch // dp, policy.train_micro_batch_size):
+            out.append(f"policy.train_micro_batch_size={policy.train_micro_batch_size}: must divide each data-parallel "
+                       f"rank's {global_batch // dp} rows (pipeline parallelism runs equal microbatches)")
         if policy.generation.max_new_tokens >= policy.max_total_sequence_length:
             out.append(f"policy.generation.max_new_tokens={policy.generation.max_new_tokens}: leaves no room for "
                        f"the prompt in policy.max_total_sequence_length={policy.max_total_sequence_length}")
@@ -91,9 +92,15 @@ def cross_section_problems(sections: Mapping[str, Any], partial: bool) -> list[s
             out.append(f"policy.generation.colocated.enabled=false: runs vLLM in a Ray actor, but "
                        f"policy.generation.backend={policy.generation.backend!r}; set backend=vllm or colocated.enabled=true")
         out += _model_problems(policy)
-    if sft is not None and policy is not None and sft.enabled and sft.batch_size % _data_parallel_size(policy):
-        out.append(f"sft.batch_size={sft.batch_size}: must be a multiple of the data-parallel size "
-                   f"{_data_parallel_size(policy)} (policy.num_workers={policy.num_workers} / model-parallel ranks)")
+    if sft is not None and policy is not None and sft.enabled:
+        dp = _data_parallel_size(policy)
+        if sft.batch_size % dp:
+            out.append(f"sft.batch_size={sft.batch_size}: must be a multiple of the data-parallel size "
+                       f"{dp} (policy.num_workers={policy.num_workers} / model-parallel ranks)")
+        elif _pipelined(policy) and _uneven_microbatches(sft.batch_size // dp, policy.train_micro_batch_size):
+            out.append(f"sft.batch_size={sft.batch_size}: each data-parallel rank's {sft.batch_size // dp} rows must be "
+                       f"a multiple of policy.train_micro_batch_size={policy.train_micro_batch_size} (pipeline "
+                       "parallelism runs equal microbatches)")
     out += _async_problems(grpo, sections.get("loss_fn"))
     if data is not None:
         out += data.problems()
@@ -133,6 +140,14 @@ def _model_problems(policy: Any) -> list[str]:
                     "DTensor backend does not train yet; use policy.megatron_cfg.enabled=true"]
         return []
     return parallel_layout_problems(policy.megatron_cfg, model_config, policy.num_workers)
+
+
+def _uneven_microbatches(rows: int, micro_batch_size: int) -> bool:
+    return rows > micro_batch_size and rows % micro_batch_size != 0
+
+
+def _pipelined(policy: Any) -> bool:
+    return policy.megatron_cfg.enabled and policy.megatron_cfg.pipeline_model_parallel_size > 1
 
 
 def _data_parallel_size(policy: Any) -> int:

@@ -1,5 +1,6 @@
-"""The Ray worker group with 2 processes on the CPU: TP=2 (with and without sequence parallelism), DP=2 and,
-for the tiny MoE model, EP=2 and TP=2 with SP, against the single-process policy.
+"""The Ray worker group with 2 processes on the CPU: TP=2 (with and without sequence parallelism), PP=2 (tied
+and untied embeddings), DP=2 and, for the tiny MoE model, EP=2, TP=2 with SP and PP=2, against the
+single-process policy.
 
 The reference is the in-process TP=1 policy on the same weights and batch. Logprobs, entropy, the
 gradient norm and the weights after one optimizer step must agree within 1e-5; the step moves the weights
@@ -71,10 +72,11 @@ def reference(model_cfg):
     return single_process_reference(model_cfg)
 
 
-def group_for(cfg, tp, sequence_parallel=False):
+def group_for(cfg, tp=1, sequence_parallel=False, pp=1):
     from rlkit.policy.workers import RayPolicyGroup
 
-    layout = MegatronConfig(tensor_model_parallel_size=tp, sequence_parallel=sequence_parallel)
+    layout = MegatronConfig(tensor_model_parallel_size=tp, sequence_parallel=sequence_parallel,
+                            pipeline_model_parallel_size=pp)
     return RayPolicyGroup(cfg.model_copy(update={"megatron_cfg": layout}), world_size=2, seed=0)
 
 
@@ -119,6 +121,37 @@ def test_sequence_parallel_with_tensor_parallel_2_matches_one_process(ray_cluste
         group.close()
 
 
+def test_pipeline_parallel_2_matches_one_process(ray_cluster, model_cfg, reference):
+    """One decoder layer per stage, Megatron's 1F1B schedule over 2 microbatches."""
+    group = group_for(model_cfg, pp=2)
+    try:
+        assert [(r.dp_rank, r.leader) for r in group.ranks] == [(0, True), (0, False)]
+        check_against_reference(group, reference)
+    finally:
+        group.close()
+
+
+def test_pipeline_parallel_2_with_tied_embeddings(ray_cluster, model_factory):
+    """The embedding (first stage) and the output layer (last stage) are one weight: the step keeps them so."""
+    path = model_factory("nano", "llama", seed=2, tie_word_embeddings=True)
+    cfg = PolicyConfig(model_name=str(path), train_micro_batch_size=4, optimizer=OptimizerConfig(lr=1e-3))
+    reference = single_process_reference(cfg)
+    group = group_for(cfg, pp=2)
+    try:
+        check_against_reference(group, reference)
+        batch = reference["batch"]  # after the step the last stage's output layer still equals the embedding
+        scores = group.score(batch.input_ids, batch.attention_mask).logprobs
+        exported = group.hf_state_dict()
+        solo = MegatronPolicy(cfg)
+        try:
+            solo.load_hf_state(exported)
+            assert (solo.score(batch.input_ids, batch.attention_mask).logprobs - scores).abs().max() < TOL
+        finally:
+            solo.close()
+    finally:
+        group.close()
+
+
 @pytest.fixture(scope="module")
 def moe_cfg(model_factory):
     path = model_factory("nano-moe", "mixtral", seed=1, num_key_value_heads=2)  # 4 experts, top-2; TP=2 valid
@@ -136,9 +169,11 @@ def moe_reference(moe_cfg):
 
 
 @pytest.mark.parametrize("layout", [
+    dict(),  # DP=2: every expert on both ranks, gradients summed
     dict(expert_model_parallel_size=2),  # 2 experts per rank, DP=2 over the rest of the model
     dict(tensor_model_parallel_size=2, sequence_parallel=True),  # every expert split over TP=2 (ETP=2)
-], ids=["EP2", "TP2-SP"])
+    dict(pipeline_model_parallel_size=2),  # one MoE layer per stage
+], ids=["DP2", "EP2", "TP2-SP", "PP2"])
 def test_moe_parallel_layouts_match_one_process(ray_cluster, moe_cfg, moe_reference, layout):
     from rlkit.policy.workers import RayPolicyGroup
 
@@ -237,22 +272,29 @@ def test_config_checks_the_layout_against_the_number_of_workers(tmp_path, model_
     with pytest.raises(ConfigError, match="must divide the world size 1"):
         load_config("quickstart", existing)
     load_config("quickstart", dict(existing, **{"policy.num_workers": 2}))  # TP=2 over 2 workers: fine
+    pipelined = dict(base, **{"policy.num_workers": 4, "policy.megatron_cfg.pipeline_model_parallel_size": 2,
+                              "grpo.num_prompts_per_step": 4, "grpo.num_generations_per_prompt": 6})
+    load_config("quickstart", dict(pipelined, **{"policy.train_micro_batch_size": 6}))  # 12 rows per DP rank: fine
+    with pytest.raises(ConfigError, match="must divide each data-parallel rank's 12 rows"):
+        load_config("quickstart", dict(pipelined, **{"policy.train_micro_batch_size": 8}))
 
 
-def test_grpo_step_through_the_session_with_a_ray_policy(ray_cluster, tmp_path):
+@pytest.mark.parametrize("pipeline_stages", [1, 2], ids=["DP2", "PP2"])
+def test_grpo_step_through_the_session_with_a_ray_policy(ray_cluster, tmp_path, pipeline_stages):
     import rlkit
     from rlkit.policy.workers import RayPolicyGroup
     from tests.session.conftest import tiny_overrides, varied_reward
     from rlkit.envs import RewardFunctionEnvironment
 
-    session = rlkit.Session.from_config("quickstart", tiny_overrides(tmp_path, **{"policy.num_workers": 2}),
-                                        env=RewardFunctionEnvironment(varied_reward))
+    overrides = tiny_overrides(tmp_path, **{"policy.num_workers": 2,
+                                            "policy.megatron_cfg.pipeline_model_parallel_size": pipeline_stages})
+    session = rlkit.Session.from_config("quickstart", overrides, env=RewardFunctionEnvironment(varied_reward))
     try:
-        assert isinstance(session.policy, RayPolicyGroup) and session.policy.dp_size == 2
+        assert isinstance(session.policy, RayPolicyGroup) and session.policy.dp_size == 2 // pipeline_stages
         metrics = session.step()
         batch = session.batch
         assert batch.batch_size == 16 and session.policy.version == 1 and not session.stale
-        # trainer logprobs came back from two ranks in row order: they match the generator's
+        # trainer logprobs came back from two ranks in row order (or from the last stage): they match the generator's
         assert abs(batch.info["token_mult_prob_error"] - 1.0) < 1e-3
         assert metrics["train/grad_norm"] > 0 and "train/loss" in metrics.values
         assert session.last_refit.num_tensors == len(session.policy.hf_state_dict())
@@ -277,35 +319,5 @@ def test_dtensor_policy_runs_data_parallel_in_the_group(ray_cluster, model_cfg, 
         assert abs(step.grad_norm - reference["step"].grad_norm) < 1e-5 * reference["step"].grad_norm
         after = group.hf_state_dict()
         assert set(after) == set(reference["after"]) and max_diff(after, reference["after"]) < 1e-4
-    finally:
-        group.close()
-
-
-def test_moe_data_parallel_2_matches_one_process(ray_cluster, model_factory):
-    """Experts replicated on both ranks, gradients summed. (MoE with TP > 1 is rejected: Megatron's MoE layer
-    trains under tensor parallelism only with sequence parallelism, which the local spec lacks.)"""
-    from rlkit.policy.megatron.moe import make_megatron_policy
-    from rlkit.policy.workers import RayPolicyGroup
-
-    path = model_factory("nano-moe", "mixtral", seed=1)
-    cfg = PolicyConfig(model_name=str(path), train_micro_batch_size=4, optimizer=OptimizerConfig(lr=1e-3))
-    batch = random_batch(b=8, t=24)
-    single = make_megatron_policy(cfg)
-    try:
-        before = single.hf_state_dict()
-        scores = single.score(batch.input_ids, batch.attention_mask).logprobs
-        step = single.train_step(batch, pg_token_mean_loss)
-        after = single.hf_state_dict()
-    finally:
-        single.close()
-    with pytest.raises(ConfigError, match="sequence parallelism"):
-        RayPolicyGroup(cfg.model_copy(update={"megatron_cfg": MegatronConfig(tensor_model_parallel_size=2)}), 2)
-    group = RayPolicyGroup(cfg, 2)
-    try:
-        assert group.dp_size == 2
-        assert (group.score(batch.input_ids, batch.attention_mask).logprobs - scores).abs().max() < TOL
-        group_step = group.train_step(batch, pg_token_mean_loss)
-        assert abs(group_step.grad_norm - step.grad_norm) < TOL * step.grad_norm
-        assert max_diff(after, before) > 100 * TOL and max_diff(group.hf_state_dict(), after) < TOL
     finally:
         group.close()

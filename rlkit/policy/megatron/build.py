@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from rlkit.errors import ModelError
+from rlkit.policy.megatron.cpu import cuda_literals_on_cpu
 from rlkit.models.factory import SUPPORTED_ARCHITECTURES, read_hf_config
 
 
@@ -71,7 +72,10 @@ class Architecture:
 
 
 def transformer_config(arch: Architecture, tensor_parallel_size: int = 1, sequence_parallel: bool = False,
-                       params_dtype=torch.float32):
+                       pipeline_parallel_size: int = 1, params_dtype=torch.float32):
+    """Megatron's config for ``arch``. Pipeline settings: activations travel in ``params_dtype``, point-to-point
+    ops are batched only on GPUs (the batched path synchronises CUDA), and the schedule leaves the loss as
+    the policy's loss function normalised it (``calculate_per_token_loss``, see ``pipeline.run_schedule``)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     return TransformerConfig(
@@ -83,6 +87,10 @@ def transformer_config(arch: Architecture, tensor_parallel_size: int = 1, sequen
         ffn_hidden_size=arch.ffn_hidden_size,
         tensor_model_parallel_size=tensor_parallel_size,
         sequence_parallel=sequence_parallel,
+        pipeline_model_parallel_size=pipeline_parallel_size,
+        pipeline_dtype=params_dtype,
+        batch_p2p_comm=torch.cuda.is_available(),
+        calculate_per_token_loss=True,
         normalization="RMSNorm",
         layernorm_epsilon=arch.rms_norm_eps,
         gated_linear_unit=True,
@@ -117,37 +125,40 @@ class RMSNorm(torch.nn.RMSNorm):
         self.weight.sequence_parallel = config.sequence_parallel
 
 
-def block_spec(num_layers: int, num_experts: int = 0):
-    """The local (non-Transformer-Engine) layer spec, dense or MoE, with :class:`RMSNorm` for every norm."""
+def block_spec(config, num_experts: int = 0):
+    """The local (non-Transformer-Engine) layer spec, dense or MoE, with :class:`RMSNorm` for every norm, for
+    the layers this pipeline stage builds."""
     import dataclasses
 
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
     layer = get_gpt_layer_local_spec(num_experts=num_experts or None, moe_grouped_gemm=False, normalization="RMSNorm")
     layer = dataclasses.replace(layer, submodules=dataclasses.replace(
         layer.submodules, input_layernorm=RMSNorm, pre_mlp_layernorm=RMSNorm))
-    return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=RMSNorm)
+    return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=RMSNorm)
 
 
 def build_gpt_model(arch: Architecture, config, num_experts: int = 0):
-    """A ``GPTModel`` with random weights in the layout of ``arch`` (Megatron ``config`` from
-    :func:`transformer_config`, extended with the MoE settings when ``num_experts``). Needs Megatron's
+    """This pipeline stage's ``GPTModel`` with random weights in the layout of ``arch`` (Megatron ``config``
+    from :func:`transformer_config`, extended with the MoE settings when ``num_experts``). Needs Megatron's
     parallel state."""
+    from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
 
-    model = GPTModel(
-        config=config,
-        transformer_layer_spec=block_spec(arch.num_layers, num_experts),
-        vocab_size=arch.vocab_size,
-        max_sequence_length=arch.max_position_embeddings,
-        pre_process=True,
-        post_process=True,
-        parallel_output=True,
-        share_embeddings_and_output_weights=arch.tie_word_embeddings,
-        position_embedding_type="rope",
-        rotary_base=int(arch.rope_theta),
-    )
+    with cuda_literals_on_cpu():  # a tied embedding's copy on the last pipeline stage is moved with .cuda()
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=block_spec(config, num_experts),
+            vocab_size=arch.vocab_size,
+            max_sequence_length=arch.max_position_embeddings,
+            pre_process=parallel_state.is_pipeline_first_stage(),
+            post_process=parallel_state.is_pipeline_last_stage(),
+            parallel_output=True,
+            share_embeddings_and_output_weights=arch.tie_word_embeddings,
+            position_embedding_type="rope",
+            rotary_base=int(arch.rope_theta),
+        )
     if torch.cuda.is_available():
         model = model.cuda()
     return model

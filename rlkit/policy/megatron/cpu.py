@@ -1,6 +1,6 @@
-"""CPU stand-ins for the two CUDA-only pieces Megatron-Core 0.16 needs, applied only when CUDA is absent.
+"""CPU stand-ins for the CUDA-only pieces Megatron-Core 0.16 needs, applied only when CUDA is absent.
 
-Megatron-Core targets GPUs; on a CPU machine (our CI, a laptop) two things break and nothing else:
+Megatron-Core targets GPUs; on a CPU machine (our CI, a laptop) three things break and nothing else:
 
 1. ``torch.cuda.current_device()`` is called to pick a device for buffers (the attention memory buffer, RoPE
    frequencies, tensor-parallel gathers). Without CUDA it raises. We make it return ``"cpu"``, which every
@@ -8,8 +8,12 @@ Megatron-Core targets GPUs; on a CPU machine (our CI, a laptop) two things break
 2. The RNG state tracker (``tensor_parallel.random``) forks *CUDA* generator states so that dropout differs
    across tensor-parallel ranks. We install a tracker with the same interface that forks the CPU generator,
    so the stock ``model_parallel_cuda_manual_seed`` works unchanged.
+3. Pipeline parallelism: the schedules allocate their token counter with a literal ``device="cuda"``, and
+   a tied embedding's last-stage copy is moved with ``.cuda()`` while the model is built.
+   :func:`cuda_literals_on_cpu` (a ``TorchFunctionMode`` around those calls only, not a global patch)
+   keeps such tensors on the CPU.
 
-Both are process-wide and idempotent. On a CUDA machine :func:`apply_cpu_fallbacks` does nothing, so the
+The first two are process-wide and idempotent. On a CUDA machine :func:`apply_cpu_fallbacks` does nothing, so the
 same policy code runs on GPUs with Megatron's own implementations.
 """
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 _APPLIED = False
 
@@ -79,3 +84,20 @@ def apply_cpu_fallbacks() -> bool:
     mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     _APPLIED = True
     return True
+
+
+class _CudaLiteralsOnCpu(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if str(kwargs.get("device", "")).startswith("cuda"):
+            kwargs = dict(kwargs, device="cpu")
+        return func(*args, **kwargs)
+
+
+def cuda_literals_on_cpu():
+    """A context in which ``torch.*(..., device="cuda")`` creates CPU tensors and ``Tensor.cuda()`` stays on the
+    CPU, when CUDA is absent (else a no-op context). Wraps Megatron's model construction and pipeline
+    schedule calls only."""
+    return contextlib.nullcontext() if torch.cuda.is_available() else _CudaLiteralsOnCpu()

@@ -42,7 +42,7 @@ from torch import Tensor
 from rlkit.config.components import MegatronConfig, PolicyConfig
 from rlkit.policy.megatron import convert, parallel
 from rlkit.policy.megatron.build import Architecture, build_gpt_model, transformer_config
-from rlkit.policy.megatron.policy import MegatronPolicy, load_hf_state
+from rlkit.policy.megatron.policy import MegatronPolicy
 
 HFGroup = list[tuple[str, Tensor]]
 
@@ -73,11 +73,12 @@ def apply_moe_fallbacks() -> None:
         moe_utils.te_general_gemm = None
 
 
-def build_moe_gpt_model(arch: MoEArchitecture, tensor_parallel_size: int, mc: MegatronConfig):
-    """A ``GPTModel`` with MoE MLPs in the layout of ``arch``, router settings from ``mc``."""
+def build_moe_gpt_model(arch: MoEArchitecture, tensor_parallel_size: int, pipeline_parallel_size: int,
+                        mc: MegatronConfig):
+    """This pipeline stage's ``GPTModel`` with MoE MLPs in the layout of ``arch``, router settings from ``mc``."""
     apply_moe_fallbacks()
     config = dataclasses.replace(
-        transformer_config(arch, tensor_parallel_size, mc.sequence_parallel),
+        transformer_config(arch, tensor_parallel_size, mc.sequence_parallel, pipeline_parallel_size),
         num_moe_experts=arch.num_experts,
         moe_router_topk=arch.top_k,
         moe_ffn_hidden_size=arch.ffn_hidden_size,
@@ -186,49 +187,34 @@ class MegatronMoEPolicy(MegatronPolicy):
     experts and export gathers each layer's experts from the expert-parallel group.
     """
 
-    def __init__(self, cfg: PolicyConfig, seed: int = 0):
-        # MegatronPolicy.__init__'s steps, with the MoE architecture and model
-        self.cfg = cfg
-        self.arch = MoEArchitecture.from_hf_folder(cfg.model_name)
-        mc = cfg.megatron_cfg
-        self.layout = parallel.ParallelLayout(**mc.model_dump(include=set(parallel.ParallelLayout.__dataclass_fields__)))
-        parallel.init_parallel(self.layout, seed)
-        self.tp_rank, self.tp_size = parallel.tp_rank_and_size()
+    @staticmethod
+    def _read_architecture(folder: str) -> MoEArchitecture:
+        return MoEArchitecture.from_hf_folder(folder)
+
+    def _build_model(self):
         self.ep_rank, self.ep_size = parallel.ep_rank_and_size()
         self.experts_per_rank = self.arch.num_experts // self.ep_size
         self._gathered_experts: dict[str, Tensor] = {}  # experts of the layer being exported, from other ranks
-        self.model = build_moe_gpt_model(self.arch, self.tp_size, mc)
-        self.load_hf_state(load_hf_state(cfg.model_name))
-        self.reset_optimizer(cfg.optimizer, cfg.scheduler)
-        self.temperature = cfg.generation.temperature
-        self.version = 0
-        self.reference_state = None
-        self.set_reference_to_current()
+        return build_moe_gpt_model(self.arch, self.tp_size, self.pp_size, self.cfg.megatron_cfg)
 
     def _global_name(self, local_name: str) -> str:
-        """``...local_experts.j...`` of this rank -> the name with the global expert index."""
-        match = _LOCAL_EXPERT.search(local_name)
+        """Layers numbered across pipeline stages, and ``...local_experts.j...`` -> the global expert index."""
+        name = super()._global_name(local_name)
+        match = _LOCAL_EXPERT.search(name)
         if match is None or self.ep_size == 1:
-            return local_name
-        e = self.ep_rank * self.experts_per_rank + int(match.group(1))
-        return f"{local_name[:match.start(1)]}{e}{local_name[match.end(1):]}"
+            return name
+        return _with_expert(name, match, self.ep_rank * self.experts_per_rank + int(match.group(1)))
 
-    def load_hf_state(self, hf: Mapping[str, Tensor]) -> None:
-        """Load HF-named full tensors; this rank keeps its experts and its tensor-parallel shard of each
-        (expert-tensor-parallel for expert weights). Strict on names and shapes."""
-        full = hf_to_megatron(hf, self.arch)
-        params = {self._global_name(n): p for n, p in self.model.named_parameters()}
-        missing = sorted(set(params) - set(full))
-        if missing:
-            raise KeyError(f"no HF weights for Megatron parameters {missing[:5]}")
-        etp_rank, etp_size = parallel.etp_rank_and_size()
-        with torch.no_grad():
-            for name, param in params.items():
-                rank, size = (etp_rank, etp_size) if _LOCAL_EXPERT.search(name) else (self.tp_rank, self.tp_size)
-                piece = convert.shard(name, full[name], rank, size)
-                if piece.shape != param.shape:
-                    raise ValueError(f"{name}: HF weights give shape {tuple(piece.shape)}, model has {tuple(param.shape)}")
-                param.copy_(piece)
+    def _hf_to_megatron(self, hf: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        return hf_to_megatron(hf, self.arch)
+
+    def _megatron_to_hf_groups(self, full: Callable[[str], Tensor]) -> Iterator[HFGroup]:
+        self._gathered_experts.clear()
+        return megatron_to_hf_groups(full, self.arch)
+
+    def _shard_rank_and_size(self, name: str) -> tuple[int, int]:
+        """Expert weights are split over the expert-tensor-parallel group, the rest over tensor parallelism."""
+        return parallel.etp_rank_and_size() if _LOCAL_EXPERT.search(name) else (self.tp_rank, self.tp_size)
 
     def _forward_length(self, attention_mask: Tensor) -> int:
         """Under expert parallelism the longest row over the expert-parallel group: Megatron's all-gather token
@@ -240,36 +226,27 @@ class MegatronMoEPolicy(MegatronPolicy):
         dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=parallel.ep_group())
         return int(longest)
 
-    def _full_expert_tensor(self, name: str, params: Mapping[str, Tensor]) -> Tensor:
-        """The full tensor of global expert parameter ``name``. Under expert parallelism one all-gather over the
-        expert-parallel group brings local expert j from every rank (experts ``r*E/EP + j``); the ones not
-        asked for yet wait in ``_gathered_experts`` until the export reaches them (at most one layer's)."""
+    def _stage_full_tensor(self, name: str, params: Mapping[str, Tensor]) -> Tensor:
+        """Full tensor of this stage's parameter ``name``. For an expert under expert parallelism one
+        all-gather over the expert-parallel group brings local expert j from every rank (experts
+        ``r*E/EP + j``); the ones not asked for yet wait in ``_gathered_experts`` until the export reaches
+        them (at most one layer's)."""
+        match = _LOCAL_EXPERT.search(name)
+        if match is None:
+            return self._full_tensor(name, params)
         if name in self._gathered_experts:
             return self._gathered_experts.pop(name)
-        match = _LOCAL_EXPERT.search(name)
-        e = int(match.group(1))
-        owner, j = divmod(e, self.experts_per_rank)
-        local_name = f"{name[:match.start(1)]}{j}{name[match.end(1):]}"
-        local = self._full_tensor(local_name, params, group=parallel.etp_group())  # this rank's expert j, whole
+        owner, j = divmod(int(match.group(1)), self.experts_per_rank)
+        mine = _with_expert(name, match, self.ep_rank * self.experts_per_rank + j)
+        local = self._full_tensor(mine, params, group=parallel.etp_group())  # whole over expert-tensor parallelism
         if self.ep_size == 1:
             return local
         pieces = [torch.empty_like(local) for _ in range(self.ep_size)]
         dist.all_gather(pieces, local.contiguous(), group=parallel.ep_group())
         for r, piece in enumerate(pieces):
             if r != owner:
-                self._gathered_experts[f"{name[:match.start(1)]}{r * self.experts_per_rank + j}{name[match.end(1):]}"] = piece
+                self._gathered_experts[_with_expert(name, match, r * self.experts_per_rank + j)] = piece
         return pieces[owner]
-
-    def export_hf_groups(self) -> Iterator[HFGroup]:
-        params = dict(self.model.named_parameters())
-        self._gathered_experts.clear()
-
-        def full(name: str) -> Tensor:
-            if _LOCAL_EXPERT.search(name):
-                return self._full_expert_tensor(name, params)
-            return self._full_tensor(name, params)
-
-        yield from megatron_to_hf_groups(full, self.arch)
 
     def __repr__(self) -> str:
         ep = f", EP={self.ep_size}" if self.ep_size > 1 else ""
@@ -278,6 +255,11 @@ class MegatronMoEPolicy(MegatronPolicy):
 
 
 _LOCAL_EXPERT = re.compile(r"\.local_experts\.(\d+)\.")
+
+
+def _with_expert(name: str, match: re.Match, expert: int) -> str:
+    """``name`` with the expert index that ``match`` (of :data:`_LOCAL_EXPERT`) found replaced by ``expert``."""
+    return f"{name[:match.start(1)]}{expert}{name[match.end(1):]}"
 
 
 def make_megatron_policy(cfg: PolicyConfig, seed: int = 0) -> MegatronPolicy:

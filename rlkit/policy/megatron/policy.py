@@ -7,7 +7,8 @@ over the ranks that hold the same weights and see different data, and the loss i
 over the global batch.
 
 Deliberate simplifications: plain ``torch.optim.AdamW`` (Megatron's distributed optimizer hard-codes CUDA
-in places), fp32 weights, no pipeline parallelism, microbatches run one after another.
+in places), fp32 weights. Without pipeline parallelism microbatches run one after another in a plain loop
+(what a researcher steps through); with it Megatron's schedule runs them (:mod:`.pipeline`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -26,7 +27,7 @@ from torch import Tensor
 
 from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
 from rlkit.policy.base import HFGroup, LossFn, TokenScores, TrainStepResult, weights_swapped_in
-from rlkit.policy.megatron import convert, parallel
+from rlkit.policy.megatron import convert, parallel, pipeline
 from rlkit.policy.megatron.build import Architecture, build_gpt_model, transformer_config
 from rlkit.policy.megatron.scores import shifted_entropy, shifted_token_logprobs
 from rlkit.trajectories import LossCounts, Trajectories
@@ -111,18 +112,28 @@ class MegatronPolicy:
 
     def __init__(self, cfg: PolicyConfig, seed: int = 0):
         self.cfg = cfg
-        self.arch = Architecture.from_hf_folder(cfg.model_name)
+        self.arch = self._read_architecture(cfg.model_name)
         mc = cfg.megatron_cfg
         self.layout = parallel.ParallelLayout(**mc.model_dump(include=set(parallel.ParallelLayout.__dataclass_fields__)))
         parallel.init_parallel(self.layout, seed)
         self.tp_rank, self.tp_size = parallel.tp_rank_and_size()
-        self.model = build_gpt_model(self.arch, transformer_config(self.arch, self.tp_size, mc.sequence_parallel))
+        self.pp_rank, self.pp_size = pipeline.pp_rank_and_size()
+        self.model = self._build_model()
+        self._layer_offset = pipeline.stage_layer_offset(self.model.config)
         self.load_hf_state(load_hf_state(cfg.model_name))
         self.reset_optimizer(cfg.optimizer, cfg.scheduler)
         self.temperature = cfg.generation.temperature
         self.version = 0
         self.reference_state: dict[str, Tensor] | None = None  # Megatron-named frozen KL reference weights
         self.set_reference_to_current()
+
+    @staticmethod
+    def _read_architecture(folder: str) -> Architecture:
+        return Architecture.from_hf_folder(folder)
+
+    def _build_model(self):
+        config = transformer_config(self.arch, self.tp_size, self.layout.sequence_parallel, self.pp_size)
+        return build_gpt_model(self.arch, config)
 
     def reset_optimizer(self, optimizer: OptimizerConfig, scheduler: SchedulerConfig) -> None:
         """A fresh AdamW and learning-rate schedule (e.g. between an SFT warm start and RL)."""
@@ -133,16 +144,36 @@ class MegatronPolicy:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(scheduler))
 
     # ---- weights ----------------------------------------------------------------------------------
+    def _global_name(self, local_name: str) -> str:
+        """This rank's parameter name -> the whole model's (decoder layers numbered across pipeline stages)."""
+        return pipeline.with_layer_offset(local_name, self._layer_offset)
+
+    def _params_by_global_name(self) -> dict[str, Tensor]:
+        return {self._global_name(n): p for n, p in self.model.named_parameters()}
+
+    def _hf_to_megatron(self, hf: Mapping[str, Tensor]) -> dict[str, Tensor]:
+        return convert.hf_to_megatron(hf, self.arch)
+
+    def _megatron_to_hf_groups(self, full: Callable[[str], Tensor]) -> Iterator[HFGroup]:
+        return convert.megatron_to_hf_groups(full, self.arch)
+
+    def _shard_rank_and_size(self, name: str) -> tuple[int, int]:
+        """The tensor-parallel rank and size that split parameter ``name``."""
+        return self.tp_rank, self.tp_size
+
     def load_hf_state(self, hf: Mapping[str, Tensor]) -> None:
-        """Load HF-named full tensors; this rank keeps its tensor-parallel shard. Strict on names and shapes."""
-        full = convert.hf_to_megatron(hf, self.arch)
-        params = dict(self.model.named_parameters())
+        """Load HF-named full tensors; this rank keeps its pipeline stage's parameters and its tensor-parallel
+        shard of each. Strict on names and shapes."""
+        full = self._hf_to_megatron(hf)
+        if self.arch.tie_word_embeddings and self.pp_size > 1:  # the last stage's copy of the tied embedding
+            full["output_layer.weight"] = full["embedding.word_embeddings.weight"]
+        params = self._params_by_global_name()
         missing = sorted(set(params) - set(full))
         if missing:
             raise KeyError(f"no HF weights for Megatron parameters {missing[:5]}")
         with torch.no_grad():
             for name, param in params.items():
-                piece = convert.shard(name, full[name], self.tp_rank, self.tp_size)
+                piece = convert.shard(name, full[name], *self._shard_rank_and_size(name))
                 if piece.shape != param.shape:
                     raise ValueError(f"{name}: HF weights give shape {tuple(piece.shape)}, model has {tuple(param.shape)}")
                 param.copy_(piece)
@@ -158,11 +189,24 @@ class MegatronPolicy:
         dist.all_gather(pieces, local.contiguous(), group=group)
         return convert.unshard(name, pieces)
 
+    def _stage_full_tensor(self, name: str, params: Mapping[str, Tensor]) -> Tensor:
+        """Full tensor of parameter ``name`` of this pipeline stage (gathered over tensor parallelism)."""
+        return self._full_tensor(name, params)
+
     def export_hf_groups(self) -> Iterator[HFGroup]:
-        """HF-named full tensors, one fused group at a time. At TP=1 they are views of the live weights:
-        copy them if you keep them past the next optimizer step."""
-        params = dict(self.model.named_parameters())
-        yield from convert.megatron_to_hf_groups(lambda n: self._full_tensor(n, params), self.arch)
+        """HF-named full tensors, one fused group at a time, the same on every rank (each pipeline stage
+        broadcasts its layers). At TP=1 and PP=1 they are views of the live weights: copy them if you keep
+        them past the next optimizer step."""
+        params = self._params_by_global_name()
+
+        def full(name: str) -> Tensor:
+            if self.pp_size == 1:
+                return self._stage_full_tensor(name, params)
+            owner = pipeline.owner_stage(name, self.arch.num_layers, self.pp_size)
+            mine = self._stage_full_tensor(name, params) if owner == self.pp_rank else None
+            return pipeline.broadcast_from_stage(mine, owner)
+
+        yield from self._megatron_to_hf_groups(full)
 
     def hf_state_dict(self) -> dict[str, Tensor]:
         return {name: t.clone() for group in self.export_hf_groups() for name, t in group}
@@ -175,38 +219,84 @@ class MegatronPolicy:
         return weights_swapped_in(self.model, self.reference_state)
 
     # ---- scoring ----------------------------------------------------------------------------------
-    def _logits(self, input_ids: Tensor) -> Tensor:
-        """input_ids [b, T] -> logits [b, T, V/tp], divided by the sampling temperature.
+    def _padded_length(self, t: int) -> int:
+        """Under sequence parallelism the sequence is split over the tensor-parallel ranks, so a forward pass
+        runs on a multiple of their number of positions; causal attention keeps the right padding out of the
+        first ``t`` positions."""
+        return t + (-t % self.tp_size if self.layout.sequence_parallel else 0)
 
-        Under sequence parallelism the sequence is split over the tensor-parallel ranks, so it is padded on the
-        right to a multiple of their number; causal attention keeps the padding out of the first T positions.
-        """
+    def _stage_forward(self, input_ids: Tensor) -> Tensor:
+        """input_ids [b, t] (t already padded) -> this stage's output: logits [b, t, V/tp] on the last stage,
+        hidden states for the next stage otherwise."""
         b, t = input_ids.shape
-        padded = t + (-t % self.tp_size if self.layout.sequence_parallel else 0)
-        ids = torch.nn.functional.pad(input_ids, (0, padded - t))
-        positions = torch.arange(padded).unsqueeze(0).expand(b, padded)
-        causal = torch.triu(torch.ones(padded, padded, dtype=torch.bool), diagonal=1)[None, None]
-        logits = self.model(ids, positions, causal)[:, :t]
+        positions = torch.arange(t).unsqueeze(0).expand(b, t)
+        causal = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)[None, None]
+        return self.model(input_ids, positions, causal)
+
+    def _scaled(self, logits: Tensor) -> Tensor:
+        """Logits divided by the sampling temperature (the distribution the generator sampled from)."""
         return logits / self.temperature if self.temperature != 1.0 else logits
+
+    def _logits(self, input_ids: Tensor) -> Tensor:
+        """input_ids [b, T] -> logits [b, T, V/tp], divided by the sampling temperature (one stage only)."""
+        t = input_ids.shape[1]
+        ids = torch.nn.functional.pad(input_ids, (0, self._padded_length(t) - t))
+        return self._scaled(self._stage_forward(ids)[:, :t])
 
     def _forward_length(self, attention_mask: Tensor) -> int:
         """Columns of ``attention_mask`` [b, T] a forward pass needs: up to the longest row (right padding)."""
         return int(attention_mask.sum(1).max())
 
+    def _token_scores(self, logits: Tensor, ids: Tensor, mask: Tensor, with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
+        """Scaled logits [b, t, V/tp] of ``ids`` [b, t] -> logprobs and (optionally) entropy [b, t], 0 off ``mask``."""
+        logprobs = shifted_token_logprobs(logits, ids) * mask
+        entropy = shifted_entropy(logits, parallel.tp_group()) * mask if with_entropy else None
+        return logprobs, entropy
+
     @torch.no_grad()
     def score(self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False) -> TokenScores:
         """Per-token logprobs (and entropy) [B, T] of ``input_ids`` [B, T]; 0 at position 0 and on padding."""
         self.model.eval()
+        if self.pp_size > 1:
+            return self._score_pipelined(input_ids, attention_mask, with_entropy)
         logprobs, entropy = torch.zeros(input_ids.shape), torch.zeros(input_ids.shape)
         step = self.cfg.logprob_batch_size
         for start in range(0, input_ids.shape[0], step):
             rows = slice(start, start + step)
             t = self._forward_length(attention_mask[rows])
-            ids, mask = input_ids[rows, :t], attention_mask[rows, :t]
-            logits = self._logits(ids)
-            logprobs[rows, :t] = shifted_token_logprobs(logits, ids) * mask
+            ids = input_ids[rows, :t]
+            lp, ent = self._token_scores(self._logits(ids), ids, attention_mask[rows, :t], with_entropy)
+            logprobs[rows, :t] = lp
             if with_entropy:
-                entropy[rows, :t] = shifted_entropy(logits, parallel.tp_group()) * mask
+                entropy[rows, :t] = ent
+        return TokenScores(logprobs, entropy if with_entropy else None)
+
+    def _score_pipelined(self, input_ids: Tensor, attention_mask: Tensor, with_entropy: bool) -> TokenScores:
+        """:meth:`score` through the pipeline: equal microbatches (the last row repeated to fill the last one),
+        one length; the last stage's results broadcast to every stage."""
+        b, width = input_ids.shape
+        rows = min(self.cfg.logprob_batch_size, b)
+        fill = -b % rows
+        ids_all = torch.cat([input_ids, input_ids[-1:].expand(fill, -1)])
+        mask_all = torch.cat([attention_mask, attention_mask[-1:].expand(fill, -1)])
+        t = self._forward_length(mask_all)
+        ids_all, mask_all = ids_all[:, :t], mask_all[:, :t]
+        padded = torch.nn.functional.pad(ids_all, (0, self._padded_length(t) - t))
+        micros = [slice(s, s + rows) for s in range(0, b + fill, rows)]
+
+        def on_last_stage(output: Tensor, rows_: slice) -> tuple[Tensor, dict]:
+            lp, ent = self._token_scores(self._scaled(output[:, :t]), ids_all[rows_], mask_all[rows_], with_entropy)
+            return output.new_zeros(()), {"scores": lp if ent is None else torch.stack([lp, ent])}
+
+        infos = pipeline.run_schedule(self.model, micros, lambda rows_: self._stage_forward(padded[rows_]),
+                                      on_last_stage, padded.shape[1], rows, forward_only=True)
+        last = self.pp_size - 1
+        scores = torch.cat([i["scores"] for i in infos], dim=-2) if self.pp_rank == last else None
+        scores = pipeline.broadcast_from_stage(scores, last)[..., :b, :]
+        logprobs, entropy = torch.zeros(b, width), torch.zeros(b, width)
+        logprobs[:, :t] = scores[0] if with_entropy else scores
+        if with_entropy:
+            entropy[:, :t] = scores[1]
         return TokenScores(logprobs, entropy if with_entropy else None)
 
     def reference_score(self, input_ids: Tensor, attention_mask: Tensor) -> TokenScores:
@@ -224,11 +314,12 @@ class MegatronPolicy:
 
     def _grad_norm(self) -> float:
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+        from megatron.core.transformer.module import param_is_not_shared
 
         sq = torch.zeros((), dtype=torch.float64)  # over the parameters every rank holds (TP shards summed)
         expert_sq = torch.zeros((), dtype=torch.float64)  # over the experts split by expert parallelism
         for p in self.model.parameters():
-            if p.grad is None:
+            if p.grad is None or not param_is_not_shared(p):  # (the last stage's copy of a tied embedding)
                 continue
             if parallel.is_expert_parallel(p):
                 expert_sq += p.grad.double().pow(2).sum()
@@ -238,43 +329,96 @@ class MegatronPolicy:
             dist.all_reduce(sq, group=parallel.tp_group())
         if parallel.ep_rank_and_size()[1] > 1:  # (experts only split by TP are in ``sq``)
             dist.all_reduce(expert_sq, group=parallel.expert_model_group())
-        return float((sq + expert_sq).sqrt())
+        total = sq + expert_sq
+        if self.pp_size > 1:
+            dist.all_reduce(total, group=pipeline.pp_group())
+        return float(total.sqrt())
 
     def _run_microbatches(self, batch: Trajectories, loss_fn: LossFn, backward: bool) -> tuple[dict[str, float], int]:
         """Loss over ``batch`` in microbatches of ``train_micro_batch_size`` rows, normalised by global counts.
 
-        With ``backward`` the gradients of all microbatches accumulate in ``.grad`` (summed over the
-        data-parallel group); returns the global metric sums and the number of microbatches.
+        With ``backward`` the gradients of all microbatches accumulate in ``.grad`` (summed over the ranks
+        that hold the same weights); returns the global metric sums and the number of microbatches.
         """
         counts = self.global_counts(batch.loss_mask)
-        mbs = self.cfg.train_micro_batch_size
-        sums: dict[str, Tensor] = {}
-        n_micro = 0
         with torch.set_grad_enabled(backward):
-            for start in range(0, batch.batch_size, mbs):
-                micro = batch.select(slice(start, start + mbs))
-                t = self._forward_length(micro.attention_mask)
-                ids = micro.input_ids[:, :t]
-                logprobs = shifted_token_logprobs(self._logits(ids), ids) * micro.attention_mask[:, :t]
-                logprobs = torch.nn.functional.pad(logprobs, (0, micro.input_ids.shape[1] - t))
-                loss, metrics = loss_fn(logprobs, micro, counts)
-                if backward:
-                    loss.backward()
-                for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + torch.as_tensor(v).detach().double()
-                n_micro += 1
+            if self.pp_size > 1:
+                sums, n_micro = self._pipelined_losses(batch, loss_fn, counts, backward)
+            else:
+                sums, n_micro = self._losses(batch, loss_fn, counts, backward)
         if backward:
-            self._sum_sequence_parallel_grads()
-            for p in self.model.parameters():
-                group = parallel.grad_reduce_group(p)
-                if p.requires_grad and dist.get_world_size(group) > 1:
-                    if p.grad is None:  # e.g. an expert no token reached here: every rank must join the sum
-                        p.grad = torch.zeros_like(p)
-                    dist.all_reduce(p.grad, group=group)
+            self._reduce_grads()
         if parallel.dp_size() > 1:
             for v in sums.values():
                 dist.all_reduce(v, group=parallel.dp_group())
         return {k: float(v) for k, v in sums.items()}, n_micro
+
+    def _micro_loss(self, logits: Tensor, micro: Trajectories, t: int, loss_fn: LossFn,
+                    counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:
+        """The loss of one microbatch from its scaled logits [b, t, V/tp], and its metrics as float64 scalars."""
+        ids = micro.input_ids[:, :t]
+        logprobs = shifted_token_logprobs(logits, ids) * micro.attention_mask[:, :t]
+        logprobs = torch.nn.functional.pad(logprobs, (0, micro.input_ids.shape[1] - t))
+        loss, metrics = loss_fn(logprobs, micro, counts)
+        return loss, {k: torch.as_tensor(v).detach().double() for k, v in metrics.items()}
+
+    def _losses(self, batch: Trajectories, loss_fn: LossFn, counts: LossCounts, backward: bool):
+        """One microbatch after another on this rank (no pipeline); each trimmed to its longest row."""
+        sums: dict[str, Tensor] = {}
+        starts = range(0, batch.batch_size, self.cfg.train_micro_batch_size)
+        for start in starts:
+            micro = batch.select(slice(start, start + self.cfg.train_micro_batch_size))
+            t = self._forward_length(micro.attention_mask)
+            loss, metrics = self._micro_loss(self._logits(micro.input_ids[:, :t]), micro, t, loss_fn, counts)
+            if backward:
+                loss.backward()
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + v
+        return sums, len(starts)
+
+    def _pipelined_losses(self, batch: Trajectories, loss_fn: LossFn, counts: LossCounts, backward: bool):
+        """The microbatches through the pipeline schedule (all of one length); metric sums from the last stage."""
+        mbs = min(self.cfg.train_micro_batch_size, batch.batch_size)
+        if batch.batch_size % mbs:
+            raise ValueError(f"pipeline parallelism runs equal microbatches, but this rank's {batch.batch_size} rows "
+                             f"are not a multiple of policy.train_micro_batch_size={mbs}; make the per-rank batch "
+                             f"(policy.train_global_batch_size / data-parallel size) a multiple of it")
+        t = self._forward_length(batch.attention_mask)
+        padded = torch.nn.functional.pad(batch.input_ids[:, :t], (0, self._padded_length(t) - t))
+        micros = [slice(s, s + mbs) for s in range(0, batch.batch_size, mbs)]
+        infos = pipeline.run_schedule(
+            self.model, micros, lambda rows: self._stage_forward(padded[rows]),
+            lambda output, rows: self._micro_loss(self._scaled(output[:, :t]), batch.select(rows), t, loss_fn, counts),
+            padded.shape[1], mbs, forward_only=not backward)
+        sums: dict[str, Tensor] = {}
+        for info in infos:
+            for k, v in info.items():
+                sums[k] = sums.get(k, 0.0) + v
+        return pipeline.broadcast_from_last_stage(sums), len(micros)
+
+    def _reduce_grads(self) -> None:
+        """Sum gradients where ranks hold the same weights: sequence-parallel norms over TP, a tied embedding
+        over its first and last pipeline stages, everything over the (expert-)data-parallel group."""
+        self._sum_sequence_parallel_grads()
+        self._sum_tied_embedding_grads()
+        for p in self.model.parameters():
+            group = parallel.grad_reduce_group(p)
+            if p.requires_grad and dist.get_world_size(group) > 1:
+                if p.grad is None:  # e.g. an expert no token reached here: every rank must join the sum
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad, group=group)
+
+    def _sum_tied_embedding_grads(self) -> None:
+        """With tied embeddings split over pipeline stages the first stage's embedding and the last stage's
+        output layer are one weight: summing their gradients keeps the two copies equal after each step."""
+        from megatron.core import parallel_state
+
+        if self.pp_size == 1 or not self.arch.tie_word_embeddings or not parallel_state.is_rank_in_embedding_group():
+            return
+        weight = self.model.shared_embedding_or_output_weight()
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        dist.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
 
     def _sum_sequence_parallel_grads(self) -> None:
         """Under sequence parallelism each tensor-parallel rank's norms (and MoE router) saw only its chunk of
@@ -320,5 +464,6 @@ class MegatronPolicy:
         a = self.arch
         return (
             f"MegatronPolicy({a.family}, {a.num_layers}x{a.hidden_size}, TP={self.tp_size}, "
+            f"{f'PP={self.pp_size}, ' if self.pp_size > 1 else ''}"
             f"DP={parallel.dp_size() if self.model is not None else '?'}, version={self.version})"
         )
