@@ -31,7 +31,8 @@ def parallel_layout_problems(megatron_cfg: Any, model_config: Mapping[str, Any],
         out.append(f"{key}.pipeline_model_parallel_size={pp}: must divide num_hidden_layers="
                    f"{model_config['num_hidden_layers']}")
     if cp > 1:
-        out.append(f"{key}.context_parallel_size={cp}: context parallelism is not supported yet; use 1")
+        out.append(f"{key}.context_parallel_size={cp}: context parallelism needs Transformer Engine's attention "
+                   "(Megatron's local attention refuses it), and rlkit builds the local layer spec; use 1")
     if megatron_cfg.sequence_parallel and tp == 1:
         out.append(f"{key}.sequence_parallel: needs tensor_model_parallel_size > 1")
     experts = model_config.get("num_local_experts") or 0

@@ -250,6 +250,10 @@ def test_bad_layout_is_rejected_before_any_worker_starts(monkeypatch, model_fact
         workers.RayPolicyGroup(moe.model_copy(update={"megatron_cfg": MegatronConfig(tensor_model_parallel_size=2)}), 2)
     with pytest.raises(ConfigError, match="sequence_parallel: needs tensor_model_parallel_size > 1"):
         workers.RayPolicyGroup(moe.model_copy(update={"megatron_cfg": MegatronConfig(sequence_parallel=True)}), 2)
+    with pytest.raises(ConfigError, match="pipeline_model_parallel_size=3: must divide num_hidden_layers=2"):
+        workers.RayPolicyGroup(nano.model_copy(update={"megatron_cfg": MegatronConfig(pipeline_model_parallel_size=3)}), 3)
+    with pytest.raises(ConfigError, match="context parallelism needs Transformer Engine"):
+        workers.RayPolicyGroup(nano.model_copy(update={"megatron_cfg": MegatronConfig(context_parallel_size=2)}), 2)
     with pytest.raises(ConfigError, match="needs a Mixture-of-Experts model"):
         workers.RayPolicyGroup(nano.model_copy(update={"megatron_cfg": MegatronConfig(expert_model_parallel_size=2)}), 2)
     with pytest.raises(ConfigError, match="must divide the world size 3"):
