@@ -64,24 +64,10 @@ def single_process_group_env() -> None:
 
 
 def make_megatron(cfg, dtype: torch.dtype):
-    """The Megatron policy with its weights cast to ``dtype``. The in-process policy builds its step inputs
-    (positions, mask, grad-norm accumulator) on the CPU; this subclass builds them on the model's device."""
+    """The Megatron policy with its weights cast to ``dtype``."""
     from rlkit.policy.megatron.policy import MegatronPolicy
 
-    class DeviceMegatronPolicy(MegatronPolicy):
-        def _logits(self, input_ids):
-            b, t = input_ids.shape
-            device = input_ids.device
-            positions = torch.arange(t, device=device).unsqueeze(0).expand(b, t)
-            causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=device), diagonal=1)[None, None]
-            logits = self.model(input_ids, positions, causal)
-            return logits / self.temperature if self.temperature != 1.0 else logits
-
-        def _grad_norm(self) -> float:
-            grads = [p.grad.double().pow(2).sum() for p in self.model.parameters() if p.grad is not None]
-            return float(torch.stack(grads).sum().sqrt())  # TP=1: no duplicates to skip, nothing to reduce
-
-    policy = DeviceMegatronPolicy(cfg)
+    policy = MegatronPolicy(cfg)
     policy.model.to(dtype)
     policy.reset_optimizer(cfg.optimizer, cfg.scheduler)
     policy.reference_state = None  # not used here; frees a copy of the weights

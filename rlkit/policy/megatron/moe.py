@@ -222,7 +222,7 @@ class MegatronMoEPolicy(MegatronPolicy):
         t = super()._forward_length(attention_mask)
         if self.ep_size == 1:
             return t
-        longest = torch.tensor(t)
+        longest = torch.tensor(t, device=self.device)
         dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=parallel.ep_group())
         return int(longest)
 

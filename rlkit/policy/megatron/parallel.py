@@ -68,6 +68,11 @@ def init_parallel(layout: ParallelLayout, seed: int) -> None:
     model_parallel_cuda_manual_seed(seed)
 
 
+def device() -> torch.device:
+    """This rank's device: its GPU (NCCL) or the CPU (gloo)."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
 def destroy_parallel() -> None:
     from megatron.core import parallel_state
 

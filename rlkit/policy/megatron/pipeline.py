@@ -68,17 +68,21 @@ def owner_stage(global_name: str, num_layers: int, num_stages: int) -> int:
 
 def broadcast_from_stage(tensor: Optional[Tensor], owner: int) -> Tensor:
     """``tensor`` from stage ``owner`` of the pipeline group on every stage (others pass None)."""
-    group = pp_group()
+    from rlkit.policy.megatron.parallel import device
+
+    group, on = pp_group(), device()  # NCCL sends device tensors only
     src = dist.get_global_rank(group, owner)
     header = torch.full((6,), -1, dtype=torch.int64)  # [dtype code, ndim, d0, d1, d2, d3]
     if tensor is not None:
         header[0], header[1] = _DTYPES.index(tensor.dtype), tensor.dim()
         header[2:2 + tensor.dim()] = torch.tensor(tensor.shape)
+    header = header.to(on)
     dist.broadcast(header, src, group=group)
     if tensor is None:
-        tensor = torch.empty(header[2:2 + int(header[1])].tolist(), dtype=_DTYPES[int(header[0])])
+        header = header.cpu()
+        tensor = torch.empty(header[2:2 + int(header[1])].tolist(), dtype=_DTYPES[int(header[0])], device=on)
     else:
-        tensor = tensor.contiguous()
+        tensor = tensor.to(on).contiguous()
     dist.broadcast(tensor, src, group=group)
     return tensor
 

@@ -118,6 +118,7 @@ class MegatronPolicy:
         parallel.init_parallel(self.layout, seed)
         self.tp_rank, self.tp_size = parallel.tp_rank_and_size()
         self.pp_rank, self.pp_size = pipeline.pp_rank_and_size()
+        self.device = parallel.device()  # the model's; batches and results stay where the caller keeps them
         self.model = self._build_model()
         self._layer_offset = pipeline.stage_layer_offset(self.model.config)
         self.load_hf_state(load_hf_state(cfg.model_name))
@@ -229,9 +230,9 @@ class MegatronPolicy:
         """input_ids [b, t] (t already padded) -> this stage's output: logits [b, t, V/tp] on the last stage,
         hidden states for the next stage otherwise."""
         b, t = input_ids.shape
-        positions = torch.arange(t).unsqueeze(0).expand(b, t)
-        causal = torch.triu(torch.ones(t, t, dtype=torch.bool), diagonal=1)[None, None]
-        return self.model(input_ids, positions, causal)
+        positions = torch.arange(t, device=self.device).unsqueeze(0).expand(b, t)
+        causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=self.device), diagonal=1)[None, None]
+        return self.model(input_ids.to(self.device), positions, causal)
 
     def _scaled(self, logits: Tensor) -> Tensor:
         """Logits divided by the sampling temperature (the distribution the generator sampled from)."""
@@ -248,9 +249,10 @@ class MegatronPolicy:
         return int(attention_mask.sum(1).max())
 
     def _token_scores(self, logits: Tensor, ids: Tensor, mask: Tensor, with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
-        """Scaled logits [b, t, V/tp] of ``ids`` [b, t] -> logprobs and (optionally) entropy [b, t], 0 off ``mask``."""
-        logprobs = shifted_token_logprobs(logits, ids) * mask
-        entropy = shifted_entropy(logits, parallel.tp_group()) * mask if with_entropy else None
+        """Scaled logits [b, t, V/tp] of ``ids`` [b, t] -> logprobs and (optionally) entropy [b, t], 0 off ``mask``
+        (on the device of ``mask``)."""
+        logprobs = shifted_token_logprobs(logits, ids.to(logits.device)).to(mask.device) * mask
+        entropy = shifted_entropy(logits, parallel.tp_group()).to(mask.device) * mask if with_entropy else None
         return logprobs, entropy
 
     @torch.no_grad()
@@ -259,7 +261,8 @@ class MegatronPolicy:
         self.model.eval()
         if self.pp_size > 1:
             return self._score_pipelined(input_ids, attention_mask, with_entropy)
-        logprobs, entropy = torch.zeros(input_ids.shape), torch.zeros(input_ids.shape)
+        logprobs = torch.zeros(input_ids.shape, device=input_ids.device)
+        entropy = torch.zeros(input_ids.shape, device=input_ids.device)
         step = self.cfg.logprob_batch_size
         for start in range(0, input_ids.shape[0], step):
             rows = slice(start, start + step)
@@ -292,8 +295,9 @@ class MegatronPolicy:
                                       on_last_stage, padded.shape[1], rows, forward_only=True)
         last = self.pp_size - 1
         scores = torch.cat([i["scores"] for i in infos], dim=-2) if self.pp_rank == last else None
-        scores = pipeline.broadcast_from_stage(scores, last)[..., :b, :]
-        logprobs, entropy = torch.zeros(b, width), torch.zeros(b, width)
+        scores = pipeline.broadcast_from_stage(scores, last)[..., :b, :].to(input_ids.device)
+        logprobs = torch.zeros(b, width, device=input_ids.device)
+        entropy = torch.zeros(b, width, device=input_ids.device)
         logprobs[:, :t] = scores[0] if with_entropy else scores
         if with_entropy:
             entropy[:, :t] = scores[1]
@@ -306,7 +310,8 @@ class MegatronPolicy:
     # ---- training ---------------------------------------------------------------------------------
     def global_counts(self, loss_mask: Tensor) -> LossCounts:
         """Counts over this rank's batch summed over the data-parallel group."""
-        local = torch.tensor([loss_mask.sum(), (loss_mask.sum(1) > 0).sum(), loss_mask.shape[0]], dtype=torch.float64)
+        local = torch.tensor([loss_mask.sum(), (loss_mask.sum(1) > 0).sum(), loss_mask.shape[0]], dtype=torch.float64,
+                             device=self.device)  # NCCL reduces device tensors only
         if parallel.dp_size() > 1:
             dist.all_reduce(local, group=parallel.dp_group())
         tokens, seqs, n = (int(x) for x in local.tolist())
@@ -316,8 +321,8 @@ class MegatronPolicy:
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
         from megatron.core.transformer.module import param_is_not_shared
 
-        sq = torch.zeros((), dtype=torch.float64)  # over the parameters every rank holds (TP shards summed)
-        expert_sq = torch.zeros((), dtype=torch.float64)  # over the experts split by expert parallelism
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)  # parameters every rank holds (TP shards summed)
+        expert_sq = torch.zeros((), dtype=torch.float64, device=self.device)  # experts split by expert parallelism
         for p in self.model.parameters():
             if p.grad is None or not param_is_not_shared(p):  # (the last stage's copy of a tied embedding)
                 continue
@@ -348,16 +353,17 @@ class MegatronPolicy:
                 sums, n_micro = self._losses(batch, loss_fn, counts, backward)
         if backward:
             self._reduce_grads()
-        if parallel.dp_size() > 1:
-            for v in sums.values():
-                dist.all_reduce(v, group=parallel.dp_group())
+        if parallel.dp_size() > 1 and sums:
+            packed = torch.stack([sums[k].to(self.device) for k in sorted(sums)])
+            dist.all_reduce(packed, group=parallel.dp_group())
+            sums = dict(zip(sorted(sums), packed))
         return {k: float(v) for k, v in sums.items()}, n_micro
 
     def _micro_loss(self, logits: Tensor, micro: Trajectories, t: int, loss_fn: LossFn,
                     counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:
         """The loss of one microbatch from its scaled logits [b, t, V/tp], and its metrics as float64 scalars."""
         ids = micro.input_ids[:, :t]
-        logprobs = shifted_token_logprobs(logits, ids) * micro.attention_mask[:, :t]
+        logprobs = shifted_token_logprobs(logits, ids.to(logits.device)).to(ids.device) * micro.attention_mask[:, :t]
         logprobs = torch.nn.functional.pad(logprobs, (0, micro.input_ids.shape[1] - t))
         loss, metrics = loss_fn(logprobs, micro, counts)
         return loss, {k: torch.as_tensor(v).detach().double() for k, v in metrics.items()}
