@@ -121,26 +121,61 @@ def _async_problems(grpo: Any, loss_fn: Any) -> list[str]:
 
 
 def _model_problems(policy: Any) -> list[str]:
+    """Checks against the model: the existing folder's config.json, or the one ``policy.model_preset`` will make."""
     path = Path(policy.model_name) / "config.json"
-    if not path.is_file() and policy.model_preset is not None:
-        from rlkit.models import PRESETS
-
-        if policy.model_preset not in PRESETS:
-            return [f"policy.model_preset={policy.model_preset!r}: unknown; choose one of {sorted(PRESETS)}"]
-        if (PRESETS[policy.model_preset].num_experts > 0) != (policy.model_family == "mixtral"):
-            return [f"policy.model_family={policy.model_family!r}: preset {policy.model_preset!r} needs family "
-                    f"{'mixtral' if PRESETS[policy.model_preset].num_experts else 'llama or qwen2'}"]
-        return []
-    if not path.is_file():
+    preset_config, problems = _preset_config(policy)
+    if problems:
+        return problems
+    if path.is_file():
+        model_config = json.loads(path.read_text())
+        if preset_config is not None and _shape(model_config) != _shape(preset_config):
+            return [f"policy.model_name={policy.model_name!r} already holds a different model "
+                    f"({_describe(model_config)}) than policy.model_preset={policy.model_preset!r} with "
+                    f"policy.model_family={policy.model_family!r} ({_describe(preset_config)}), which is only made "
+                    "when the folder does not exist. Fix: point policy.model_name at a new folder, or drop "
+                    "policy.model_preset to use the existing model"]
+    elif preset_config is not None:
+        model_config = preset_config
+    else:
         return [f"policy.model_name={policy.model_name!r}: no HF model folder there. Fix: create one with "
                 f"`rlkit make-model {policy.model_name}` or point it at an existing folder"]
-    model_config = json.loads(path.read_text())
     if not policy.megatron_cfg.enabled:
         if model_config.get("num_local_experts"):
             return [f"policy.dtensor_cfg.enabled: {policy.model_name!r} is a Mixture-of-Experts model, which the "
                     "DTensor backend does not train yet; use policy.megatron_cfg.enabled=true"]
         return []
     return parallel_layout_problems(policy.megatron_cfg, model_config, policy.num_workers)
+
+
+def _preset_config(policy: Any) -> tuple[dict | None, list[str]]:
+    """The HF config ``policy.model_preset`` makes (None without a preset), or the problems with the preset."""
+    if policy.model_preset is None:
+        return None, []
+    from rlkit.models import PRESETS
+    from rlkit.models.factory import SUPPORTED_ARCHITECTURES, hf_config
+
+    if policy.model_preset not in PRESETS:
+        return None, [f"policy.model_preset={policy.model_preset!r}: unknown; choose one of {sorted(PRESETS)}"]
+    spec = PRESETS[policy.model_preset]
+    if (spec.num_experts > 0) != (policy.model_family == "mixtral"):
+        return None, [f"policy.model_family={policy.model_family!r}: preset {policy.model_preset!r} needs family "
+                      f"{'mixtral' if spec.num_experts else 'llama or qwen2'}"]
+    config = hf_config(spec, policy.model_family).to_dict()
+    config["architectures"] = [a for a, family in SUPPORTED_ARCHITECTURES.items() if family == policy.model_family]
+    return config, []
+
+
+def _shape(model_config: Mapping[str, Any]) -> tuple:
+    return (tuple(model_config.get("architectures") or ()), model_config.get("hidden_size"),
+            model_config.get("num_hidden_layers"), model_config.get("num_attention_heads"),
+            model_config.get("num_local_experts") or 0)
+
+
+def _describe(model_config: Mapping[str, Any]) -> str:
+    arch = "/".join(model_config.get("architectures") or ["?"])
+    experts = f", {model_config['num_local_experts']} experts" if model_config.get("num_local_experts") else ""
+    return (f"{arch}, hidden {model_config.get('hidden_size')}, {model_config.get('num_hidden_layers')} layers, "
+            f"{model_config.get('num_attention_heads')} heads{experts}")
 
 
 def _uneven_microbatches(rows: int, micro_batch_size: int) -> bool:

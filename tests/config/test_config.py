@@ -68,3 +68,30 @@ def test_base_inheritance(tmp_path):
     (tmp_path / "mine.yaml").write_text("base: quickstart\ngrpo:\n  num_epochs: 3\n")
     config = load_config(tmp_path / "mine.yaml")
     assert config.grpo.num_epochs == 3 and config.grpo.num_prompts_per_step == 16
+
+
+def test_a_preset_model_is_checked_before_it_is_made(tmp_path):
+    """The layout is checked against the config the preset will make (nothing is made while checking)."""
+    model = tmp_path / "moe"
+    overrides = [f"policy.model_name={model}", "policy.model_preset=nano-moe", "policy.model_family=mixtral",
+                 "policy.num_workers=2"]
+    load_config("quickstart", overrides + ["policy.megatron_cfg.expert_model_parallel_size=2"])
+    with pytest.raises(ConfigError) as err:
+        load_config("quickstart", overrides + ["policy.megatron_cfg.expert_model_parallel_size=3",
+                                               "policy.megatron_cfg.tensor_model_parallel_size=2"])
+    text = str(err.value)
+    assert "expert_model_parallel_size=3: must divide num_local_experts=4" in text
+    assert "tensor_model_parallel_size=2: must divide num_key_value_heads=1" in text
+    assert not model.exists()
+
+
+def test_an_existing_folder_with_another_model_than_the_preset_is_reported(tmp_path, model_factory):
+    dense = model_factory("nano", "llama")
+    load_config("quickstart", [f"policy.model_name={dense}", "policy.model_preset=nano"])  # the same model: fine
+    with pytest.raises(ConfigError) as err:
+        load_config("quickstart", [f"policy.model_name={dense}", "policy.model_preset=nano-moe",
+                                   "policy.model_family=mixtral"])
+    text = str(err.value)
+    assert "already holds a different model (LlamaForCausalLM, hidden 64, 2 layers, 2 heads)" in text
+    assert "MixtralForCausalLM, hidden 64, 2 layers, 2 heads, 4 experts" in text
+    assert "point policy.model_name at a new folder" in text
