@@ -9,7 +9,7 @@ Numerics shared with the Megatron policy: logits divided by the sampling tempera
 log-softmax and gather, the loss normalised by counts over the global batch (all-reduced over the mesh),
 gradients *summed* over data-parallel ranks (FSDP's default average is switched off, because the loss is
 already a global-batch value), clipping by the global norm, AdamW with the same learning-rate schedule
-(:func:`rlkit.policy.megatron.policy.lr_lambda`), and the KL reference as a weight copy swapped in.
+(:func:`rlkit.policy.optimizer_step.lr_lambda`), and the KL reference as a weight copy swapped in.
 
 Deliberate simplifications: one data-parallel mesh dimension (no tensor or context parallelism), fp32
 weights, each decoder layer one FSDP unit, the full vocabulary's log-softmax per microbatch, dense models
@@ -30,7 +30,7 @@ from rlkit.errors import ModelError
 from rlkit.policy.base import HFGroup, LossFn, TokenScores, TrainStepResult, weights_swapped_in
 from rlkit.policy.megatron.build import Architecture
 from rlkit.policy.megatron.parallel import ensure_process_group
-from rlkit.policy.megatron.policy import all_or_nothing_step, lr_lambda
+from rlkit.policy.optimizer_step import all_or_nothing_step, lr_lambda
 from rlkit.trajectories import LossCounts, Trajectories
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")

@@ -13,11 +13,6 @@ in places), fp32 weights. Without pipeline parallelism microbatches run one afte
 
 from __future__ import annotations
 
-import contextlib
-import math
-import signal
-import threading
-import time
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Optional
 
@@ -27,6 +22,7 @@ from torch import Tensor
 
 from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
 from rlkit.policy.base import HFGroup, LossFn, TokenScores, TrainStepResult, weights_swapped_in
+from rlkit.policy.optimizer_step import all_or_nothing_step, lr_lambda
 from rlkit.policy.megatron import convert, parallel, pipeline
 from rlkit.policy.megatron.build import Architecture, build_gpt_model, transformer_config
 from rlkit.policy.megatron.scores import shifted_entropy, shifted_token_logprobs
@@ -41,70 +37,6 @@ def load_hf_state(folder: str | Path) -> dict[str, Tensor]:
     for file in sorted(Path(folder).glob("*.safetensors")):
         state.update(load_file(str(file)))
     return state
-
-
-def lr_lambda(cfg: SchedulerConfig):
-    """Multiplier of the base learning rate at scheduler step ``s`` (warm-up, then the decay style)."""
-
-    def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        if cfg.decay_style == "constant" or cfg.decay_steps is None:
-            return 1.0
-        progress = min(1.0, (step - cfg.warmup_steps) / cfg.decay_steps)
-        shape = 1 - progress if cfg.decay_style == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
-
-    return factor
-
-
-@contextlib.contextmanager
-def defer_keyboard_interrupt():
-    """Hold a Ctrl-C / Jupyter stop until the block ends, so an optimizer update is never half applied."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received = []
-    previous = signal.signal(signal.SIGINT, lambda *args: received.append(args))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if received:
-            raise KeyboardInterrupt
-
-
-def all_or_nothing_step(policy, batch: Trajectories, loss_fn: LossFn) -> TrainStepResult:
-    """One optimizer step of ``policy`` over ``batch``, shared by every in-process backend.
-
-    All or nothing: gradients are accumulated first (``policy._run_microbatches``) and dropped if anything,
-    a KeyboardInterrupt included, interrupts them; clipping, the optimizer and the scheduler update then
-    run with Ctrl-C deferred, so weights and optimizer state are never half updated.
-    """
-    t0 = time.perf_counter()
-    policy.model.train()
-    policy.optimizer.zero_grad(set_to_none=True)
-    try:
-        metrics, n_micro = policy._run_microbatches(batch, loss_fn, backward=True)
-        grad_norm = policy._grad_norm()
-        if not math.isfinite(grad_norm):
-            raise FloatingPointError(f"gradient norm is {grad_norm}; the step was skipped, weights unchanged")
-    except BaseException:
-        policy.optimizer.zero_grad(set_to_none=True)
-        raise
-    lr = policy.scheduler.get_last_lr()[0]
-    with defer_keyboard_interrupt():
-        if policy.cfg.max_grad_norm is not None and grad_norm > policy.cfg.max_grad_norm:
-            scale = policy.cfg.max_grad_norm / (grad_norm + 1e-6)
-            for p in policy.model.parameters():
-                if p.grad is not None:
-                    p.grad.mul_(scale)
-        policy.optimizer.step()
-        policy.scheduler.step()
-        policy.optimizer.zero_grad(set_to_none=True)
-        policy.version += 1
-    return TrainStepResult(metrics=metrics, grad_norm=grad_norm, learning_rate=lr, num_microbatches=n_micro,
-                           version=policy.version, timings={"train_step": time.perf_counter() - t0})
 
 
 class MegatronPolicy:
