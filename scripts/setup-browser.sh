@@ -17,5 +17,5 @@ if ! .venv/bin/python -c "import playwright.sync_api" 2>/dev/null; then
   PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 .venv/bin/pip install --disable-pip-version-check -q "playwright==${PLAYWRIGHT_VERSION}"
 fi
 
-/usr/bin/chromium --version
+/usr/bin/chromium --version 2>/dev/null
 .venv/bin/python -c "import importlib.metadata as m; print('playwright', m.version('playwright'))"

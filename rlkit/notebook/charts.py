@@ -27,20 +27,31 @@ def _thin(xs: Sequence[float], ys: Sequence[float]) -> tuple[list[float], list[f
     return [xs[i] for i in keep], [ys[i] for i in keep]
 
 
-def _num(v: float) -> str:
-    return f"{v:.3g}"
+def _num(v: float, lo: float = 0.0, hi: float = 0.0) -> str:
+    """``v`` with enough significant digits to tell ``lo`` from ``hi`` apart (3 at least)."""
+    span, size = abs(hi - lo), max(abs(lo), abs(hi))
+    digits = 3 if span == 0 or size == 0 else min(10, max(3, math.ceil(math.log10(size / span)) + 2))
+    return f"{v:.{digits}g}"
+
+
+def _axis_label(v: float, lo: float, hi: float) -> str:
+    """Short enough for the margin: a range too narrow for 5 digits shows the top as an offset from the bottom."""
+    text = _num(v, lo, hi)
+    if len(text) <= 7:
+        return text
+    return f"{lo:.4g}" if v == lo else f"+{hi - lo:.2g}"
 
 
 def line_chart(title: str, xs: Sequence[float], series: Mapping[str, Sequence[float]],
-               width: int = 260, height: int = 130) -> str:
+               width: int = 260, height: int = 140) -> str:
     """One panel: ``series`` (label -> y values aligned with ``xs``; NaN = missing) as lines.
 
     The ``<svg>`` carries ``data-title`` and ``data-points`` (points of the first series) for tests.
     """
-    left, right, top, bottom = 40, 8, 18, 18
+    left, right, top, bottom = 54, 8, 30, 18
     finite = [y for ys in series.values() for y in ys if y is not None and math.isfinite(y)]
     lo, hi = (min(finite), max(finite)) if finite else (0.0, 1.0)
-    if hi - lo < 1e-12:
+    if hi - lo < 1e-12 * max(abs(hi), 1.0):
         lo, hi = lo - 0.5 * (abs(lo) or 1), hi + 0.5 * (abs(hi) or 1)
     x_lo, x_hi = (min(xs), max(xs)) if xs else (0, 1)
     x_span = (x_hi - x_lo) or 1
@@ -54,12 +65,15 @@ def line_chart(title: str, xs: Sequence[float], series: Mapping[str, Sequence[fl
     parts = [
         f"<rect x='{left}' y='{top}' width='{width - left - right}' height='{height - top - bottom}' "
         "fill='none' stroke='#ddd'/>",
-        f"<text x='{left - 3}' y='{top + 8}' text-anchor='end'>{_num(hi)}</text>",
-        f"<text x='{left - 3}' y='{height - bottom}' text-anchor='end'>{_num(lo)}</text>",
+        f"<text x='{left - 3}' y='{top + 8}' text-anchor='end'>{_axis_label(hi, lo, hi)}</text>",
+        f"<text x='{left - 3}' y='{height - bottom}' text-anchor='end'>{_axis_label(lo, lo, hi)}</text>",
     ]
     if xs:
         parts.append(f"<text x='{left}' y='{height - 4}'>{_num(x_lo)}</text>")
         parts.append(f"<text x='{width - right}' y='{height - 4}' text-anchor='end'>step {_num(x_hi)}</text>")
+    if not finite:
+        parts.append(f"<text x='{(left + width - right) / 2}' y='{(top + height - bottom) / 2}' "
+                     "text-anchor='middle' fill='#999'>no data yet</text>")
     first_points = 0
     latest = []
     for k, (label, ys) in enumerate(series.items()):
@@ -75,18 +89,18 @@ def line_chart(title: str, xs: Sequence[float], series: Mapping[str, Sequence[fl
             parts.append(f"<polyline points='{path}' fill='none' stroke='{color}' stroke-width='1.5'/>")
         last = next((y for y in reversed(list(ys)) if y is not None and math.isfinite(y)), None)
         if last is not None:
-            latest.append(f"<tspan fill='{color}'>{html.escape(label)} {_num(last)}</tspan>")
-    header = f"<text x='{left}' y='12' font-weight='bold'>{html.escape(title)}</text>"
-    values = f"<text x='{width - right}' y='12' text-anchor='end'>{' '.join(latest)}</text>"
+            latest.append(f"<tspan fill='{color}'>{html.escape(label)} {_num(last, lo, hi)}</tspan>")
+    header = f"<text x='{left}' y='11' font-weight='bold'>{html.escape(title)}</text>"
+    values = f"<text x='{left}' y='24'>{'  '.join(latest)}</text>"
     return (f"<svg class='rlkit-chart' data-title='{html.escape(title)}' data-points='{first_points}' "
             f"width='{width}' height='{height}' font-family='monospace' font-size='10' "
             f"xmlns='http://www.w3.org/2000/svg'>{header}{values}{''.join(parts)}</svg>")
 
 
 def stacked_bars(title: str, xs: Sequence[float], parts: Mapping[str, Sequence[float]],
-                 width: int = 540, height: int = 130) -> str:
+                 width: int = 788, height: int = 130) -> str:
     """Stacked bars per x (e.g. seconds per stage per step), with a legend of each part's last value."""
-    left, right, top, bottom = 40, 8, 18, 18
+    left, right, top, bottom = 54, 8, 18, 18
     n = len(xs)
     keep = list(range(max(0, n - 120), n))  # the last 120 steps: bars need room
     totals = [sum(max(float(parts[k][i] or 0.0), 0.0) for k in parts) for i in keep]
@@ -102,18 +116,19 @@ def stacked_bars(title: str, xs: Sequence[float], parts: Mapping[str, Sequence[f
             bars.append(f"<rect x='{left + j * slot:.1f}' y='{y:.1f}' width='{max(slot - 1, 0.5):.1f}' "
                         f"height='{h:.1f}' fill='{PALETTE[k % len(PALETTE)]}'><title>{html.escape(label)} "
                         f"{v:.3g}s (step {_num(xs[i])})</title></rect>")
-    legend = " ".join(
-        f"<tspan fill='{PALETTE[k % len(PALETTE)]}'>■{html.escape(label)}"
-        f"{' ' + _num(values[-1] or 0.0) if len(values) else ''}</tspan>"
-        for k, (label, values) in enumerate(parts.items())
-    )
+    entries = [f"<tspan fill='{PALETTE[k % len(PALETTE)]}'>■ {html.escape(label)}"
+               f"{' ' + _num(values[-1] or 0.0) + 's' if len(values) else ''}</tspan>"
+               for k, (label, values) in enumerate(parts.items())]
+    rows = [entries[i:i + 4] for i in range(0, len(entries), 4)]
+    legend = "".join(f"<text x='{left}' y='{height - bottom + 14 + 13 * r}'>{'  '.join(row)}</text>"
+                     for r, row in enumerate(rows))
     return (f"<svg class='rlkit-chart' data-title='{html.escape(title)}' data-points='{len(keep)}' "
-            f"width='{width}' height='{height + 14}' font-family='monospace' font-size='10' "
-            f"xmlns='http://www.w3.org/2000/svg'>"
+            f"width='{width}' height='{height - bottom + 6 + 13 * max(len(rows), 1)}' font-family='monospace' "
+            "font-size='10' xmlns='http://www.w3.org/2000/svg'>"
             f"<text x='{left}' y='12' font-weight='bold'>{html.escape(title)}</text>"
             f"<text x='{left - 3}' y='{top + 8}' text-anchor='end'>{_num(hi)}s</text>"
             f"<text x='{left - 3}' y='{height - bottom}' text-anchor='end'>0</text>"
-            f"{''.join(bars)}<text x='{left}' y='{height + 10}'>{legend}</text></svg>")
+            f"{''.join(bars)}{legend}</svg>")
 
 
 def sparkline(values: Sequence[float], width: int = 24) -> str:

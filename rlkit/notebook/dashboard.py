@@ -7,9 +7,10 @@ stage; shows the latest samples; and has a button that calls ``session.request_s
 ends after the current step and no step is cut in half.
 
 The stop button works while ``run()`` is executing where the frontend sends widget messages on a kernel
-subshell (JupyterLab >= 4.4 with ipykernel >= 7 does so by default); with an older frontend a click is
-only processed after the cell finishes, and the kernel's stop button (a KeyboardInterrupt, which the
-session survives) is the way to stop.
+subshell, which the kernel handles on another thread (JupyterLab >= 4.4 with ipykernel >= 7, checked in a
+browser by ``tests/tutorials/test_browser.py``; see ``_handle_clicks_where_the_frontend_sends_them`` for
+the one routing detail this needs). Elsewhere a click is processed only after the cell finishes, and the
+kernel's stop button (a KeyboardInterrupt, which the session survives) is the way to stop.
 
 Without ipywidgets the dashboard degrades to text: a summary with sparklines that is updated in place
 (``display(..., display_id=True)``) in a notebook, or printed once per step elsewhere.
@@ -22,6 +23,7 @@ show after the next ``run()`` step or a call to :meth:`Dashboard.refresh`.
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 from rlkit.notebook.charts import line_chart, sparkline, stacked_bars
@@ -42,6 +44,15 @@ STAGES = ("rollout", "score", "advantages", "logprobs", "reference_logprobs", "t
 
 def _series(history: list, key: str) -> list[float]:
     return [float(m.values.get(key, math.nan)) for m in history]
+
+
+def _labels(keys: tuple[str, ...]) -> list[str]:
+    """Legend labels of one panel's series: the metric names, less a prefix they share up to an underscore
+    (``gen_length_mean``, ``gen_length_max`` -> ``mean``, ``max``), so the latest values fit on the panel."""
+    names = [k.split("/")[-1] for k in keys]
+    shared = os.path.commonprefix(names) if len(names) > 1 else ""
+    cut = shared.rfind("_") + 1
+    return [n[cut:] for n in names] if cut else names
 
 
 def _in_ipython_kernel() -> bool:
@@ -82,7 +93,7 @@ class Dashboard:
         xs = [m.step for m in history]
         panels = []
         for title, keys in PANELS:
-            series = {k.split("/")[-1]: _series(history, k) for k in keys}
+            series = {label: _series(history, k) for label, k in zip(_labels(keys), keys)}
             series = {k: v for i, (k, v) in enumerate(series.items()) if i == 0 or any(not math.isnan(y) for y in v)}
             panels.append(line_chart(title, xs, series))
         stages = {s: [0.0 if math.isnan(v) else v for v in _series(history, f"timing/{s}")] for s in STAGES}

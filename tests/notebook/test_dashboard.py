@@ -7,6 +7,7 @@ things the dashboard touches), because they are about the dashboard; the stop bu
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 
@@ -58,6 +59,17 @@ def test_dashboard_redraws_after_every_step():
     assert "rlkit-dashboard" in dash.widget._dom_classes
 
 
+def test_panel_legends_drop_the_prefix_their_series_share():
+    session = StandInSession()
+    dash = Dashboard(session)
+    session.finish_step(1)
+    session.history[-1].values["validation/accuracy"] = 0.5
+    charts = dash.charts_html()
+    length = re.search(r"<svg[^>]*data-title='generation length'.*?</svg>", charts).group(0)
+    assert ">mean 3</tspan>" in length and ">max 4</tspan>" in length
+    reward = re.search(r"<svg[^>]*data-title='reward'.*?</svg>", charts).group(0)
+    assert ">reward_mean 0.1</tspan>" in reward and ">accuracy 0.5</tspan>" in reward
+
 def test_stop_button_requests_a_stop_and_is_reset_by_the_next_run():
     session = StandInSession()
     dash = Dashboard(session)
@@ -91,3 +103,38 @@ def test_without_ipywidgets_it_degrades_to_text(monkeypatch, capsys):
     assert text.splitlines()[0] == "rlkit dashboard: 3 step(s)"
     assert re.search(r"reward\s+0\.3\s+▁.█$", text, re.M)  # latest value and a sparkline
     assert "seconds per stage: rollout=0.050s" in text
+
+
+TEXT_MODE_CELLS = [
+    "import sys\nsys.modules['ipywidgets'] = None  # as if ipywidgets were not installed\n"
+    "from types import SimpleNamespace\nfrom rlkit.notebook.dashboard import Dashboard\n"
+    "from rlkit.stages.metrics import StepMetrics\n"
+    "session = SimpleNamespace(history=[], listeners=[], batch=None, stop_requested=False)\n"
+    "dashboard = Dashboard(session)\ndashboard",
+    "for step in range(1, 4):  # what run() does after each step\n"
+    "    session.history.append(StepMetrics(step, step, {'rollout/reward_mean': step / 10}))\n"
+    "    for listener in session.listeners:\n        listener(session.history[-1])",
+]
+
+
+def test_text_mode_updates_in_place_in_a_real_kernel(tmp_path):
+    """In a notebook without ipywidgets the text view is one output, updated in place (display_id)."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    from tests.tutorials.notebooks import KERNEL_NAME, jupyter_path_env, write_kernelspec
+
+    write_kernelspec(tmp_path / "jupyter")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in TEXT_MODE_CELLS])
+    saved = dict(os.environ)
+    os.environ.update(jupyter_path_env(tmp_path / "jupyter"))
+    try:
+        NotebookClient(nb, timeout=120, kernel_name=KERNEL_NAME, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    first = [o for o in nb.cells[0].outputs if o.output_type != "stream"]  # (tqdm warns about ipywidgets)
+    second = [o for o in nb.cells[1].outputs if o.output_type != "stream"]
+    assert len(first) == 1 and first[0].output_type == "display_data" and second == []
+    text = first[0].data["text/plain"]  # the output of the first cell, updated by the second
+    assert text.startswith("rlkit dashboard: 3 step(s)") and "<pre" in first[0].data["text/html"]

@@ -134,6 +134,16 @@ def test_charts_carry_their_points_and_skip_missing_values():
     assert sparkline([1, 2, 3]) == "▁▅█" and sparkline([]) == ""
 
 
+def test_chart_axis_labels_tell_a_narrow_range_apart():
+    """The mismatch panel sits near 1.000001: 3 significant digits would label both ends "1"."""
+    axis = lambda svg: re.findall(r"text-anchor='end'>([^<]*)<", svg)[:2]  # noqa: E731 - top, bottom
+    assert axis(line_chart("mismatch", [1, 2], {"x": [1.0, 1.0004]})) == ["1.0004", "1"]
+    narrow = line_chart("mismatch", [1, 2], {"x": [1.000001, 1.000002]})
+    assert axis(narrow) == ["+1e-06", "1"]  # too long for the margin: the top as an offset from the bottom
+    assert "x 1.000002" in narrow  # the latest value keeps its digits
+    assert axis(line_chart("reward", [1, 2], {"x": [0.1, 0.4]})) == ["0.4", "0.1"]
+    assert "no data yet" in line_chart("kl", [], {"kl": []}) and "no data yet" not in narrow
+
 def test_importing_displays_does_not_import_ipywidgets():
     code = ("import sys, rlkit, rlkit.notebook.display, rlkit.notebook.dashboard, rlkit.trajectories;"
             "print('ipywidgets' in sys.modules)")

@@ -42,7 +42,7 @@ def session(tmp_path_factory):
         "policy.train_micro_batch_size": 4, "policy.logprob_batch_size": 16,  # 4 microbatches per step
         "policy.generation.refit_bucket_size_mb": 0.05,  # several buckets per refit
         "policy.optimizer.lr": 1e-3,
-        "grpo.num_prompts_per_step": 4, "grpo.num_generations_per_prompt": 4,
+        "grpo.num_prompts_per_step": 4, "grpo.num_generations_per_prompt": 4, "grpo.use_dynamic_sampling": False,
         "sft.enabled": False, "data.num_train": 200, "data.num_validation": 16, "eval.num_prompts": 16,
     }, env=RewardFunctionEnvironment(varied_reward))
     s.step()  # the optimizer has moments, so "unchanged optimizer state" means something

@@ -30,7 +30,7 @@ def test_five_close_and_recreate_cycles_in_one_process(tmp_path):
     overrides = {
         "policy.model_name": str(tmp_path / "model"), "policy.model_preset": "nano",
         "policy.train_micro_batch_size": 8, "policy.logprob_batch_size": 16,
-        "grpo.num_prompts_per_step": 4, "grpo.num_generations_per_prompt": 4,
+        "grpo.num_prompts_per_step": 4, "grpo.num_generations_per_prompt": 4, "grpo.use_dynamic_sampling": False,
         "sft.enabled": False, "data.num_train": 64, "data.num_validation": 8, "eval.num_prompts": 8,
     }
     memory, completions = [], []

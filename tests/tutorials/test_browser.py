@@ -54,7 +54,8 @@ STOP_NOTEBOOK = [
     "WORKDIR = tempfile.mkdtemp()\n"
     "session = rlkit.Session.from_config('quickstart', {'policy.model_name': f'{WORKDIR}/model',"
     " 'policy.model_preset': 'nano', 'sft.enabled': False, 'data.num_train': 200, 'data.num_validation': 8,"
-    " 'grpo.num_prompts_per_step': 4, 'grpo.num_generations_per_prompt': 4, 'policy.train_micro_batch_size': 16})",
+    " 'grpo.num_prompts_per_step': 4, 'grpo.num_generations_per_prompt': 4, 'policy.train_micro_batch_size': 16,"
+    " 'grpo.use_dynamic_sampling': False})",
     "dashboard = session.dashboard()\ndashboard",
     "import time\nslow = lambda metrics: time.sleep(0.5)  # room to click between steps\n"
     "session.listeners.append(slow)\nhistory = session.run(400, progress=False)\n"
@@ -124,7 +125,8 @@ def browser():
 
 def open_notebook(browser, url: str, name: str):
     page = browser.new_page(viewport={"width": 1400, "height": 1000})
-    page.goto(f"{url}/lab/tree/{name}", wait_until="domcontentloaded")
+    # ?reset: a fresh workspace, so the notebook of an earlier test is not reopened (with its kernel and dialogs)
+    page.goto(f"{url}/lab/tree/{name}?reset", wait_until="domcontentloaded")
     page.locator(".jp-Notebook .jp-Cell").first.wait_for(timeout=120_000)
     # the kernel is up when the toolbar's status says Idle
     page.wait_for_function(
@@ -201,16 +203,19 @@ def test_stop_button_ends_a_running_run_after_the_current_step(lab, browser):
     page = open_notebook(browser, url, "stop_button.ipynb")
     run_all(page)
     dashboard = page.locator(".rlkit-dashboard")
-    dashboard.wait_for(timeout=CELL_TIMEOUT_S * 1000)
-    page.wait_for_function(  # a few steps done, the run cell still executing
-        "() => /step [3-9]/.test(document.querySelector('.rlkit-dashboard-header')?.textContent || '')",
-        timeout=CELL_TIMEOUT_S * 1000)
-    page.locator("button.rlkit-dashboard-stop").click()
-    ended = page.locator(".jp-OutputArea-output", has_text="RUN ENDED after")
-    ended.wait_for(timeout=120_000)
+    try:
+        dashboard.wait_for(timeout=CELL_TIMEOUT_S * 1000)
+        page.wait_for_function(  # a few steps done, the run cell still executing
+            "() => /step [3-9]/.test(document.querySelector('.rlkit-dashboard-header')?.textContent || '')",
+            timeout=CELL_TIMEOUT_S * 1000)
+        page.locator("button.rlkit-dashboard-stop").click()
+        ended = page.locator(".jp-OutputArea-output", has_text="RUN ENDED after")
+        ended.wait_for(timeout=120_000)
+    finally:
+        page.screenshot(path=str(OUTPUT / "stop_button_end.png"))
     steps = int(ended.text_content().split("after")[1].split()[0])
     dashboard.screenshot(path=str(OUTPUT / "stop_button_dashboard.png"))
     assert 3 <= steps < 400, steps  # stopped by the click, long before the 400 asked for
     assert "stop requested" in dashboard.locator(".rlkit-dashboard-header").text_content()
+    assert dashboard.locator("button.rlkit-dashboard-stop").is_disabled()
     page.close()
-

@@ -28,3 +28,20 @@ def test_tutorial_runs_and_its_checks_pass(name, venv_kernel, tmp_path):
     print(f"{name}: {seconds:.1f}s, skipped gpu cells {skipped}")
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
+
+
+TEMPLATES = sorted((TUTORIALS.parent / "notebooks").glob("*.ipynb"))
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.name)
+def test_templates_are_valid_stripped_and_compile(path):
+    """The templates run full-size experiments, so they are not executed here; every cell must compile."""
+    import ast
+
+    nb = nbformat.read(str(path), as_version=4)
+    nbformat.validate(nb)
+    assert outputs_stripped(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            ast.parse(cell.source)
+    assert {"session_template.ipynb", "ablation_template.ipynb"} <= {p.name for p in TEMPLATES}
