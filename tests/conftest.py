@@ -13,7 +13,14 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "offline")
 
+import signal  # noqa: E402
+
 import pytest  # noqa: E402
+
+# A Jupyter kernel turns SIGINT (the stop button) into KeyboardInterrupt, and the interrupt tests rely on it.
+# A CI runner that starts us in the background (``nohup ... &``, job control off) hands Python SIGINT as
+# ignored, and then Python installs no KeyboardInterrupt handler: restore the kernel's behaviour.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from rlkit.models import make_model  # noqa: E402
 

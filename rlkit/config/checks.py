@@ -7,6 +7,7 @@ validated, so a config with a typo elsewhere still gets these reported in the sa
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -129,11 +130,13 @@ def _model_problems(policy: Any) -> list[str]:
     if path.is_file():
         model_config = json.loads(path.read_text())
         if preset_config is not None and _shape(model_config) != _shape(preset_config):
-            return [f"policy.model_name={policy.model_name!r} already holds a different model "
-                    f"({_describe(model_config)}) than policy.model_preset={policy.model_preset!r} with "
-                    f"policy.model_family={policy.model_family!r} ({_describe(preset_config)}), which is only made "
-                    "when the folder does not exist. Fix: point policy.model_name at a new folder, or drop "
-                    "policy.model_preset to use the existing model"]
+            # A warning, not an error: pointing a preset's run at one's own model folder is normal use.
+            warnings.warn(f"policy.model_name={policy.model_name!r} already holds a different model "
+                          f"({_describe(model_config)}) than policy.model_preset={policy.model_preset!r} with "
+                          f"policy.model_family={policy.model_family!r} ({_describe(preset_config)}), which is only "
+                          "made when the folder does not exist; the existing model is used. To get the preset, "
+                          "point policy.model_name at a new folder; to silence this, set policy.model_preset=null",
+                          UserWarning, stacklevel=2)
     elif preset_config is not None:
         model_config = preset_config
     else:
