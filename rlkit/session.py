@@ -274,8 +274,14 @@ class Session:
             )
         return self.last_eval
 
-    def sft(self, num_steps: Optional[int] = None, progress: bool = True) -> stages.SFTResult:
-        """Supervised warm start on the task's answers; the result becomes the KL reference policy."""
+    def sft(self, num_steps: Optional[int] = None, progress: bool = True, refit: bool = True) -> stages.SFTResult:
+        """Supervised warm start on the task's answers; the result becomes the KL reference policy.
+
+        Like ``step()``, it ends with a refit, so the next ``rollout()`` samples from the fine-tuned weights
+        (SFT is a phase of its own, not one stage of an RL step). ``refit=False`` trains the policy only and
+        leaves the generator stale, as ``train()`` does. Interrupted, SFT keeps the steps it took and the
+        generator stays stale; ``step()`` and ``evaluate()`` refit first.
+        """
         from tqdm.auto import tqdm
 
         from rlkit.data import PromptSampler
@@ -293,6 +299,8 @@ class Session:
                                        self.config.policy.scheduler, self.config.data.system_prompt, on_step)
         finally:
             bar.close()
+        if refit:
+            self.refit()
         return self.last_sft
 
     # ---- notebook and checkpoints ----------------------------------------------------------------

@@ -162,7 +162,7 @@ def test_async_session_in_process_engine(tmp_path):
         assert lag <= 1
         s.train()
         # Extra updates without a refit: queued batches become too old, are dropped, never trained on.
-        s.sft(num_steps=2, progress=False)
+        s.sft(num_steps=2, progress=False, refit=False)
         with pytest.raises(StageOrderError, match="refit"):
             s.rollout()
         s.refit()

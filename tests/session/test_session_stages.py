@@ -97,3 +97,21 @@ def test_stale_generator_is_reported_and_warned(session):
         session.rollout()
     session.refit()
     assert not session.stale and "in sync" in repr(session)
+
+
+def test_sft_hands_its_weights_to_the_generator(session):
+    """After sft() the generator holds the fine-tuned weights, as after step(): the next rollout is on-policy."""
+    session.refit()
+    version = session.policy.version
+    session.sft(num_steps=2, progress=False)
+    assert session.policy.version == version + 2 and not session.stale
+    assert session.last_refit.policy_version == session.policy.version
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        batch = session.logprobs(session.score(session.rollout()))
+    assert not [w for w in caught if "off-policy" in str(w.message) or "disagree" in str(w.message)]
+    assert batch.policy_version == session.policy.version and batch.info["logprob_abs_diff_max"] < 1e-3
+
+    session.sft(num_steps=1, progress=False, refit=False)  # the policy only, as train() does
+    assert session.stale and session.generator_version == version + 2
+    session.refit()
