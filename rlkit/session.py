@@ -186,17 +186,29 @@ class Session:
         return stages.loss(self._latest(batch, "loss"), self.policy, self.loss_fn)
 
     def train(self, batch: Optional[Trajectories] = None) -> StepMetrics:
-        """Loss and optimizer step(s) on the batch; completes the RL step and records its metrics."""
+        """Loss and optimizer step(s) on the batch; completes the RL step and records its metrics.
+
+        Interrupted (Ctrl-C, Jupyter's stop) after an update took effect, the step is still recorded (step
+        count, history with ``train/interrupted`` = 1, next step's prompts) before the interrupt propagates;
+        interrupted before any update, nothing is recorded and the same call can simply be repeated."""
         batch = self._latest(batch, "train")
         version_before = self.policy.version
-        result = stages.train(batch, self.policy, self.loss_fn, self.config.grpo.num_epochs,
-                              self.config.policy.train_global_batch_size, seed=self.config.seed + self.step_count)
+        try:
+            result = stages.train(batch, self.policy, self.loss_fn, self.config.grpo.num_epochs,
+                                  self.config.policy.train_global_batch_size, seed=self.config.seed + self.step_count)
+        except stages.TrainInterrupted as interrupted:
+            self._record_step(batch, interrupted.metrics(), interrupted.seconds, version_before)
+            raise
         self.last_train = result
+        return self._record_step(batch, result.metrics, result.seconds, version_before)
+
+    def _record_step(self, batch: Trajectories, train_metrics: dict[str, float], seconds: float,
+                     version_before: int) -> StepMetrics:
         self.step_count += 1
         self._step_rows = None
         timings = {k: v for k, v in batch.info.items() if k.startswith("timing/")}
-        timings["timing/train"] = result.seconds
-        metrics = step_metrics(self.step_count, self.policy.version, batch, result.metrics, timings, version_before)
+        timings["timing/train"] = seconds
+        metrics = step_metrics(self.step_count, self.policy.version, batch, train_metrics, timings, version_before)
         metrics.values.update({k: v for k, v in batch.info.items() if k.startswith("rollout/")})  # async producer's
         self.history.append(metrics)
         return metrics

@@ -13,7 +13,7 @@ from rlkit.stages.refit import refit
 from rlkit.stages.rollout import rollout
 from rlkit.stages.score import score
 from rlkit.stages.sft import SFTResult, sft
-from rlkit.stages.train import LossReport, TrainResult, loss, train
+from rlkit.stages.train import LossReport, TrainInterrupted, TrainResult, loss, train
 
-__all__ = ["AsyncRollouts", "EvalResult", "LossReport", "SFTResult", "TrainResult", "advantages", "dynamic_sampling", "evaluate", "logprobs",
+__all__ = ["AsyncRollouts", "EvalResult", "LossReport", "SFTResult", "TrainInterrupted", "TrainResult", "advantages", "dynamic_sampling", "evaluate", "logprobs",
            "loss", "refit", "rollout", "score", "sft", "train"]

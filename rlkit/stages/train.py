@@ -41,6 +41,29 @@ class LossReport:
         return "LossReport(" + ", ".join(f"{k}={v:.4g}" for k, v in self.metrics.items()) + ")"
 
 
+class TrainInterrupted(KeyboardInterrupt):
+    """A KeyboardInterrupt (Ctrl-C, Jupyter's stop) during :func:`train` after ``applied`` optimizer step(s)
+    took effect. The policy defers an interrupt that arrives during an update until the update is whole, so
+    each step is applied or not; ``steps`` holds the results of the applied steps that returned (the step
+    the interrupt surfaced in was applied, but its result is lost). Caught as a KeyboardInterrupt anywhere."""
+
+    def __init__(self, applied: int, steps: tuple[TrainStepResult, ...], seconds: float):
+        super().__init__(f"interrupted after {applied} optimizer step(s) were applied")
+        self.applied, self.steps, self.seconds = applied, steps, seconds
+
+    def metrics(self) -> dict[str, float]:
+        """Mean metrics of the steps whose results are known, and ``interrupted`` = 1."""
+        return dict(_mean_metrics(self.steps) if self.steps else {}, interrupted=1.0)
+
+
+def _mean_metrics(steps: tuple[TrainStepResult, ...] | list[TrainStepResult]) -> dict[str, float]:
+    keys = steps[0].metrics.keys()
+    metrics = {k: sum(s.metrics[k] for s in steps) / len(steps) for k in keys}
+    metrics["grad_norm"] = sum(s.grad_norm for s in steps) / len(steps)
+    metrics["learning_rate"] = steps[-1].learning_rate
+    return metrics
+
+
 def _check_ready(batch: Trajectories) -> None:
     batch.require("advantages", "advantages()")
     batch.require("prev_logprobs", "logprobs()")
@@ -55,19 +78,27 @@ def loss(batch: Trajectories, policy: Policy, loss_fn: LossFn) -> LossReport:
 def train(batch: Trajectories, policy: Policy, loss_fn: LossFn, num_epochs: int = 1,
           global_batch_size: Optional[int] = None, seed: int = 0) -> TrainResult:
     """``num_epochs`` passes over ``batch`` in shuffled minibatches of ``global_batch_size`` rows, one
-    optimizer step per minibatch. Returns every step's result and their mean metrics."""
+    optimizer step per minibatch. Returns every step's result and their mean metrics.
+
+    A KeyboardInterrupt after at least one update took effect surfaces as :class:`TrainInterrupted`, which
+    says how many; one before any update is re-raised as it came (nothing changed).
+    """
     _check_ready(batch)
     t0 = time.perf_counter()
+    version = policy.version
     size = global_batch_size or batch.batch_size
     generator = torch.Generator().manual_seed(seed)
     steps = []
-    for epoch in range(num_epochs):
-        order = torch.arange(batch.batch_size) if size == batch.batch_size else torch.randperm(batch.batch_size, generator=generator)
-        for start in range(0, batch.batch_size, size):
-            minibatch = batch if size == batch.batch_size else batch.select(order[start:start + size])
-            steps.append(policy.train_step(minibatch, loss_fn))
-    keys = steps[0].metrics.keys()
-    metrics = {k: sum(s.metrics[k] for s in steps) / len(steps) for k in keys}
-    metrics["grad_norm"] = sum(s.grad_norm for s in steps) / len(steps)
-    metrics["learning_rate"] = steps[-1].learning_rate
-    return TrainResult(tuple(steps), metrics, time.perf_counter() - t0)
+    try:
+        for epoch in range(num_epochs):
+            order = torch.arange(batch.batch_size) if size == batch.batch_size else torch.randperm(batch.batch_size, generator=generator)
+            for start in range(0, batch.batch_size, size):
+                minibatch = batch if size == batch.batch_size else batch.select(order[start:start + size])
+                steps.append(policy.train_step(minibatch, loss_fn))
+    except KeyboardInterrupt as interrupt:
+        applied = policy.version - version
+        if applied <= 0:
+            raise
+        raise TrainInterrupted(applied, tuple(steps), time.perf_counter() - t0).with_traceback(
+            interrupt.__traceback__) from None
+    return TrainResult(tuple(steps), _mean_metrics(steps), time.perf_counter() - t0)

@@ -123,7 +123,7 @@ def test_interrupt_during_the_optimizer_update_is_deferred_until_the_step_is_who
     if session.stale:
         session.refit()
     batch = ready_batch(session)
-    before, steps_before = snapshot(session.policy), session.step_count
+    before, steps_before, history_before = snapshot(session.policy), session.step_count, len(session.history)
     hook = session.policy.optimizer.register_step_pre_hook(lambda *args: interrupt_now())
     try:
         with pytest.raises(KeyboardInterrupt):  # raised after the update, not inside it
@@ -133,7 +133,11 @@ def test_interrupt_during_the_optimizer_update_is_deferred_until_the_step_is_who
     interrupted = snapshot(session.policy)
     assert interrupted["version"] == before["version"] + 1
     assert session.stale  # the policy moved: the generator is marked stale, not silently out of date
-    assert session.step_count == steps_before  # train() did not return, so no metrics were recorded
+    # The update took effect, so the step is recorded although train() did not return (its metrics are lost).
+    assert session.step_count == steps_before + 1 and len(session.history) == history_before + 1
+    recorded = session.history[-1]
+    assert recorded.step == steps_before + 1 and recorded.policy_version == interrupted["version"]
+    assert recorded["train/interrupted"] == 1.0 and recorded["rollout/reward_mean"] == float(batch.rewards.mean())
 
     restore(session.policy, before)  # reference: the same step without an interrupt
     session.train(batch)
