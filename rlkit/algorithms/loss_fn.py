@@ -148,14 +148,19 @@ class RLLoss:
         pg, pg_maps = self._policy_loss(logprobs, old, advantages, mask, self._policy_params)
         pg_loss = agg(pg * correction.weights)
         kl = None  # [b, T]
+        if ref is not None:
+            # Both sides 0 outside the completion (ref_logprobs already is): k3's exp() cannot overflow there,
+            # which the masked aggregation would turn into NaN gradients.
+            logprobs_on_completion = torch.where(mask, logprobs, 0.0)
+            ref = torch.where(mask, ref, 0.0)
         if p.reference_policy_kl_penalty != 0:
-            kl = kl_penalty(logprobs, ref, p.kl_estimator, p.kl_clamp)
+            kl = kl_penalty(logprobs_on_completion, ref, p.kl_estimator, p.kl_clamp)
             kl_loss = agg(p.reference_policy_kl_penalty * kl)
         else:
             kl_loss = torch.zeros((), dtype=pg_loss.dtype, device=pg_loss.device)
             if ref is not None:  # metric only
                 with torch.no_grad():
-                    kl = kl_penalty(logprobs, ref, p.kl_estimator, p.kl_clamp)
+                    kl = kl_penalty(logprobs_on_completion, ref, p.kl_estimator, p.kl_clamp)
         loss = pg_loss + kl_loss
 
         n_tokens = max(counts.valid_tokens, 1)

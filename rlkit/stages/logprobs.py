@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import time
 import warnings
+from typing import Optional
+
+import torch
 
 from rlkit.algorithms import token_mult_prob_error
 from rlkit.policy.base import Policy
@@ -13,7 +16,8 @@ from rlkit.trajectories import Trajectories
 
 def logprobs(batch: Trajectories, policy: Policy, with_reference: bool = True,
              mismatch_warning_threshold: float = 1e-2) -> Trajectories:
-    """Trajectories with ``prev_logprobs``, ``entropy`` and (if ``with_reference``) ``ref_logprobs``, all [B, T].
+    """Trajectories with ``prev_logprobs``, ``entropy`` and (if ``with_reference``) ``ref_logprobs``, all [B, T]
+    and, like every per-token field, 0 outside the completion (the policy scores prompt tokens too).
 
     ``info["token_mult_prob_error"]`` is NeMo-RL's mismatch metric (1.0 = generator and trainer agree);
     a value past ``1 + mismatch_warning_threshold`` warns (stale weights, a wrong refit, bf16 drift).
@@ -41,4 +45,10 @@ def logprobs(batch: Trajectories, policy: Policy, with_reference: bool = True,
         "logprob_abs_diff_max": float(diff.max()) if diff.numel() else 0.0,
         "logprob_abs_diff_mean": float(diff.mean()) if diff.numel() else 0.0,
     })
-    return batch.with_(prev_logprobs=scores.logprobs, entropy=scores.entropy, ref_logprobs=ref, info=info)
+    return batch.with_(prev_logprobs=_on_completion(scores.logprobs, mask),
+                       entropy=_on_completion(scores.entropy, mask), ref_logprobs=_on_completion(ref, mask), info=info)
+
+
+def _on_completion(values: Optional[torch.Tensor], mask: torch.Tensor) -> Optional[torch.Tensor]:
+    """``values`` [B, T] with prompt and padding positions set to 0 (the batch's padding convention)."""
+    return None if values is None else torch.where(mask, values, 0.0)

@@ -51,6 +51,19 @@ def test_tis_weight_multiplies_the_policy_loss_only(make_batch):
     assert m["token_mult_prob_error"].item() == pytest.approx(math.exp(0.5))
 
 
+@pytest.mark.parametrize("estimator", ["k1", "k2", "k3"])
+def test_kl_gradient_stays_finite_where_the_reference_is_zero_outside_the_completion(make_batch, estimator):
+    """The logprobs stage leaves 0 outside the completion; the policy's logprob of a prompt token can be
+    far below -88, where k3's exp(ref - logp) overflows float32 and a masked inf gives NaN gradients."""
+    mask = torch.tensor([[False, True, True]])
+    logprobs = torch.tensor([[-200.0, -1.0, -2.0]], requires_grad=True)
+    ref = torch.tensor([[0.0, -1.5, -1.0]])  # 0 on the prompt position, as the logprobs stage leaves it
+    batch = make_batch(mask, torch.ones(1, 3), torch.tensor([[0.0, -1.0, -2.0]]), ref_logprobs=ref)
+    loss, m = RLLoss(LossParams(reference_policy_kl_penalty=0.1, kl_estimator=estimator))(logprobs, batch, count_valid(mask))
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(m["kl"]) and torch.isfinite(logprobs.grad).all()
+    assert logprobs.grad[0, 0] == 0.0  # the prompt position gets no gradient
+
 def random_batch(make_batch, seed=0, b=8, t=7):
     g = torch.Generator().manual_seed(seed)
     lengths = torch.tensor([7, 3, 0, 5, 1, 6, 2, 4])  # row 2 fully masked

@@ -115,3 +115,19 @@ def test_sft_hands_its_weights_to_the_generator(session):
     session.sft(num_steps=1, progress=False, refit=False)  # the policy only, as train() does
     assert session.stale and session.generator_version == version + 2
     session.refit()
+
+
+def test_trainer_values_are_zero_outside_the_completion(session):
+    """The padding convention of Trajectories: prev_logprobs, ref_logprobs and entropy hold 0 on prompt and
+    padding positions (the policy scores every position), and the completion keeps the policy's values."""
+    batch = session.score(session.rollout())
+    scored = stages.logprobs(batch, session.policy, with_reference=True)
+    outside = ~batch.loss_mask
+    assert (batch.prompt_lengths > 1).all() and outside.any()
+    raw = session.policy.score(batch.input_ids, batch.attention_mask, with_entropy=True)
+    assert raw.logprobs[outside & batch.attention_mask].abs().max() > 0  # what the policy gives on prompts
+    for name in ("prev_logprobs", "ref_logprobs", "entropy"):
+        values = getattr(scored, name)
+        assert values.shape == batch.input_ids.shape and (values[outside] == 0).all(), name
+    assert torch.equal(scored.prev_logprobs[batch.loss_mask], raw.logprobs[batch.loss_mask])
+    assert torch.equal(scored.entropy[batch.loss_mask], raw.entropy[batch.loss_mask])
