@@ -238,8 +238,8 @@ class Session:
         if self.rollouts is not None:  # the refit first waited for the batch being sampled
             metrics.values["timing/refit_wait"] = self.rollouts.last_exclusive_wait
         metrics.values["timing/step_total"] = elapsed = time.perf_counter() - t0
-        metrics.values["rollout/samples_per_second"] = batch.batch_size / elapsed
-        metrics.values["rollout/tokens_per_second"] = float(batch.completion_lengths.sum()) / elapsed
+        metrics.values["timing/samples_per_second"] = batch.batch_size / elapsed
+        metrics.values["timing/tokens_per_second"] = float(batch.completion_lengths.sum()) / elapsed
         return metrics
 
     def run(self, steps: Optional[int] = None, progress: bool = True,

@@ -1,4 +1,7 @@
-"""Per-step metrics under NeMo-RL-style names (``rollout/...``, ``train/...``, ``timing/...``)."""
+"""Per-step metrics under NeMo-RL-style names (``rollout/...``, ``train/...``, ``timing/...``).
+
+Everything measured by the wall clock (seconds per stage, samples and tokens per second) is under ``timing/``,
+so the other groups are exactly reproducible from a checkpoint and a seed."""
 
 from __future__ import annotations
 

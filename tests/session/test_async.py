@@ -127,7 +127,7 @@ def check_async_run(session, steps):
     for m in history:
         assert m["rollout/policy_lag"] <= 1  # version lag at train time (one optimizer step per RL step)
         assert m["rollout/policy_lag_steps"] == m["rollout/policy_lag"]
-        for key in ("timing/trainer_idle", "timing/generator_idle", "timing/refit", "rollout/tokens_per_second",
+        for key in ("timing/trainer_idle", "timing/generator_idle", "timing/refit", "timing/tokens_per_second",
                     "rollout/dropped_batches", "rollout/queue_depth"):
             assert math.isfinite(m[key]) and m[key] >= 0, key
         assert math.isfinite(m["train/loss"])

@@ -86,6 +86,11 @@ def test_mismatch_stays_within_1e3_after_every_refit(session):
         assert m["rollout/policy_lag"] == 0
         for key in ("rollout", "score", "advantages", "logprobs", "train", "refit", "step_total"):
             assert m[f"timing/{key}"] >= 0
+        # throughput is wall-clock too: under timing/, so that rollout/ holds only reproducible values
+        assert m["timing/samples_per_second"] == pytest.approx(16 / m["timing/step_total"])
+        assert m["timing/tokens_per_second"] == pytest.approx(
+            m["rollout/gen_length_mean"] * 16 / m["timing/step_total"])
+        assert not [k for k in m.values if k.endswith("_per_second") and not k.startswith("timing/")]
 
 
 def test_stale_generator_is_reported_and_warned(session):
