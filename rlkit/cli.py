@@ -16,6 +16,10 @@ import os
 import sys
 
 
+# rlkit.models.factory.ModelFamily, spelled out so that `rlkit --help` does not import torch (a test keeps them equal)
+MODEL_FAMILIES = ("llama", "qwen2", "mixtral")
+
+
 def _offline_defaults() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -99,8 +103,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("make-model", help="create a tiny HF-format model folder")
     p.add_argument("folder")
-    p.add_argument("--preset", default="tiny", help="nano | tiny | small | medium")
-    p.add_argument("--family", default="llama", choices=["llama", "qwen2"])
+    p.add_argument("--preset", default="tiny",
+                   help="nano | tiny | small | medium (dense); nano-moe | tiny-moe (Mixture-of-Experts, --family mixtral)")
+    p.add_argument("--family", default="llama", choices=MODEL_FAMILIES)
     p.add_argument("--tie", action="store_true", help="tie input and output embeddings")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_make_model)

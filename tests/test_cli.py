@@ -11,3 +11,16 @@ def test_make_model_and_config_errors_exit_cleanly(tmp_path, capsys):
     assert main(["train", "quickstart", "grpo.num_prompts_per_stp=4", f"policy.model_name={tmp_path / 'x'}"]) == 2
     err = capsys.readouterr().err
     assert "did you mean grpo.num_prompts_per_step?" in err and not (tmp_path / "x").exists()
+
+
+def test_make_model_offers_every_family_the_factory_makes(tmp_path, capsys):
+    from typing import get_args
+
+    from rlkit.cli import MODEL_FAMILIES
+    from rlkit.models.factory import ModelFamily
+
+    assert MODEL_FAMILIES == get_args(ModelFamily)
+    assert main(["make-model", str(tmp_path / "moe"), "--preset", "nano-moe", "--family", "mixtral"]) == 0
+    config = json.loads((tmp_path / "moe" / "config.json").read_text())
+    assert config["architectures"] == ["MixtralForCausalLM"] and config["num_local_experts"] == 4
+    assert "mixtral preset 'nano-moe'" in capsys.readouterr().out

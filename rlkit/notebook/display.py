@@ -23,24 +23,15 @@ def session_facts(s: Any) -> dict[str, object]:
     cfg = s.config
     if s.policy is None:
         return {"state": "closed (create a new Session to continue)"}
-    mc = cfg.policy.megatron_cfg
     policy = s.policy
     arch = getattr(policy, "arch", None)
-    layout = getattr(policy, "layout", None)
-    dp = "?"
-    try:
-        from rlkit.policy.megatron import parallel
-
-        dp = parallel.dp_size()
-    except Exception:  # noqa: BLE001 - a display never raises
-        pass
     device = "cuda" if _cuda() else "cpu"
+    backend, layout = _backend_and_layout(cfg, policy)
     facts = {
         "model": f"{cfg.policy.model_name}" + (f" ({arch.family}, {arch.num_layers} layers x {arch.hidden_size})" if arch else ""),
+        "backend": backend,
         "policy": f"{type(policy).__name__} on {device}",
-        "parallel layout": f"TP={mc.tensor_model_parallel_size} PP={mc.pipeline_model_parallel_size} "
-                           f"CP={mc.context_parallel_size} EP={mc.expert_model_parallel_size} DP={dp}"
-                           + (" (sequence parallel)" if layout is not None and layout.sequence_parallel else ""),
+        "parallel layout": layout,
         "generator": f"{cfg.policy.generation.backend} "
                      f"({'colocated' if cfg.policy.generation.colocated.enabled else 'separate'}): {s.generator!r}",
         "environment": getattr(s.env, "name", type(s.env).__name__),
@@ -57,6 +48,27 @@ def session_facts(s: Any) -> dict[str, object]:
     return facts
 
 
+def _backend_and_layout(cfg: Any, policy: Any) -> tuple[str, str]:
+    """The training backend the session built (``build_policy`` picks DTensor when ``policy.dtensor_cfg.enabled``,
+    Megatron-Core otherwise; either may run in Ray workers) and its parallel layout."""
+    dp = getattr(policy, "__dict__", {}).get("dp_size")  # DTensorPolicy and RayPolicyGroup set it; no property runs
+    if cfg.policy.dtensor_cfg.enabled:
+        return "DTensor (FSDP2)", f"FSDP2 DP={dp if dp is not None else cfg.policy.num_workers} (no TP/PP/CP/EP)"
+    if dp is None:
+        dp = "?"
+        try:
+            from rlkit.policy.megatron import parallel
+
+            dp = parallel.dp_size()
+        except Exception:  # noqa: BLE001 - a display never raises
+            pass
+    mc = cfg.policy.megatron_cfg
+    layout = getattr(policy, "layout", None)
+    return "Megatron-Core", (f"TP={mc.tensor_model_parallel_size} PP={mc.pipeline_model_parallel_size} "
+                             f"CP={mc.context_parallel_size} EP={mc.expert_model_parallel_size} DP={dp}"
+                             + (" (sequence parallel)" if layout is not None and layout.sequence_parallel else ""))
+
+
 @functools.lru_cache(maxsize=1)
 def _cuda() -> bool:
     import torch
@@ -68,7 +80,8 @@ def session_summary(s: Any) -> str:
     f = session_facts(s)
     if "state" in f:
         return f"Session({f['state']})"
-    keys = ("model", "parallel layout", "environment", "step", "policy version", "generator weights", "last reward")
+    keys = ("model", "backend", "parallel layout", "environment", "step", "policy version", "generator weights",
+            "last reward")
     return "Session(" + ", ".join(f"{k}={f[k]}" for k in keys) + ")"
 
 

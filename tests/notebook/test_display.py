@@ -125,6 +125,25 @@ def test_session_display_reads_attributes_only():
     assert session_summary(session).startswith("Session(closed")
 
 
+def test_session_display_names_the_backend_in_use():
+    """A DTensor session shows DTensor and its FSDP layout, not Megatron-Core's TP/PP/CP/EP."""
+    from rlkit.notebook.display import session_html, session_summary
+
+    facts = dict(config=None, generator=Tripwire(), env=SimpleNamespace(name="arithmetic"), loss_fn="RLLoss(ppo_clip)",
+                 step_count=0, generator_version=0, stale=False, history=[], rollouts=None)
+    dtensor = SimpleNamespace(**facts)
+    dtensor.config = load_config("quickstart", {"policy.dtensor_cfg.enabled": True, "policy.megatron_cfg.enabled": False})
+    dtensor.policy = Tripwire(version=0, arch=None, dp_size=1)
+    text = session_summary(dtensor)
+    assert "backend=DTensor (FSDP2)" in text and "FSDP2 DP=1" in text and "TP=" not in text
+    assert "Megatron" not in text and "Megatron" not in session_html(dtensor)
+
+    megatron = SimpleNamespace(**facts)
+    megatron.config = load_config("quickstart")
+    megatron.policy = Tripwire(version=0, arch=None, layout=SimpleNamespace(sequence_parallel=False))
+    text = session_summary(megatron)
+    assert "backend=Megatron-Core" in text and "TP=1 PP=1 CP=1 EP=1" in text
+
 def test_charts_carry_their_points_and_skip_missing_values():
     svg = line_chart("reward", [1, 2, 3, 4], {"mean": [0.1, float("nan"), 0.3, 0.4]})
     assert "data-points='3'" in svg and svg.count("<polyline") == 1 and "mean 0.4" in svg
