@@ -216,14 +216,24 @@ class Dashboard:
 
 
 def _handle_clicks_where_the_frontend_sends_them(button: Any) -> None:
-    """Let the stop button's clicks reach the kernel while a cell runs.
+    """Let the stop button's clicks reach the kernel while a cell runs (a private ipykernel hook, isolated here).
 
-    JupyterLab (>= 4.4) sends widget messages on a kernel subshell, which ipykernel (>= 7) handles on its
-    own thread even while the main thread executes ``run()``. But ipykernel 7.4 routes a comm's incoming
-    messages to the shell that last *published* on that comm, which for a widget made in a notebook cell is
-    the busy main shell: the click would wait until ``run()`` returns. The button only sets a flag, so its
-    comm keeps the frontend's choice. This overrides one method of ipykernel's comm object (no public API
-    does this); with other kernels or versions it does nothing, and a click waits for the cell to end.
+    JupyterLab (>= 4.4) sends each widget's messages on a kernel subshell, which ipykernel (>= 7) handles on
+    its own thread even while the main thread executes ``run()``. But ipykernel 7.4 then re-routes a comm's
+    incoming messages to the shell that last *published* on that comm, which for a widget made in a notebook
+    cell is the busy main shell: the click would wait until ``run()`` returns. So this replaces that routing,
+    for this button's comm only, with "keep the frontend's choice" (the button only sets a flag, so nothing
+    waits for a reply on the main shell). It overrides ``comm._reply_subshell_for``; with other kernels or
+    versions the method is absent, nothing changes, and a click waits for the cell to end (the kernel's stop
+    button still works: the session survives a KeyboardInterrupt).
+
+    Why no public mechanism: neither ipywidgets nor ipykernel has an API to choose where a comm's messages
+    are handled (the routing above is internal). The public alternatives fail: processing queued messages
+    from the training loop needs ``kernel.do_one_iteration`` (private, and it would run queued cells too);
+    running ``run()`` in a thread takes Ctrl-C and progress output away from the cell; an ``async`` run loop
+    (ipykernel dispatches comm messages while an async cell awaits) changes how every notebook calls ``run``.
+    ``tests/notebook/test_dashboard.py`` pins this dependency and ``tests/tutorials/test_browser.py`` checks
+    the click in a real JupyterLab.
     """
     comm = getattr(button, "comm", None)
     if comm is not None and callable(getattr(comm, "_reply_subshell_for", None)):

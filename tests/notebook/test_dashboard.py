@@ -138,3 +138,23 @@ def test_text_mode_updates_in_place_in_a_real_kernel(tmp_path):
     assert len(first) == 1 and first[0].output_type == "display_data" and second == []
     text = first[0].data["text/plain"]  # the output of the first cell, updated by the second
     assert text.startswith("rlkit dashboard: 3 step(s)") and "<pre" in first[0].data["text/html"]
+
+
+def test_stop_clicks_keep_the_subshell_the_frontend_chose():
+    """Pins the private ipykernel hook the stop button relies on (see ``_handle_clicks_where_the_frontend_sends_them``):
+    if ipykernel renames or drops it, this fails and says where to look (the browser test would only time out)."""
+    import inspect
+    from types import SimpleNamespace
+
+    from ipykernel.comm.comm import BaseComm
+    from ipykernel.kernelbase import Kernel
+
+    from rlkit.notebook.dashboard import _handle_clicks_where_the_frontend_sends_them
+
+    assert "_reply_subshell_for" in inspect.getsource(Kernel.shell_channel_thread_main)  # where it is consulted
+    comm = BaseComm(target_name="rlkit-test")  # outside a kernel: opening publishes nothing
+    comm._reply_subshell_id = None  # what ipykernel records when a cell (the main shell) publishes on the comm
+    assert comm._reply_subshell_for({"method": "custom"}, "subshell-1") is None  # a click would wait for the cell
+    _handle_clicks_where_the_frontend_sends_them(SimpleNamespace(comm=comm))
+    assert comm._reply_subshell_for({"method": "custom"}, "subshell-1") == "subshell-1"
+    _handle_clicks_where_the_frontend_sends_them(SimpleNamespace(comm=object()))  # other kernels: nothing to do
