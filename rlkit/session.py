@@ -28,6 +28,51 @@ from rlkit.stages.metrics import StepMetrics, step_metrics
 from rlkit.trajectories import Trajectories
 
 
+# Config sections (or dotted prefixes) that reset() can switch to without rebuilding any engine.
+RESETTABLE = ("name", "seed", "grpo", "loss_fn", "sft", "eval", "logger", "checkpointing",
+              "policy.optimizer", "policy.scheduler")
+
+
+def _without_resettable(config: RunConfig) -> dict[str, Any]:
+    raw = config.model_dump(mode="json")
+    async_grpo = raw["grpo"].get("async_grpo")  # a session's producer thread exists or not from construction
+    for key in RESETTABLE:
+        node = raw
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node[part]
+        node.pop(leaf, None)
+    raw["async_grpo"] = async_grpo
+    return raw
+
+
+def _changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested dicts."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return [prefix] if old != new else []
+    return [k for key in sorted(set(old) | set(new))
+            for k in _changed_keys(old.get(key), new.get(key), f"{prefix}.{key}" if prefix else key)]
+
+
+def can_reset(old: RunConfig, new: RunConfig) -> bool:
+    """True when a session built for ``old`` can ``reset(new)`` (only :data:`RESETTABLE` keys differ)."""
+    return _without_resettable(old) == _without_resettable(new)
+
+
+def seed_everything(seed: int) -> None:
+    """Seed the RNGs a fresh session seeds at construction: python, numpy, torch, Megatron's tracker."""
+    import random
+
+    import numpy as np
+    import torch
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    model_parallel_cuda_manual_seed(seed)
+
+
 class Session:
     """Holds the components of an RL run and exposes one method per stage."""
 
@@ -87,6 +132,52 @@ class Session:
         self.config = new
         self.loss_fn = RLLoss(new.loss_fn, kl_in_reward=new.grpo.reward_kl_coef > 0)
         return new
+
+    def reset(self, config: Sequence[str] | Mapping[str, Any] | RunConfig = ()) -> "Session":
+        """Put the session in the state ``Session(config)`` would start in, keeping its engines (a sweep does
+        this between runs: starting vLLM and Megatron costs far more than a short run).
+
+        ``config`` is a RunConfig or overrides of the current config (default: none, i.e. start this run
+        over). It may change only :data:`RESETTABLE` keys (seed, ``grpo.*`` except ``grpo.async_grpo``,
+        ``loss_fn.*``, ``sft.*``, ``eval.*``, ``logger.*``, ``checkpointing.*``, ``policy.optimizer.*``,
+        ``policy.scheduler.*``); anything else raises ConfigError. Weights come back from the model folder
+        (the policy, then the generator by a refit) and become the reference; the optimizer and schedule are
+        new; the sampler starts over with the seed; loss function and baseline are rebuilt; step count,
+        history and latest results are cleared; the RNGs are seeded as at construction. Listeners (a
+        dashboard) stay attached."""
+        from rlkit.algorithms import RLLoss, RunningBaseline
+        from rlkit.data import PromptSampler
+        from rlkit.errors import ConfigError
+        from rlkit.policy.megatron.policy import load_hf_state
+
+        new = config if isinstance(config, RunConfig) else load_config(self.config.model_dump(), config)
+        if not can_reset(self.config, new):
+            changed = _changed_keys(_without_resettable(self.config), _without_resettable(new))
+            raise ConfigError([f"{k}: changing it needs a new Session (Session.from_config(...)); reset() can "
+                               f"change only {', '.join(RESETTABLE)} (not grpo.async_grpo)" for k in changed])
+        policy = self.policy
+        policy.load_hf_state(load_hf_state(new.policy.model_name))
+        policy.reset_optimizer(new.policy.optimizer, new.policy.scheduler)
+        policy.set_reference_to_current()
+        policy.version = 0
+        self.config = new
+        self.sampler = PromptSampler(self.dataset["train"], new.grpo.num_prompts_per_step, seed=new.seed)
+        self.loss_fn = RLLoss(new.loss_fn, kl_in_reward=new.grpo.reward_kl_coef > 0)
+        self.baseline = RunningBaseline()
+        self.step_count = 0
+        self.history = []
+        self.batch = None
+        self.last_train = self.last_refit = self.last_eval = self.last_sft = None
+        self._step_rows = None
+        self._timings = {}
+        self.stop_requested = False
+        self.refit()
+        if self.rollouts is not None:  # async GRPO: drop batches sampled for the previous run
+            old = self.rollouts
+            old.close()
+            self.rollouts = AsyncRollouts(old.make_batch, old.max_age_steps, self.generator_version)
+        seed_everything(new.seed)
+        return self
 
     # ---- state -----------------------------------------------------------------------------------
     @property

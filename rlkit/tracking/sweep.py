@@ -7,8 +7,8 @@ Why one process and one session: starting vLLM and Megatron costs far more than 
 When two consecutive runs differ only in keys that neither the model nor the generator nor the data
 depend on (``seed``, ``grpo.*`` but ``grpo.async_grpo``, ``loss_fn.*``, ``sft.*``, ``eval.*``, ``logger.*``, ``checkpointing.*``,
 ``policy.optimizer.*``, ``policy.scheduler.*``), the session is reset to the state a fresh one would have
-(weights from the model folder, new optimizer and schedule, new sampler, step 0, RNGs seeded as at
-construction) instead of rebuilt; any other change builds a new session. The test suite checks that a
+(``Session.reset``: weights from the model folder, new optimizer and schedule, new sampler, step 0, RNGs
+seeded as at construction) instead of rebuilt; any other change builds a new session. The test suite checks that a
 reset session reproduces a fresh session's metrics exactly.
 
 Written to the sweep folder: one run folder per run (metrics, summary, wandb offline run), ``runs.csv``,
@@ -25,7 +25,6 @@ import csv
 import itertools
 import json
 import math
-import random
 import re
 import time
 from dataclasses import dataclass, field
@@ -37,10 +36,8 @@ import yaml
 from rlkit.config.loading import load_config
 from rlkit.config.run import RunConfig
 from rlkit.errors import ConfigError
+from rlkit.session import can_reset
 
-# Sections (or dotted prefixes) a session can switch between runs without rebuilding its components.
-RESETTABLE = ("name", "seed", "grpo", "loss_fn", "sft", "eval", "logger", "checkpointing",
-              "policy.optimizer", "policy.scheduler")
 
 
 # ---- grid ---------------------------------------------------------------------------------------------------
@@ -221,74 +218,9 @@ def plot_reward_curves(runs: Sequence[SweepRun], path: Path) -> Path:
 
 
 # ---- session reuse ------------------------------------------------------------------------------------------
-def _without_resettable(config: RunConfig) -> dict[str, Any]:
-    raw = config.model_dump(mode="json")
-    async_grpo = raw["grpo"].get("async_grpo")  # a session's producer thread exists or not from construction
-    for key in RESETTABLE:
-        node = raw
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node[part]
-        node.pop(leaf, None)
-    raw["async_grpo"] = async_grpo
-    return raw
-
-
 def can_reuse(old: RunConfig, new: RunConfig) -> bool:
-    """True when a session built for ``old`` can be reset for ``new`` (see the module docstring)."""
-    return _without_resettable(old) == _without_resettable(new)
-
-
-def seed_everything(seed: int) -> None:
-    """Seed the RNGs a fresh session seeds at construction: python, numpy, torch, Megatron's tracker."""
-    import numpy as np
-    import torch
-    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    model_parallel_cuda_manual_seed(seed)
-
-
-def reset_session(session: Any, config: RunConfig) -> Any:
-    """Put ``session`` in the state ``Session(config)`` would start in, keeping its components.
-
-    Requires ``can_reuse(session.config, config)``. Weights come back from the model folder (the policy
-    and, through a refit, the generator), the optimizer and schedule are new, the sampler starts over with
-    ``config.seed``, the loss function and baseline are rebuilt, step count and history are cleared.
-    """
-    from rlkit.algorithms import RLLoss, RunningBaseline
-    from rlkit.data import PromptSampler
-    from rlkit.policy.megatron.policy import load_hf_state
-
-    if not can_reuse(session.config, config):
-        raise ValueError("this config changes the model, generator, data or environment: build a new Session")
-    policy = session.policy
-    policy.load_hf_state(load_hf_state(config.policy.model_name))
-    policy.reset_optimizer(config.policy.optimizer, config.policy.scheduler)
-    policy.set_reference_to_current()
-    policy.version = 0
-    session.config = config
-    session.sampler = PromptSampler(session.dataset["train"], config.grpo.num_prompts_per_step, seed=config.seed)
-    session.loss_fn = RLLoss(config.loss_fn, kl_in_reward=config.grpo.reward_kl_coef > 0)
-    session.baseline = RunningBaseline()
-    session.step_count = 0
-    session.history = []
-    session.batch = None
-    session.last_train = session.last_refit = session.last_eval = session.last_sft = None
-    session._step_rows = None
-    session._timings = {}
-    session.stop_requested = False
-    session.refit()
-    rollouts = getattr(session, "rollouts", None)
-    if rollouts is not None:  # async GRPO: drop batches sampled for the previous run
-        from rlkit.stages.async_rollouts import AsyncRollouts
-
-        rollouts.close()
-        session.rollouts = AsyncRollouts(rollouts.make_batch, rollouts.max_age_steps, session.generator_version)
-    seed_everything(config.seed)
-    return session
+    """True when a session built for ``old`` can be reset for ``new`` (see :meth:`rlkit.session.Session.reset`)."""
+    return can_reset(old, new)
 
 
 # ---- the sweep ------------------------------------------------------------------------------------------------
@@ -336,7 +268,7 @@ def run_sweep(config: str | Path | Mapping[str, Any] | RunConfig, grid: Mapping[
         for name, point, seed, cfg in plan:
             reused = session is not None and reuse_sessions and can_reuse(session.config, cfg)
             if reused:
-                reset_session(session, cfg)
+                session.reset(cfg)
             else:
                 if session is not None:
                     session.close()

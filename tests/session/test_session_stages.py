@@ -136,3 +136,30 @@ def test_trainer_values_are_zero_outside_the_completion(session):
         assert values.shape == batch.input_ids.shape and (values[outside] == 0).all(), name
     assert torch.equal(scored.prev_logprobs[batch.loss_mask], raw.logprobs[batch.loss_mask])
     assert torch.equal(scored.entropy[batch.loss_mask], raw.entropy[batch.loss_mask])
+
+
+def test_reset_starts_the_run_over_with_the_same_engines(session):
+    """reset(): the state a fresh Session(config) starts in, without restarting vLLM or Megatron."""
+    from rlkit.errors import ConfigError
+    from rlkit.policy.megatron.policy import load_hf_state
+
+    session.step()
+    generator, policy = session.generator, session.policy
+    session.reset(["seed=5", "loss_fn.ratio_clip_max=0.3"])
+    assert session.generator is generator and session.policy is policy  # engines kept
+    assert session.config.seed == 5 and session.loss_fn.params.ratio_clip_max == 0.3
+    assert session.step_count == 0 and session.history == [] and session.batch is None
+    assert policy.version == 0 and not session.stale and session.last_refit.policy_version == 0
+    initial = load_hf_state(session.config.policy.model_name)
+    exported = {name: t for group in policy.export_hf_groups() for name, t in group}
+    assert all(torch.equal(exported[name], initial[name]) for name in initial)  # weights from the model folder
+
+    first = session.step()
+    session.reset()  # the same config again: the same first step
+    again = session.step()
+    deterministic = lambda m: {k: v for k, v in m.values.items() if not k.startswith("timing/")}  # noqa: E731
+    assert again.step == first.step == 1 and deterministic(again) == pytest.approx(deterministic(first))
+
+    with pytest.raises(ConfigError, match=r"policy\.generation\.temperature: changing it needs a new Session"):
+        session.reset(["policy.generation.temperature=0.5"])
+    assert session.step_count == 1  # nothing was reset
