@@ -232,6 +232,10 @@ class RayPolicyGroup:
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
+        if isinstance(error, RayActorError):  # a dead rank: the group is broken, no point waiting for the rest
+            self._broken = f"rank {rank} died in {what}()"
+            return WorkerError(f"policy worker rank {rank} of {self.world_size} died in {what}(): {error}",
+                               error, rank)
         if pending:
             _, still_running = ray.wait(pending, num_returns=len(pending), timeout=FAILURE_GRACE_S)
             if still_running:
@@ -241,10 +245,6 @@ class RayPolicyGroup:
             trace = re.sub(r"\x1b\[[0-9;]*m", "", getattr(error, "traceback_str", None) or str(error))
             return WorkerError(f"policy worker rank {rank} of {self.world_size} failed in {what}(); the worker's "
                                f"traceback (most recent call last):\n{trace}", cause, rank)
-        if isinstance(error, RayActorError):
-            self._broken = f"rank {rank} died in {what}()"
-            return WorkerError(f"policy worker rank {rank} of {self.world_size} died in {what}(): {error}",
-                               error, rank)
         return WorkerError(f"policy worker rank {rank} of {self.world_size}: {what}() failed: {error!r}", error, rank)
 
     def _call_all(self, method: str, *args: Any, leader_only: bool = True, **kwargs: Any) -> Any:

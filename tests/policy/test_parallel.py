@@ -230,6 +230,27 @@ def test_worker_exception_comes_back_with_its_traceback(dp_group):
     assert "closed" in repr(dp_group)
 
 
+def rank1_dying_loss(logprobs, batch, counts):
+    """Rank 1's process dies (a segfault or the OOM killer looks the same from outside)."""
+    if torch.distributed.get_rank() == 1:
+        os._exit(1)
+    return pg_token_mean_loss(logprobs, batch, counts)
+
+
+def test_a_worker_that_dies_is_reported_and_the_group_still_closes(ray_cluster, model_cfg):
+    from rlkit.policy.workers import WorkerError
+
+    group = group_for(model_cfg)
+    batch = random_batch(b=4, t=16)
+    with pytest.raises(WorkerError, match="rank 1 of 2 died in train_step") as info:
+        group.train_step(batch, rank1_dying_loss)
+    assert info.value.rank == 1
+    with pytest.raises(WorkerError, match="broken.*close"):
+        group.score(batch.input_ids, batch.attention_mask)
+    group.close()  # rank 0, left waiting in the all-reduce, is killed
+    assert "closed" in repr(group)
+
+
 def test_bad_layout_is_rejected_before_any_worker_starts(monkeypatch, model_factory):
     """start_ray is replaced (a stand-in) only to prove that validation happens before Ray is touched."""
     from rlkit.policy import workers
