@@ -60,17 +60,20 @@ def can_reset(old: RunConfig, new: RunConfig) -> bool:
 
 
 def seed_everything(seed: int) -> None:
-    """Seed the RNGs a fresh session seeds at construction: python, numpy, torch, Megatron's tracker."""
+    """Seed the RNGs a fresh session seeds at construction: python, numpy, torch, and Megatron's tracker when
+    a Megatron policy lives in this process (not for DTensor or a Ray worker group)."""
     import random
 
     import numpy as np
     import torch
+    from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    model_parallel_cuda_manual_seed(seed)
+    if parallel_state.model_parallel_is_initialized():
+        model_parallel_cuda_manual_seed(seed)
 
 
 class Session:

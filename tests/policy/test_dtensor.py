@@ -98,5 +98,7 @@ def test_grpo_step_through_the_session_on_dtensor(tmp_path):
         assert session.policy.version == 1 and not session.stale
         assert abs(session.batch.info["token_mult_prob_error"] - 1.0) < 1e-3  # vLLM and the policy agree
         assert metrics["train/grad_norm"] > 0
+        session.reset()  # a sweep's next run on the same engines (no Megatron state in this process to seed)
+        assert session.policy.version == 0 and session.step_count == 0 and not session.stale
     finally:
         session.close()
