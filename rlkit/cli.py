@@ -70,10 +70,9 @@ def cmd_make_model(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from rlkit.demo import run_demo
+    from rlkit.demo import agrees, run_demo
 
-    run_demo(preset=args.preset, family=args.family)
-    return 0
+    return 0 if agrees(run_demo(preset=args.preset, family=args.family)) else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -111,8 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_make_model)
 
     p = sub.add_parser("demo", help="component demo: generate, score with the policy, train, refit, generate")
-    p.add_argument("--preset", default="tiny")
-    p.add_argument("--family", default="qwen2", choices=["llama", "qwen2"])
+    p.add_argument("--preset", default="tiny", help="a dense preset, or nano-moe | tiny-moe with --family mixtral")
+    p.add_argument("--family", default="qwen2", choices=MODEL_FAMILIES)
     p.set_defaults(fn=cmd_demo)
     return parser
 

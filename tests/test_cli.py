@@ -24,3 +24,11 @@ def test_make_model_offers_every_family_the_factory_makes(tmp_path, capsys):
     config = json.loads((tmp_path / "moe" / "config.json").read_text())
     assert config["architectures"] == ["MixtralForCausalLM"] and config["num_local_experts"] == 4
     assert "mixtral preset 'nano-moe'" in capsys.readouterr().out
+
+
+def test_demo_on_a_moe_model_reports_agreement_after_the_refit(capsys):
+    """`rlkit demo`: generate, score with the policy, train, refit, generate again (real vLLM and Megatron)."""
+    assert main(["demo", "--preset", "nano-moe", "--family", "mixtral"]) == 0
+    out = capsys.readouterr().out
+    assert "model: nano-moe mixtral" in out
+    assert "generator and policy agree within 1e-3 before and after the refit: yes" in out
