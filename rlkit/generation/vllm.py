@@ -12,6 +12,7 @@ with the old weights and their logprobs are silently wrong.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from pathlib import Path
@@ -22,6 +23,21 @@ import torch
 from rlkit.config.components import GenerationConfig
 from rlkit.generation.base import Generation, SamplingSettings
 from rlkit.models.factory import check_head_dim, read_hf_config
+
+
+class _RotaryCacheReloadNotice(logging.Filter):
+    """Drops vLLM's "RotaryEmbedding: Failed to load weights" warning, logged at every refit: the rotary
+    cos/sin cache is computed, never a checkpoint weight, so there is nothing to load. Other layers' load
+    failures still show."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "RotaryEmbedding: Failed to load weights"
+
+
+def _quiet_rotary_reload_notice() -> None:
+    layerwise = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    if not any(isinstance(f, _RotaryCacheReloadNotice) for f in layerwise.filters):
+        layerwise.addFilter(_RotaryCacheReloadNotice())
 
 
 def _cpu_engine_environment(kv_cache_space_gib: float) -> None:
@@ -60,6 +76,7 @@ class VllmGenerator:
             kwargs["gpu_memory_utilization"] = cfg.vllm_cfg.gpu_memory_utilization
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
+        _quiet_rotary_reload_notice()
 
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingSettings) -> Generation:
         from vllm import SamplingParams

@@ -125,3 +125,22 @@ def test_head_dim_is_checked_before_vllm_starts(model_factory, tmp_path):
     (bad / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ModelError, match="head_dim=16"):
         VllmGenerator(bad, GenerationConfig(), max_model_len=64)
+
+
+def test_only_the_rotary_cache_reload_notice_is_silenced():
+    """vLLM warns "RotaryEmbedding: Failed to load weights" at every refit (its cos/sin cache is computed, not
+    loaded); the generator drops that line and nothing else from the reload logger."""
+    import logging
+
+    from rlkit.generation.vllm import _quiet_rotary_reload_notice
+
+    _quiet_rotary_reload_notice()
+    _quiet_rotary_reload_notice()  # idempotent: one filter
+    layerwise = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    assert len(layerwise.filters) == 1
+
+    def record(layer):
+        return logging.LogRecord(layerwise.name, logging.WARNING, __file__, 1, "%s: Failed to load weights", (layer,), None)
+
+    assert not layerwise.filter(record("RotaryEmbedding"))
+    assert layerwise.filter(record("QKVParallelLinear"))  # a real load failure still shows
