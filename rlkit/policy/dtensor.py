@@ -27,10 +27,10 @@ from torch import Tensor
 
 from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
 from rlkit.errors import ModelError
-from rlkit.policy.base import HFGroup, LossFn, TokenScores, TrainStepResult, weights_swapped_in
+from rlkit.policy.base import HFGroup, LossFn, TokenScores, weights_swapped_in
 from rlkit.policy.megatron.build import Architecture
 from rlkit.policy.megatron.parallel import ensure_process_group
-from rlkit.policy.optimizer_step import all_or_nothing_step, lr_lambda
+from rlkit.policy.optimizer_step import MicrobatchedTraining, lr_lambda
 from rlkit.trajectories import LossCounts, Trajectories
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
@@ -53,7 +53,7 @@ def shifted_logprobs_and_entropy(logits: Tensor, input_ids: Tensor, with_entropy
     return torch.nn.functional.pad(token, (1, 0)), entropy
 
 
-class DTensorPolicy:
+class DTensorPolicy(MicrobatchedTraining):
     """A causal LM from an HF folder, FSDP2-sharded over all ranks (implements :class:`rlkit.policy.base.Policy`)."""
 
     def __init__(self, cfg: PolicyConfig, seed: int = 0, *, param_dtype: torch.dtype = torch.float32):
@@ -215,23 +215,6 @@ class DTensorPolicy:
         if self.dp_size > 1:
             dist.all_reduce(sq)  # FSDP shards are disjoint: the squares add up
         return float(sq.sqrt())
-
-    def compute_gradients(self, batch: Trajectories, loss_fn: LossFn) -> dict[str, float]:
-        """Fill ``.grad`` of every parameter with the gradient of the global-batch loss; no update."""
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        metrics, _ = self._run_microbatches(batch, loss_fn, backward=True)
-        return metrics
-
-    def evaluate_loss(self, batch: Trajectories, loss_fn: LossFn) -> dict[str, float]:
-        """The loss and its metrics on ``batch`` under the current weights, without gradients or update."""
-        self.model.eval()
-        metrics, _ = self._run_microbatches(batch, loss_fn, backward=False)
-        return metrics
-
-    def train_step(self, batch: Trajectories, loss_fn: LossFn) -> TrainStepResult:
-        """One optimizer step over ``batch`` in microbatches; all or nothing, like the Megatron policy's."""
-        return all_or_nothing_step(self, batch, loss_fn)
 
     def close(self) -> None:
         """Release the model and optimizer (the process group stays for whatever comes next)."""

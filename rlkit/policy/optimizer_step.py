@@ -76,3 +76,26 @@ def all_or_nothing_step(policy, batch: Trajectories, loss_fn: LossFn) -> TrainSt
         policy.version += 1
     return TrainStepResult(metrics=metrics, grad_norm=grad_norm, learning_rate=lr, num_microbatches=n_micro,
                            version=policy.version, timings={"train_step": time.perf_counter() - t0})
+
+
+class MicrobatchedTraining:
+    """``compute_gradients``, ``evaluate_loss`` and ``train_step`` of an in-process backend, built on its
+    ``_run_microbatches(batch, loss_fn, backward)``, ``model`` and ``optimizer`` (Megatron and DTensor)."""
+
+    def compute_gradients(self, batch: Trajectories, loss_fn: LossFn) -> dict[str, float]:
+        """Fill ``.grad`` of every parameter with the gradient of the global-batch loss; no update."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics, _ = self._run_microbatches(batch, loss_fn, backward=True)
+        return metrics
+
+    def evaluate_loss(self, batch: Trajectories, loss_fn: LossFn) -> dict[str, float]:
+        """The loss and its metrics on ``batch`` under the current weights, without gradients or update."""
+        self.model.eval()
+        metrics, _ = self._run_microbatches(batch, loss_fn, backward=False)
+        return metrics
+
+    def train_step(self, batch: Trajectories, loss_fn: LossFn) -> TrainStepResult:
+        """One optimizer step over ``batch`` in microbatches of ``train_micro_batch_size`` rows (see
+        :func:`all_or_nothing_step`: an interrupt never leaves a half-applied update)."""
+        return all_or_nothing_step(self, batch, loss_fn)

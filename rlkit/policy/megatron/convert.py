@@ -24,7 +24,7 @@ up are split separately, not the fused tensor. Conversion works on full tensors;
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping, Optional
 
 import torch
 from torch import Tensor
@@ -53,29 +53,24 @@ def split_qkv(qkv: Tensor, arch: Architecture) -> tuple[Tensor, Tensor, Tensor]:
     return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)
 
 
-def hf_layer_to_megatron(hf: Mapping[str, Tensor], i: int, arch: Architecture) -> dict[str, Tensor]:
-    """Full Megatron tensors of decoder layer ``i`` from HF tensors."""
+def attention_to_megatron(hf: Mapping[str, Tensor], i: int, arch: Architecture) -> dict[str, Tensor]:
+    """Full Megatron tensors of decoder layer ``i``'s norms and attention (everything but the MLP)."""
     h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
     out = {
         m + "input_layernorm.weight": hf[h + "input_layernorm.weight"],
-        m + "self_attention.linear_qkv.weight": fuse_qkv(
-            *(hf[h + f"self_attn.{x}_proj.weight"] for x in "qkv"), arch
-        ),
+        m + "self_attention.linear_qkv.weight": fuse_qkv(*(hf[h + f"self_attn.{x}_proj.weight"] for x in "qkv"), arch),
         m + "self_attention.linear_proj.weight": hf[h + "self_attn.o_proj.weight"],
         m + "pre_mlp_layernorm.weight": hf[h + "post_attention_layernorm.weight"],
-        m + "mlp.linear_fc1.weight": torch.cat([hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"]]),
-        m + "mlp.linear_fc2.weight": hf[h + "mlp.down_proj.weight"],
     }
     if arch.qkv_bias:
         out[m + "self_attention.linear_qkv.bias"] = fuse_qkv(*(hf[h + f"self_attn.{x}_proj.bias"] for x in "qkv"), arch)
     return out
 
 
-def megatron_layer_to_hf(mc: Mapping[str, Tensor], i: int, arch: Architecture) -> HFGroup:
-    """HF tensors of decoder layer ``i`` from full Megatron tensors (inverse of :func:`hf_layer_to_megatron`)."""
+def attention_to_hf(mc: Mapping[str, Tensor], i: int, arch: Architecture) -> HFGroup:
+    """HF tensors of decoder layer ``i``'s norms and attention (inverse of :func:`attention_to_megatron`)."""
     h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
     q, k, v = split_qkv(mc[m + "self_attention.linear_qkv.weight"], arch)
-    gate, up = torch.chunk(mc[m + "mlp.linear_fc1.weight"], 2, dim=0)
     out = [
         (h + "input_layernorm.weight", mc[m + "input_layernorm.weight"]),
         (h + "self_attn.q_proj.weight", q),
@@ -83,9 +78,6 @@ def megatron_layer_to_hf(mc: Mapping[str, Tensor], i: int, arch: Architecture) -
         (h + "self_attn.v_proj.weight", v),
         (h + "self_attn.o_proj.weight", mc[m + "self_attention.linear_proj.weight"]),
         (h + "post_attention_layernorm.weight", mc[m + "pre_mlp_layernorm.weight"]),
-        (h + "mlp.gate_proj.weight", gate),
-        (h + "mlp.up_proj.weight", up),
-        (h + "mlp.down_proj.weight", mc[m + "mlp.linear_fc2.weight"]),
     ]
     if arch.qkv_bias:
         qb, kb, vb = split_qkv(mc[m + "self_attention.linear_qkv.bias"], arch)
@@ -93,42 +85,70 @@ def megatron_layer_to_hf(mc: Mapping[str, Tensor], i: int, arch: Architecture) -
     return out
 
 
-def hf_to_megatron(hf: Mapping[str, Tensor], arch: Architecture) -> dict[str, Tensor]:
-    """All full Megatron tensors from an HF state dict."""
+def attention_param_names(i: int, arch: Architecture) -> list[str]:
+    m = f"decoder.layers.{i}."
+    names = [m + s for s in ("input_layernorm.weight", "self_attention.linear_qkv.weight",
+                             "self_attention.linear_proj.weight", "pre_mlp_layernorm.weight")]
+    if arch.qkv_bias:
+        names.append(m + "self_attention.linear_qkv.bias")
+    return names
+
+
+def hf_layer_to_megatron(hf: Mapping[str, Tensor], i: int, arch: Architecture) -> dict[str, Tensor]:
+    """Full Megatron tensors of dense decoder layer ``i`` from HF tensors."""
+    h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
+    out = attention_to_megatron(hf, i, arch)
+    out[m + "mlp.linear_fc1.weight"] = torch.cat([hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"]])
+    out[m + "mlp.linear_fc2.weight"] = hf[h + "mlp.down_proj.weight"]
+    return out
+
+
+def megatron_layer_to_hf(mc: Mapping[str, Tensor], i: int, arch: Architecture) -> HFGroup:
+    """HF tensors of dense decoder layer ``i`` from full Megatron tensors (inverse of :func:`hf_layer_to_megatron`)."""
+    h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
+    gate, up = torch.chunk(mc[m + "mlp.linear_fc1.weight"], 2, dim=0)
+    return attention_to_hf(mc, i, arch) + [
+        (h + "mlp.gate_proj.weight", gate),
+        (h + "mlp.up_proj.weight", up),
+        (h + "mlp.down_proj.weight", mc[m + "mlp.linear_fc2.weight"]),
+    ]
+
+
+def layer_param_names(i: int, arch: Architecture) -> list[str]:
+    m = f"decoder.layers.{i}."
+    return attention_param_names(i, arch) + [m + "mlp.linear_fc1.weight", m + "mlp.linear_fc2.weight"]
+
+
+def hf_to_megatron(hf: Mapping[str, Tensor], arch: Architecture,
+                   layer_to_megatron: Optional[Callable] = None) -> dict[str, Tensor]:
+    """All full Megatron tensors from an HF state dict; ``layer_to_megatron`` maps one decoder layer
+    (default: the dense :func:`hf_layer_to_megatron`; the MoE module passes its own)."""
+    layer_to_megatron = layer_to_megatron or hf_layer_to_megatron
     out = {"embedding.word_embeddings.weight": hf["model.embed_tokens.weight"]}
     for i in range(arch.num_layers):
-        out.update(hf_layer_to_megatron(hf, i, arch))
+        out.update(layer_to_megatron(hf, i, arch))
     out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
     if not arch.tie_word_embeddings:
         out["output_layer.weight"] = hf["lm_head.weight"]
     return out
 
 
-def megatron_to_hf_groups(full: Callable[[str], Tensor], arch: Architecture) -> Iterator[HFGroup]:
+def megatron_to_hf_groups(full: Callable[[str], Tensor], arch: Architecture, layer_names: Optional[Callable] = None,
+                          layer_to_hf: Optional[Callable] = None) -> Iterator[HFGroup]:
     """HF tensors in groups that keep fused tensors whole: embeddings, each layer, final norm + head.
 
     ``full(name)`` returns the full (unsharded) Megatron tensor ``name``; it is called lazily, one group
-    at a time, so a sharded policy gathers only one layer beyond the model at once.
+    at a time, so a sharded policy gathers only one layer beyond the model at once. ``layer_names`` and
+    ``layer_to_hf`` map one decoder layer (default: dense; the MoE module passes its own).
     """
+    layer_names, layer_to_hf = layer_names or layer_param_names, layer_to_hf or megatron_layer_to_hf
     yield [("model.embed_tokens.weight", full("embedding.word_embeddings.weight"))]
     for i in range(arch.num_layers):
-        prefix = f"decoder.layers.{i}."
-        names = layer_param_names(i, arch)
-        yield megatron_layer_to_hf({n: full(n) for n in names}, i, arch)
+        yield layer_to_hf({n: full(n) for n in layer_names(i, arch)}, i, arch)
     last = [("model.norm.weight", full("decoder.final_layernorm.weight"))]
     if not arch.tie_word_embeddings:
         last.append(("lm_head.weight", full("output_layer.weight")))
     yield last
-
-
-def layer_param_names(i: int, arch: Architecture) -> list[str]:
-    m = f"decoder.layers.{i}."
-    names = [m + s for s in ("input_layernorm.weight", "self_attention.linear_qkv.weight",
-                             "self_attention.linear_proj.weight", "pre_mlp_layernorm.weight",
-                             "mlp.linear_fc1.weight", "mlp.linear_fc2.weight")]
-    if arch.qkv_bias:
-        names.append(m + "self_attention.linear_qkv.bias")
-    return names
 
 
 # ---- tensor-parallel sharding ----------------------------------------------------------------------

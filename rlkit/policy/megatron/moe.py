@@ -99,22 +99,9 @@ def build_moe_gpt_model(arch: MoEArchitecture, tensor_parallel_size: int, pipeli
 
 
 # ---- conversion (full tensors) ---------------------------------------------------------------------
-def _attention_to_megatron(hf: Mapping[str, Tensor], i: int, arch: Architecture) -> dict[str, Tensor]:
-    h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
-    out = {
-        m + "input_layernorm.weight": hf[h + "input_layernorm.weight"],
-        m + "self_attention.linear_qkv.weight": convert.fuse_qkv(*(hf[h + f"self_attn.{x}_proj.weight"] for x in "qkv"), arch),
-        m + "self_attention.linear_proj.weight": hf[h + "self_attn.o_proj.weight"],
-        m + "pre_mlp_layernorm.weight": hf[h + "post_attention_layernorm.weight"],
-    }
-    if arch.qkv_bias:
-        out[m + "self_attention.linear_qkv.bias"] = convert.fuse_qkv(*(hf[h + f"self_attn.{x}_proj.bias"] for x in "qkv"), arch)
-    return out
-
-
 def hf_layer_to_megatron(hf: Mapping[str, Tensor], i: int, arch: MoEArchitecture) -> dict[str, Tensor]:
     h, m = f"model.layers.{i}.block_sparse_moe.", f"decoder.layers.{i}.mlp."
-    out = _attention_to_megatron(hf, i, arch)
+    out = convert.attention_to_megatron(hf, i, arch)
     out[m + "router.weight"] = hf[h + "gate.weight"]
     for e in range(arch.num_experts):
         x, y = f"{h}experts.{e}.", f"{m}experts.local_experts.{e}."
@@ -123,59 +110,23 @@ def hf_layer_to_megatron(hf: Mapping[str, Tensor], i: int, arch: MoEArchitecture
     return out
 
 
-def hf_to_megatron(hf: Mapping[str, Tensor], arch: MoEArchitecture) -> dict[str, Tensor]:
-    out = {"embedding.word_embeddings.weight": hf["model.embed_tokens.weight"]}
-    for i in range(arch.num_layers):
-        out.update(hf_layer_to_megatron(hf, i, arch))
-    out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
-    if not arch.tie_word_embeddings:
-        out["output_layer.weight"] = hf["lm_head.weight"]
-    return out
-
-
 def layer_param_names(i: int, arch: MoEArchitecture) -> list[str]:
-    m = f"decoder.layers.{i}."
-    names = [m + s for s in ("input_layernorm.weight", "self_attention.linear_qkv.weight",
-                             "self_attention.linear_proj.weight", "pre_mlp_layernorm.weight", "mlp.router.weight")]
-    if arch.qkv_bias:
-        names.append(m + "self_attention.linear_qkv.bias")
+    m = f"decoder.layers.{i}.mlp."
+    names = convert.attention_param_names(i, arch) + [m + "router.weight"]
     for e in range(arch.num_experts):
-        names += [f"{m}mlp.experts.local_experts.{e}.linear_fc1.weight", f"{m}mlp.experts.local_experts.{e}.linear_fc2.weight"]
+        names += [f"{m}experts.local_experts.{e}.linear_fc1.weight", f"{m}experts.local_experts.{e}.linear_fc2.weight"]
     return names
 
 
 def megatron_layer_to_hf(mc: Mapping[str, Tensor], i: int, arch: MoEArchitecture) -> HFGroup:
     """HF tensors of decoder layer ``i`` (attention, router and every expert: one group, whole fused tensors)."""
-    h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
-    q, k, v = convert.split_qkv(mc[m + "self_attention.linear_qkv.weight"], arch)
-    out = [
-        (h + "input_layernorm.weight", mc[m + "input_layernorm.weight"]),
-        (h + "self_attn.q_proj.weight", q),
-        (h + "self_attn.k_proj.weight", k),
-        (h + "self_attn.v_proj.weight", v),
-        (h + "self_attn.o_proj.weight", mc[m + "self_attention.linear_proj.weight"]),
-        (h + "post_attention_layernorm.weight", mc[m + "pre_mlp_layernorm.weight"]),
-        (h + "block_sparse_moe.gate.weight", mc[m + "mlp.router.weight"]),
-    ]
-    if arch.qkv_bias:
-        qb, kb, vb = convert.split_qkv(mc[m + "self_attention.linear_qkv.bias"], arch)
-        out += [(h + "self_attn.q_proj.bias", qb), (h + "self_attn.k_proj.bias", kb), (h + "self_attn.v_proj.bias", vb)]
+    h, m = f"model.layers.{i}.block_sparse_moe.", f"decoder.layers.{i}.mlp."
+    out = convert.attention_to_hf(mc, i, arch) + [(h + "gate.weight", mc[m + "router.weight"])]
     for e in range(arch.num_experts):
-        x, y = f"{h}block_sparse_moe.experts.{e}.", f"{m}mlp.experts.local_experts.{e}."
+        x, y = f"{h}experts.{e}.", f"{m}experts.local_experts.{e}."
         w1, w3 = torch.chunk(mc[y + "linear_fc1.weight"], 2, dim=0)
         out += [(x + "w1.weight", w1), (x + "w3.weight", w3), (x + "w2.weight", mc[y + "linear_fc2.weight"])]
     return out
-
-
-def megatron_to_hf_groups(full: Callable[[str], Tensor], arch: MoEArchitecture) -> Iterator[HFGroup]:
-    """Like :func:`convert.megatron_to_hf_groups`: embeddings, each layer (lazily gathered), final norm + head."""
-    yield [("model.embed_tokens.weight", full("embedding.word_embeddings.weight"))]
-    for i in range(arch.num_layers):
-        yield megatron_layer_to_hf({n: full(n) for n in layer_param_names(i, arch)}, i, arch)
-    last = [("model.norm.weight", full("decoder.final_layernorm.weight"))]
-    if not arch.tie_word_embeddings:
-        last.append(("lm_head.weight", full("output_layer.weight")))
-    yield last
 
 
 # ---- the policy --------------------------------------------------------------------------------------
@@ -206,11 +157,11 @@ class MegatronMoEPolicy(MegatronPolicy):
         return _with_expert(name, match, self.ep_rank * self.experts_per_rank + int(match.group(1)))
 
     def _hf_to_megatron(self, hf: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        return hf_to_megatron(hf, self.arch)
+        return convert.hf_to_megatron(hf, self.arch, hf_layer_to_megatron)
 
     def _megatron_to_hf_groups(self, full: Callable[[str], Tensor]) -> Iterator[HFGroup]:
         self._gathered_experts.clear()
-        return megatron_to_hf_groups(full, self.arch)
+        return convert.megatron_to_hf_groups(full, self.arch, layer_param_names, megatron_layer_to_hf)
 
     def _shard_rank_and_size(self, name: str) -> tuple[int, int]:
         """Expert weights are split over the expert-tensor-parallel group, the rest over tensor parallelism."""

@@ -21,8 +21,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
-from rlkit.policy.base import HFGroup, LossFn, TokenScores, TrainStepResult, weights_swapped_in
-from rlkit.policy.optimizer_step import all_or_nothing_step, lr_lambda
+from rlkit.policy.base import HFGroup, LossFn, TokenScores, weights_swapped_in
+from rlkit.policy.optimizer_step import MicrobatchedTraining, lr_lambda
 from rlkit.policy.megatron import convert, parallel, pipeline
 from rlkit.policy.megatron.build import Architecture, build_gpt_model, transformer_config
 from rlkit.policy.megatron.scores import shifted_entropy, shifted_token_logprobs
@@ -39,7 +39,7 @@ def load_hf_state(folder: str | Path) -> dict[str, Tensor]:
     return state
 
 
-class MegatronPolicy:
+class MegatronPolicy(MicrobatchedTraining):
     """A causal LM on Megatron-Core with HF weights in and out (implements :class:`rlkit.policy.base.Policy`)."""
 
     def __init__(self, cfg: PolicyConfig, seed: int = 0):
@@ -369,27 +369,6 @@ class MegatronPolicy:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
                 dist.all_reduce(p.grad, group=parallel.tp_group())
-
-    def compute_gradients(self, batch: Trajectories, loss_fn: LossFn) -> dict[str, float]:
-        """Fill ``.grad`` of every parameter with the gradient of the global-batch loss; no update."""
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        metrics, _ = self._run_microbatches(batch, loss_fn, backward=True)
-        return metrics
-
-    def evaluate_loss(self, batch: Trajectories, loss_fn: LossFn) -> dict[str, float]:
-        """The loss and its metrics on ``batch`` under the current weights, without gradients or update."""
-        self.model.eval()
-        metrics, _ = self._run_microbatches(batch, loss_fn, backward=False)
-        return metrics
-
-    def train_step(self, batch: Trajectories, loss_fn: LossFn) -> TrainStepResult:
-        """One optimizer step over ``batch`` in microbatches of ``train_micro_batch_size`` rows.
-
-        All or nothing: gradients are accumulated first and dropped if anything (a KeyboardInterrupt
-        included) interrupts them; the optimizer and scheduler update runs with Ctrl-C deferred.
-        """
-        return all_or_nothing_step(self, batch, loss_fn)
 
     def close(self) -> None:
         """Release the model and Megatron's global parallel state (a new policy can be built after)."""
