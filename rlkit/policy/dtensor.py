@@ -30,7 +30,7 @@ from rlkit.errors import ModelError
 from rlkit.policy.base import HFGroup, LossFn, TokenScores, weights_swapped_in
 from rlkit.policy.megatron.build import Architecture
 from rlkit.policy.megatron.parallel import ensure_process_group
-from rlkit.policy.optimizer_step import MicrobatchedTraining, lr_lambda
+from rlkit.policy.optimizer_step import MicrobatchedTraining, lr_lambda, sum_metrics_over_ranks
 from rlkit.trajectories import LossCounts, Trajectories
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
@@ -200,12 +200,7 @@ class DTensorPolicy(MicrobatchedTraining):
                     loss.backward()
                 for k, v in metrics.items():
                     sums[k] = sums.get(k, 0.0) + torch.as_tensor(v).detach().double()
-        if self.dp_size > 1 and sums:
-            keys = sorted(sums)
-            packed = torch.stack([sums[k].to(self.device) for k in keys])
-            dist.all_reduce(packed)
-            sums = dict(zip(keys, packed))
-        return {k: float(v) for k, v in sums.items()}, len(starts)
+        return sum_metrics_over_ranks(sums, dist.group.WORLD, self.device), len(starts)
 
     def _grad_norm(self) -> float:
         sq = torch.zeros((), dtype=torch.float64, device=self.device)

@@ -9,6 +9,10 @@ import signal
 import threading
 import time
 
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
 from rlkit.config.components import SchedulerConfig
 from rlkit.policy.base import LossFn, TrainStepResult
 from rlkit.trajectories import Trajectories
@@ -76,6 +80,25 @@ def all_or_nothing_step(policy, batch: Trajectories, loss_fn: LossFn) -> TrainSt
         policy.version += 1
     return TrainStepResult(metrics=metrics, grad_norm=grad_norm, learning_rate=lr, num_microbatches=n_micro,
                            version=policy.version, timings={"train_step": time.perf_counter() - t0})
+
+
+def sum_metrics_over_ranks(sums: dict[str, Tensor], group, device: torch.device) -> dict[str, float]:
+    """Metric sums (float64 scalars) added up over ``group`` in one all-reduce (on ``device``: NCCL reduces
+    device tensors only); unchanged for a group of one."""
+    if sums and dist.get_world_size(group) > 1:
+        keys = sorted(sums)
+        packed = torch.stack([sums[k].to(device) for k in keys])
+        dist.all_reduce(packed, group=group)
+        sums = dict(zip(keys, packed))
+    return {k: float(v) for k, v in sums.items()}
+
+
+def sum_grad_over(param: Tensor, group) -> None:
+    """Add ``param``'s gradient up over ``group``; a rank whose gradient is None (e.g. an expert no token
+    reached) joins with zeros, so every rank takes part in the collective and applies the same update."""
+    if param.grad is None:
+        param.grad = torch.zeros_like(param)
+    dist.all_reduce(param.grad, group=group)
 
 
 class MicrobatchedTraining:

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
 from rlkit.policy.base import HFGroup, LossFn, TokenScores, weights_swapped_in
-from rlkit.policy.optimizer_step import MicrobatchedTraining, lr_lambda
+from rlkit.policy.optimizer_step import MicrobatchedTraining, lr_lambda, sum_grad_over, sum_metrics_over_ranks
 from rlkit.policy.megatron import convert, parallel, pipeline
 from rlkit.policy.megatron.build import Architecture, build_gpt_model, transformer_config
 from rlkit.policy.megatron.scores import shifted_entropy, shifted_token_logprobs
@@ -285,11 +285,7 @@ class MegatronPolicy(MicrobatchedTraining):
                 sums, n_micro = self._losses(batch, loss_fn, counts, backward)
         if backward:
             self._reduce_grads()
-        if parallel.dp_size() > 1 and sums:
-            packed = torch.stack([sums[k].to(self.device) for k in sorted(sums)])
-            dist.all_reduce(packed, group=parallel.dp_group())
-            sums = dict(zip(sorted(sums), packed))
-        return {k: float(v) for k, v in sums.items()}, n_micro
+        return sum_metrics_over_ranks(sums, parallel.dp_group(), self.device), n_micro
 
     def _micro_loss(self, logits: Tensor, micro: Trajectories, t: int, loss_fn: LossFn,
                     counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:
@@ -342,9 +338,7 @@ class MegatronPolicy(MicrobatchedTraining):
         for p in self.model.parameters():
             group = parallel.grad_reduce_group(p)
             if p.requires_grad and dist.get_world_size(group) > 1:
-                if p.grad is None:  # e.g. an expert no token reached here: every rank must join the sum
-                    p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad, group=group)
+                sum_grad_over(p, group)
 
     def _sum_tied_embedding_grads(self) -> None:
         """With tied embeddings split over pipeline stages the first stage's embedding and the last stage's
@@ -353,10 +347,7 @@ class MegatronPolicy(MicrobatchedTraining):
 
         if self.pp_size == 1 or not self.arch.tie_word_embeddings or not parallel_state.is_rank_in_embedding_group():
             return
-        weight = self.model.shared_embedding_or_output_weight()
-        if weight.grad is None:
-            weight.grad = torch.zeros_like(weight)
-        dist.all_reduce(weight.grad, group=parallel_state.get_embedding_group())
+        sum_grad_over(self.model.shared_embedding_or_output_weight(), parallel_state.get_embedding_group())
 
     def _sum_sequence_parallel_grads(self) -> None:
         """Under sequence parallelism each tensor-parallel rank's norms (and MoE router) saw only its chunk of
@@ -366,9 +357,7 @@ class MegatronPolicy(MicrobatchedTraining):
             return
         for p in self.model.parameters():
             if p.requires_grad and getattr(p, "sequence_parallel", False):
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad, group=parallel.tp_group())
+                sum_grad_over(p, parallel.tp_group())
 
     def close(self) -> None:
         """Release the model and Megatron's global parallel state (a new policy can be built after)."""
