@@ -3,7 +3,8 @@
 The refit (``BroadcastWeightSync``) exports the policy's HF-named tensors in buckets of whole fused groups,
 tells the engine's Ray actor each bucket's layout, broadcasts the tensors (gloo on CPU, NCCL on GPU), and
 the actor reloads them into vLLM; then the prefix cache is reset. The baseline broadcasts one flat buffer
-of the same size to the same actor over the same group and discards it (a Ray call + one broadcast).
+of the same size to the same actor over the same group and discards it (a Ray call + one broadcast; its
+receiving end, ``RawReceiver``, is benchmark code, mixed into the actor next to the refit's receiver).
 The two alternate, so drift in machine load hits both equally; medians over repeats.
 Usage: python bench/broadcast_refit.py [--preset small] [--repeats 7] [--bucket-mb 256]
 """
@@ -15,6 +16,20 @@ import statistics
 import tempfile
 import time
 
+import torch
+
+from rlkit.distributed import broadcast
+from rlkit.weight_sync import BroadcastReceiver
+
+
+class RawReceiver(BroadcastReceiver):
+    """The actor's end of the refit, plus the baseline's: receive a broadcast of ``nbytes`` and discard it."""
+
+    def receive_bytes(self, nbytes: int) -> int:
+        flat = torch.empty(nbytes, dtype=torch.uint8, device=self.weight_device)
+        broadcast(self.weight_group, flat, root=0)
+        return flat.numel()
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -23,7 +38,7 @@ def main() -> None:
     parser.add_argument("--bucket-mb", type=float, default=256.0)
     args = parser.parse_args()
 
-    import torch
+    import ray
 
     from rlkit.config.components import GenerationConfig, PolicyConfig
     from rlkit.distributed import start_broadcast
@@ -37,9 +52,9 @@ def main() -> None:
         path = make_model(tmp, args.preset, "llama")
         params = count_parameters(path)
         policy = MegatronPolicy(PolicyConfig(model_name=str(path)))
-        generator = RemoteGenerator(path, GenerationConfig(), max_model_len=64)
+        generator = RemoteGenerator(path, GenerationConfig(), max_model_len=64, actor_extension=RawReceiver)
         try:
-            sync = BroadcastWeightSync(bucket_bytes=args.bucket_mb * 1e6)
+            sync = BroadcastWeightSync(generator, bucket_bytes=args.bucket_mb * 1e6)
             report = sync.sync(policy, generator)  # warm-up; opens the group
             nbytes = report.bytes_moved
             device = next(t for g in policy.export_hf_groups() for _, t in g).device
@@ -47,9 +62,9 @@ def main() -> None:
 
             def raw() -> float:
                 t0 = time.perf_counter()
-                receiving = generator.receive_bytes(nbytes)
-                start_broadcast(sync._group, flat).wait()
-                generator.wait(receiving)
+                receiving = generator.actor.receive_bytes.remote(nbytes)
+                start_broadcast(sync.group, flat).wait()
+                ray.get(receiving)
                 return time.perf_counter() - t0
 
             raw()  # warm-up

@@ -82,7 +82,7 @@ class Session:
     def __init__(self, config: RunConfig, env: Any = None, loss_fn: Optional[Callable] = None):
         from transformers import AutoTokenizer
 
-        from rlkit.components import build_environment, build_generator, build_policy, build_weight_sync, ensure_model
+        from rlkit.builders import build_environment, build_generation, build_policy, ensure_model
         from rlkit.data import PromptSampler, load_prompt_dataset
 
         self.config = config
@@ -92,8 +92,7 @@ class Session:
         self.sampler = PromptSampler(self.dataset["train"], config.grpo.num_prompts_per_step, seed=config.seed)
         self.env = env if env is not None else build_environment(config)
         self.policy = build_policy(config)
-        self.generator = build_generator(config)
-        self.weight_sync = build_weight_sync(config)  # in-process hand-over, or a broadcast to the engine's actor
+        self.generator, self.weight_sync = build_generation(config)  # the engine and what refits it, one pair
         self.generator_version = self.policy.version
         a = config.grpo.async_grpo  # async GRPO: a background producer samples later steps' rollouts
         self.rollouts = AsyncRollouts(self._sample_async_batch, a.max_trajectory_age_steps,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Optional, Protocol, runtime_checkable
 
-from rlkit.policy.base import HFGroup
+from torch import Tensor
 
 
 @dataclass(frozen=True)
@@ -51,11 +51,14 @@ class Generation:
 
 @runtime_checkable
 class Generator(Protocol):
+    """Sampling and weight loading only: how weights reach an engine in another process is a weight sync's
+    business (:mod:`rlkit.weight_sync`), built together with its generator by :mod:`rlkit.builders`."""
+
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingSettings) -> Generation:
         """``n`` samples for each prompt (token ids, chat template already applied)."""
         ...
 
-    def update_weights(self, bucket: Iterable[tuple[str, "object"]]) -> None:
+    def update_weights(self, bucket: Iterable[tuple[str, Tensor]]) -> None:
         """Load HF-named tensors; a bucket holds whole fused groups (q, k, v together; gate, up together)."""
         ...
 
@@ -65,18 +68,3 @@ class Generator(Protocol):
 
     def close(self) -> None: ...
 
-
-def bucket_groups(groups: Iterable[HFGroup], max_bytes: float) -> Iterable[HFGroup]:
-    """Concatenate whole groups into buckets of at most ``max_bytes`` (a single larger group is its own
-    bucket). Groups are never split, so fused tensors travel together."""
-    bucket: HFGroup = []
-    size = 0
-    for group in groups:
-        group_bytes = sum(t.numel() * t.element_size() for _, t in group)
-        if bucket and size + group_bytes > max_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.extend(group)
-        size += group_bytes
-    if bucket:
-        yield bucket

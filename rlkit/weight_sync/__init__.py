@@ -1,16 +1,18 @@
 """Moving the policy's weights into the generator: one ``sync(policy, generator) -> RefitReport`` per mode."""
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
-from rlkit.weight_sync.broadcast import BroadcastWeightSync
+from rlkit.generation.base import Generator
+from rlkit.weight_sync.broadcast import BroadcastReceiver, BroadcastWeightSync
 from rlkit.weight_sync.colocated import ColocatedWeightSync, RefitReport
+from rlkit.weights import WeightSource
 
 
 @runtime_checkable
 class WeightSync(Protocol):
-    def sync(self, policy: Any, generator: Any) -> RefitReport:
+    def sync(self, policy: WeightSource, generator: Generator) -> RefitReport:
         """Push the policy's current weights into the generator; the report says which version it holds."""
         ...
 
 
-__all__ = ["BroadcastWeightSync", "ColocatedWeightSync", "RefitReport", "WeightSync"]
+__all__ = ["BroadcastReceiver", "BroadcastWeightSync", "ColocatedWeightSync", "RefitReport", "WeightSync"]

@@ -4,15 +4,17 @@ The policy exports HF-named tensors one fused group at a time (embeddings, each 
 packed into buckets of at most ``bucket_bytes`` without ever splitting one (vLLM loads q/k/v and gate/up
 into fused parameters and silently loads wrong weights from a split group). After the last bucket the
 generator's prefix cache is reset, or later samples reuse attention state computed with the old weights.
+That loop, :func:`refit_in_buckets`, is every transport's; a transport only says how one bucket travels.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
-from rlkit.generation.base import Generator, bucket_groups
-from rlkit.policy.base import Policy
+from rlkit.generation.base import Generator
+from rlkit.weights import HFGroup, WeightSource, bucket_groups
 
 
 @dataclass(frozen=True)
@@ -34,17 +36,23 @@ class RefitReport:
         )
 
 
+def refit_in_buckets(policy: WeightSource, generator: Generator, bucket_bytes: float,
+                     load: Callable[[HFGroup], None]) -> RefitReport:
+    """``load`` each bucket of the policy's weights into ``generator``, then reset its prefix cache."""
+    t0 = time.perf_counter()
+    moved = tensors = buckets = 0
+    for bucket in bucket_groups(policy.export_hf_groups(), bucket_bytes):
+        load(bucket)
+        moved += sum(t.numel() * t.element_size() for _, t in bucket)
+        tensors += len(bucket)
+        buckets += 1
+    generator.reset_prefix_cache()
+    return RefitReport(time.perf_counter() - t0, moved, tensors, buckets, policy.version)
+
+
 class ColocatedWeightSync:
     def __init__(self, bucket_bytes: float = 256e6):
         self.bucket_bytes = bucket_bytes
 
-    def sync(self, policy: Policy, generator: Generator) -> RefitReport:
-        t0 = time.perf_counter()
-        moved = tensors = buckets = 0
-        for bucket in bucket_groups(policy.export_hf_groups(), self.bucket_bytes):
-            generator.update_weights(bucket)
-            moved += sum(t.numel() * t.element_size() for _, t in bucket)
-            tensors += len(bucket)
-            buckets += 1
-        generator.reset_prefix_cache()
-        return RefitReport(time.perf_counter() - t0, moved, tensors, buckets, policy.version)
+    def sync(self, policy: WeightSource, generator: Generator) -> RefitReport:
+        return refit_in_buckets(policy, generator, self.bucket_bytes, generator.update_weights)

@@ -1,16 +1,20 @@
 """vLLM in a Ray actor, refit by broadcast: after every refit its logprobs equal the policy's.
 
-Real components: a Megatron policy in this process, a real vLLM engine in a Ray actor, a real gloo
-broadcast between them. Tolerance (fp32): max abs 1e-3 over all completion tokens.
+Real components: a Megatron policy in this process, a real vLLM engine in a Ray actor and its broadcast
+sync, built as one pair by ``build_generation`` (as a session does), a real gloo broadcast between them.
+Tolerance (fp32): max abs 1e-3 over all completion tokens.
 """
 
 import pytest
 import torch
 
-from rlkit.config.components import GenerationConfig, PolicyConfig
+from rlkit.config.components import PolicyConfig
 from rlkit.generation.base import SamplingSettings
-from rlkit.generation.remote import RemoteGenerator, as_bytes, bucket_layout, unpack_bucket
+from rlkit.builders import build_generation
+from rlkit.config.loading import load_config
+from rlkit.generation.remote import RemoteGenerator
 from rlkit.weight_sync import BroadcastWeightSync, ColocatedWeightSync
+from rlkit.weight_sync.broadcast import as_bytes, bucket_layout, unpack_bucket
 from tests.generation.test_vllm_refit import mismatch
 from tests.helpers import pg_token_mean_loss
 
@@ -27,8 +31,15 @@ def engines(tmp_path_factory):
     ray_was_up = ray.is_initialized()
     path = make_model(tmp_path_factory.mktemp("remote"), "nano", "qwen2", seed=3)
     policy = MegatronPolicy(PolicyConfig(model_name=str(path), train_micro_batch_size=32))
-    generator = RemoteGenerator(path, GenerationConfig(), max_model_len=MAX_LEN, seed=0)
-    yield path, policy, generator
+    config = load_config("quickstart", {
+        "policy.model_name": str(path), "policy.model_preset": None, "seed": 0,
+        "policy.generation.colocated.enabled": False,
+        "policy.generation.vllm_cfg.max_model_len": MAX_LEN,
+        "policy.generation.refit_bucket_size_mb": 1e-6,  # one fused group per bucket: several per refit
+    })
+    generator, sync = build_generation(config)
+    assert type(generator) is RemoteGenerator and type(sync) is BroadcastWeightSync and sync.generator is generator
+    yield path, policy, generator, sync
     generator.close()
     policy.close()
     assert ray.is_initialized() == ray_was_up  # the generator shut down the Ray it started
@@ -40,8 +51,7 @@ def train_once(policy, batch):
 
 
 def test_logprobs_match_policy_after_every_broadcast_refit(engines):
-    _, policy, generator = engines
-    sync = BroadcastWeightSync(bucket_bytes=1)  # one fused group per bucket: several buckets per refit
+    _, policy, generator, sync = engines
     report = sync.sync(policy, generator)  # the engine loaded the file; the policy may differ after init
     worst, mean, batch = mismatch(policy, generator)
     assert worst < 1e-3 and mean < 1e-4, (worst, mean)
@@ -63,7 +73,7 @@ def test_logprobs_match_policy_after_every_broadcast_refit(engines):
 def test_object_store_refit_and_seeded_sampling(engines):
     """The plain Generator protocol also works across the process boundary (ColocatedWeightSync just calls
     update_weights), and the actor keeps vLLM's per-call seeding."""
-    _, policy, generator = engines
+    _, policy, generator, _ = engines
     _, _, batch = mismatch(policy, generator)
     train_once(policy, batch)
     report = ColocatedWeightSync().sync(policy, generator)
@@ -77,11 +87,18 @@ def test_object_store_refit_and_seeded_sampling(engines):
 
 
 def test_actor_errors_come_back_with_their_type(engines):
-    _, _, generator = engines
+    _, _, generator, _ = engines
     with pytest.raises(ValueError, match="exceed max_model_len"):
         generator.generate([[1] * MAX_LEN], 1, SamplingSettings(max_new_tokens=8))
-    with pytest.raises(TypeError, match="RemoteGenerator"):
-        BroadcastWeightSync().sync(engines[1], object())
+
+
+def test_broadcast_sync_refuses_a_generator_it_was_not_built_with(engines):
+    """A broadcast sync talks to the one actor it was built with; handed another generator, it says so
+    before exporting anything (a plain object stands in: the refusal must not touch it)."""
+    _, policy, generator, sync = engines
+    with pytest.raises(ValueError, match=r"refits RemoteGenerator\(.*, not <object .*build a generator and its "
+                                         r"sync together \(rlkit.builders.build_generation\)"):
+        sync.sync(policy, object())
 
 
 def test_bucket_layout_round_trip_keeps_mixed_dtypes():

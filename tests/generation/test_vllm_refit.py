@@ -8,13 +8,14 @@ import torch
 
 from rlkit.config.components import GenerationConfig, PolicyConfig
 from rlkit.errors import ModelError
-from rlkit.generation.base import SamplingSettings, bucket_groups
+from rlkit.generation.base import SamplingSettings
 from rlkit.generation.hf import HFGenerator
 from rlkit.generation.vllm import VllmGenerator
 from rlkit.models.tokenizer import build_char_tokenizer
 from rlkit.policy.megatron.policy import MegatronPolicy
 from rlkit.stages.batching import trajectories_from_generation
 from rlkit.weight_sync import ColocatedWeightSync
+from rlkit.weights import bucket_groups
 from tests.helpers import pg_token_mean_loss
 
 MAX_LEN = 320

@@ -44,7 +44,7 @@ def warm_model(model_factory, tmp_path_factory):
     with the policy alone (no generator), exported as an HF folder."""
     from transformers import AutoTokenizer
 
-    from rlkit.components import build_policy
+    from rlkit.builders import build_policy
     from rlkit.data import PromptSampler, load_prompt_dataset
     from rlkit.stages import sft
     from rlkit.tracking.export import export_hf_folder

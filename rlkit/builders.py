@@ -1,0 +1,72 @@
+"""Builders: a validated run config -> the session's objects (the one place that maps settings to classes)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rlkit.config.run import RunConfig
+from rlkit.generation.base import Generator
+from rlkit.weight_sync import WeightSync
+
+
+def ensure_model(config: RunConfig) -> Path:
+    """The model folder; created from ``policy.model_preset`` when it does not exist yet."""
+    from rlkit.models import make_model, read_hf_config
+
+    path = Path(config.policy.model_name)
+    if not (path / "config.json").is_file() and config.policy.model_preset is not None:
+        make_model(path, config.policy.model_preset, config.policy.model_family, seed=config.seed)
+    read_hf_config(path)  # clear error if it is still missing or unsupported
+    return path
+
+
+def build_policy(config: RunConfig):
+    """In-process Megatron or DTensor policy, or a Ray worker group of them when there are several ranks."""
+    p = config.policy
+    if p.num_workers > 1 or p.ray_address is not None:
+        from rlkit.policy.workers import RayPolicyGroup
+
+        return RayPolicyGroup(p, p.num_workers, seed=config.seed, ray_address=p.ray_address)
+    if p.dtensor_cfg.enabled:
+        from rlkit.policy.dtensor import DTensorPolicy
+
+        return DTensorPolicy(p, seed=config.seed)
+    from rlkit.policy.megatron.moe import make_megatron_policy
+
+    return make_megatron_policy(p, seed=config.seed)  # MegatronPolicy, or its MoE subclass for an MoE model
+
+
+def build_generation(config: RunConfig) -> tuple[Generator, WeightSync]:
+    """The generator and the weight sync that refits it, built as one pair from one setting: an engine in
+    this process (vLLM, or transformers' ``generate``) takes tensors directly; a vLLM engine in its own Ray
+    actor (``policy.generation.colocated.enabled=false``) gets them by broadcast, from a sync that talks to
+    that actor and no other."""
+    from rlkit.weight_sync import BroadcastReceiver, BroadcastWeightSync, ColocatedWeightSync
+
+    p, g = config.policy, config.policy.generation
+    engine = dict(max_model_len=g.vllm_cfg.max_model_len or p.max_total_sequence_length, seed=config.seed)
+    bucket_bytes = g.refit_bucket_size_mb * 1e6
+    if g.backend == "hf":  # config validation allows it colocated only
+        from rlkit.generation.hf import HFGenerator
+
+        return HFGenerator(p.model_name, g, **engine), ColocatedWeightSync(bucket_bytes)
+    try:
+        from rlkit.generation.vllm import VllmGenerator
+    except ImportError as e:  # pragma: no cover - the CPU profile installs vLLM
+        raise ImportError(f"vLLM is not installed ({e}); set policy.generation.backend=hf to use "
+                          "transformers' generate instead") from e
+    if g.colocated.enabled:
+        return VllmGenerator(p.model_name, g, **engine), ColocatedWeightSync(bucket_bytes)
+    from rlkit.generation.remote import RemoteGenerator
+
+    generator = RemoteGenerator(p.model_name, g, **engine, ray_address=p.ray_address,
+                                actor_extension=BroadcastReceiver)
+    return generator, BroadcastWeightSync(generator, bucket_bytes)
+
+
+def build_environment(config: RunConfig):
+    from rlkit.envs import make_environment
+
+    if config.env.name == "math":
+        return make_environment("math", timeout_seconds=config.env.math_timeout_s)
+    return make_environment(config.env.name)
