@@ -27,13 +27,9 @@ def build_policy(config: RunConfig):
         from rlkit.policy.workers import RayPolicyGroup
 
         return RayPolicyGroup(p, p.num_workers, seed=config.seed, ray_address=p.ray_address)
-    if p.dtensor_cfg.enabled:
-        from rlkit.policy.dtensor import DTensorPolicy
+    from rlkit.policy.factory import in_process_policy
 
-        return DTensorPolicy(p, seed=config.seed)
-    from rlkit.policy.megatron.moe import make_megatron_policy
-
-    return make_megatron_policy(p, seed=config.seed)  # MegatronPolicy, or its MoE subclass for an MoE model
+    return in_process_policy(p, seed=config.seed)
 
 
 def build_generation(config: RunConfig) -> tuple[Generator, WeightSync]:

@@ -12,13 +12,13 @@ from rlkit.config.components import GenerationConfig, PolicyConfig
 from rlkit.generation.base import SamplingSettings
 from rlkit.models import make_model
 from rlkit.models.tokenizer import build_char_tokenizer
-from rlkit.policy.megatron.moe import make_megatron_policy
+from rlkit.policy.factory import in_process_policy
 from rlkit.stages.batching import trajectories_from_generation
 from rlkit.weight_sync import ColocatedWeightSync
 
 
 def _mismatch(policy, batch) -> tuple[float, float]:
-    diff = (policy.score(batch.input_ids, batch.attention_mask).logprobs - batch.generator_logprobs).abs()
+    diff = (policy.logprobs(batch.input_ids, batch.attention_mask).logprobs - batch.generator_logprobs).abs()
     diff = diff[batch.loss_mask]
     return diff.max().item(), diff.mean().item()
 
@@ -29,7 +29,7 @@ def run_demo(preset: str = "tiny", family: str = "qwen2", prompts: int = 32, sam
     figures: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         path = make_model(tmp, preset, family, seed=0)
-        policy = make_megatron_policy(PolicyConfig(model_name=str(path), train_micro_batch_size=32))
+        policy = in_process_policy(PolicyConfig(model_name=str(path), train_micro_batch_size=32))
         t = time.perf_counter()
         generator = VllmGenerator(path, GenerationConfig(), max_model_len=128, seed=0)
         figures["vllm_start_s"] = time.perf_counter() - t

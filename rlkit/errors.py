@@ -24,3 +24,7 @@ class ModelError(RLKitError, ValueError):
 
 class RewardError(RLKitError, RuntimeError):
     """A reward function failed in a way that cannot be contained to single samples."""
+
+
+class CheckpointError(RLKitError, RuntimeError):
+    """A checkpoint that cannot be written or read as asked."""

@@ -1,21 +1,26 @@
-"""The Policy protocol: what every training backend offers the stages.
+"""The backend contract: everything the session, the stages and the checkpoints ask of a policy.
 
-The in-process Megatron policy, a PyTorch-native one, and a Ray worker group all present this interface,
-so stage and algorithm code never branch on the backend.
+Three backends implement all of it: the in-process Megatron-Core policy, the in-process DTensor (FSDP2)
+policy (both on :class:`rlkit.policy.in_process.InProcessPolicy`, which holds what they share), and the Ray
+worker group, which runs one of them per rank. Callers use only these methods: no caller reaches for a
+backend's model, optimizer or private helpers, so a new backend is this list and nothing else. The test
+``tests/policy/test_contract.py`` runs every method against every backend.
+
+Word use: a policy's *logprobs* are per-token log-probabilities of given tokens; *rewards* (the session's
+``score`` stage) come from the environment, never from a policy.
 """
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Iterator, Mapping, Protocol, runtime_checkable
 
-import torch
 from torch import Tensor
 
+from rlkit.config.components import OptimizerConfig, SchedulerConfig
 from rlkit.trajectories import LossCounts, Trajectories
-
-HFGroup = list[tuple[str, Tensor]]  # HF-named tensors that must travel together (whole fused groups)
+from rlkit.weights import HFGroup
 
 # loss_fn(logprobs [b, T] (with grad), microbatch, global counts) -> (scalar loss, metrics).
 # Each metric is the microbatch's contribution normalised by the global counts, so sums are global values.
@@ -23,8 +28,8 @@ LossFn = Callable[[Tensor, Trajectories, LossCounts], tuple[Tensor, dict[str, Te
 
 
 @dataclass(frozen=True)
-class TokenScores:
-    """Per-token scores of given token ids, aligned with them (position 0 and padding hold 0)."""
+class TokenLogprobs:
+    """Per-token log-probabilities of given token ids, aligned with them (position 0 and padding hold 0)."""
 
     logprobs: Tensor  # [B, T] float32, log p(input_ids[:, t] | input_ids[:, :t])
     entropy: Tensor | None = None  # [B, T] float32, entropy of the distribution that predicted token t
@@ -44,16 +49,22 @@ class TrainStepResult:
 
 @runtime_checkable
 class Policy(Protocol):
-    """A trainable causal LM with HF-named weights."""
+    """A trainable causal LM with HF-named weights, a frozen KL reference and its optimizer."""
 
-    version: int  # optimizer steps taken so far
+    version: int  # optimizer steps taken so far; settable (a reset sets 0, a checkpoint restores it)
 
-    def score(self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False) -> TokenScores:
-        """Per-token logprobs (and entropy) of ``input_ids`` [B, T] under the current weights."""
+    # ---- logprobs ---------------------------------------------------------------------------------
+    def logprobs(self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False) -> TokenLogprobs:
+        """Per-token logprobs (and entropy) [B, T] of right-padded ``input_ids`` [B, T] under the current weights."""
         ...
 
-    def reference_score(self, input_ids: Tensor, attention_mask: Tensor) -> TokenScores:
-        """Per-token logprobs under the frozen reference weights (no optimizer state of its own)."""
+    def reference_logprobs(self, input_ids: Tensor, attention_mask: Tensor) -> TokenLogprobs:
+        """Per-token logprobs [B, T] under the frozen reference weights."""
+        ...
+
+    # ---- training ---------------------------------------------------------------------------------
+    def evaluate_loss(self, batch: Trajectories, loss_fn: LossFn) -> dict[str, float]:
+        """The loss and its metrics on ``batch`` under the current weights; no gradients, no update."""
         ...
 
     def train_step(self, batch: Trajectories, loss_fn: LossFn) -> TrainStepResult:
@@ -61,25 +72,35 @@ class Policy(Protocol):
         (KeyboardInterrupt included) before the update leaves weights and optimizer state untouched."""
         ...
 
+    def reset_optimizer(self, optimizer: OptimizerConfig, scheduler: SchedulerConfig) -> None:
+        """A fresh optimizer and learning-rate schedule (e.g. between an SFT warm start and RL)."""
+        ...
+
+    def set_reference_to_current(self) -> None:
+        """Freeze the current weights as the KL reference."""
+        ...
+
+    # ---- weights and state ------------------------------------------------------------------------
+    def load_hf_state(self, hf: Mapping[str, Tensor]) -> None:
+        """Load HF-named full tensors (each rank keeps its shard). Strict on names and shapes."""
+        ...
+
     def export_hf_groups(self) -> Iterator[HFGroup]:
-        """HF-named full tensors, one group (embeddings, a layer, the head) at a time."""
+        """HF-named full tensors, one fused group (embeddings, a layer, the head) at a time."""
+        ...
+
+    def hf_state_dict(self) -> dict[str, Tensor]:
+        """Every HF-named full tensor, copied."""
+        ...
+
+    def save_state(self, folder: Path) -> None:
+        """Weights, reference, optimizer and schedule into ``folder`` (a distributed checkpoint: every rank
+        writes its own shard) with the parallel layout they were written under."""
+        ...
+
+    def load_state(self, folder: Path) -> None:
+        """What :meth:`save_state` wrote, version included. A checkpoint of another parallel layout is refused
+        before anything loads (:class:`rlkit.policy.state.CheckpointLayoutError`)."""
         ...
 
     def close(self) -> None: ...
-
-
-@contextlib.contextmanager
-def weights_swapped_in(module: torch.nn.Module, weights: Mapping[str, Tensor]):
-    """Copy ``weights`` (parameter name -> tensor) into ``module`` for the block; the live weights come back
-    afterwards, even if the block raises. How a policy scores with its frozen KL reference without keeping a
-    second model or optimizer state."""
-    params = dict(module.named_parameters())
-    with torch.no_grad():
-        live = {n: p.detach().clone() for n, p in params.items()}
-        try:
-            for n, p in params.items():
-                p.copy_(weights[n])
-            yield
-        finally:
-            for n, p in params.items():
-                p.copy_(live[n])

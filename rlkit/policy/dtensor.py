@@ -2,14 +2,13 @@
 
 Why a second backend: it trains transformers' own implementation of the model, with no weight conversion
 (the HF names are the parameter names), and it is the baseline the Megatron backend is measured against. It
-presents the same interface as :class:`rlkit.policy.megatron.policy.MegatronPolicy`, so a notebook switches
-with ``policy.dtensor_cfg.enabled=true`` / ``policy.megatron_cfg.enabled=false`` and compares.
+shares everything but the model with :class:`rlkit.policy.megatron.policy.MegatronPolicy`
+(:class:`rlkit.policy.in_process.InProcessPolicy`), so a notebook switches with
+``policy.dtensor_cfg.enabled=true`` and compares.
 
-Numerics shared with the Megatron policy: logits divided by the sampling temperature, logprobs by
-log-softmax and gather, the loss normalised by counts over the global batch (all-reduced over the mesh),
-gradients *summed* over data-parallel ranks (FSDP's default average is switched off, because the loss is
-already a global-batch value), clipping by the global norm, AdamW with the same learning-rate schedule
-(:func:`rlkit.policy.optimizer_step.lr_lambda`), and the KL reference as a weight copy swapped in.
+What is particular here: logprobs by log-softmax and gather over the full vocabulary, and gradients
+*summed* over data-parallel ranks by FSDP itself (its default average is switched off, because the loss is
+already a global-batch value).
 
 Deliberate simplifications: one data-parallel mesh dimension (no tensor or context parallelism), fp32
 weights, each decoder layer one FSDP unit, the full vocabulary's log-softmax per microbatch, dense models
@@ -25,13 +24,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
+from rlkit.config.components import PolicyConfig
 from rlkit.errors import ModelError
-from rlkit.policy.base import HFGroup, LossFn, TokenScores, weights_swapped_in
+from rlkit.policy.in_process import InProcessPolicy
 from rlkit.policy.megatron.build import Architecture
 from rlkit.policy.megatron.parallel import ensure_process_group
-from rlkit.policy.optimizer_step import MicrobatchedTraining, lr_lambda, sum_metrics_over_ranks
-from rlkit.trajectories import LossCounts, Trajectories
+from rlkit.weights import HFGroup
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -41,19 +39,7 @@ def _local(t: Tensor) -> Tensor:
     return t.to_local() if hasattr(t, "to_local") else t
 
 
-def shifted_logprobs_and_entropy(logits: Tensor, input_ids: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
-    """logits [b, T, V] (position t predicts token t+1), input_ids [b, T] -> logprobs [b, T] (and entropy
-    [b, T]) aligned with the token they score; position 0 holds 0."""
-    logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-    token = logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            entropy = torch.nn.functional.pad(-(logp.exp() * logp).sum(-1), (1, 0))
-    return torch.nn.functional.pad(token, (1, 0)), entropy
-
-
-class DTensorPolicy(MicrobatchedTraining):
+class DTensorPolicy(InProcessPolicy):
     """A causal LM from an HF folder, FSDP2-sharded over all ranks (implements :class:`rlkit.policy.base.Policy`)."""
 
     def __init__(self, cfg: PolicyConfig, seed: int = 0, *, param_dtype: torch.dtype = torch.float32):
@@ -76,25 +62,15 @@ class DTensorPolicy(MicrobatchedTraining):
         model.to(self.device)
         for layer in model.model.layers:
             fully_shard(layer, mesh=self.mesh)
-        fully_shard(model, mesh=self.mesh)
+        # The root too reshards after each forward: otherwise its parameters stay unsharded plain tensors after
+        # a no-grad pass, and the reference swap and checkpoints would meet them instead of DTensors.
+        fully_shard(model, mesh=self.mesh, reshard_after_forward=True)
         for module in model.modules():
             if isinstance(module, FSDPModule):  # each FSDP unit keeps its own reduction settings
                 module.set_gradient_divide_factor(1.0)  # sum over ranks: the loss is already a global value
                 module.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no AVG / PREMUL_SUM)
         self.model = model
-        self.reset_optimizer(cfg.optimizer, cfg.scheduler)
-        self.temperature = cfg.generation.temperature
-        self.version = 0
-        self.reference_state: dict[str, Tensor] | None = None
-        self.set_reference_to_current()
-
-    def reset_optimizer(self, optimizer: OptimizerConfig, scheduler: SchedulerConfig) -> None:
-        """A fresh AdamW and learning-rate schedule (e.g. between an SFT warm start and RL)."""
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=optimizer.lr, betas=optimizer.betas, eps=optimizer.eps,
-            weight_decay=optimizer.weight_decay,
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(scheduler))
+        self._start_training()
 
     # ---- weights ----------------------------------------------------------------------------------
     def load_hf_state(self, hf: Mapping[str, Tensor]) -> None:
@@ -130,77 +106,32 @@ class DTensorPolicy(MicrobatchedTraining):
         t = param.detach()
         return t.full_tensor() if hasattr(t, "full_tensor") else t
 
-    def hf_state_dict(self) -> dict[str, Tensor]:
-        return {name: t.clone() for group in self.export_hf_groups() for name, t in group}
+    def parallel_layout(self) -> dict[str, int | str]:
+        return {"backend": "dtensor", "data_parallel_size": self.dp_size}
 
-    def set_reference_to_current(self) -> None:
-        """Freeze the current weights as the KL reference (a copy of this rank's shards, no optimizer state)."""
-        self.reference_state = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+    def _checkpoint_names(self) -> dict[str, str]:
+        return {name: name for name, _ in self.model.named_parameters()}  # DTensors carry their own placement
 
-    def _swap_in_reference_weights(self):
-        return weights_swapped_in(self.model, self.reference_state)
+    # ---- logprobs and training --------------------------------------------------------------------
+    def _rows_group(self):
+        return dist.group.WORLD
 
-    # ---- scoring ----------------------------------------------------------------------------------
     def _logits(self, input_ids: Tensor) -> Tensor:
         """input_ids [b, T] -> logits [b, T, V], divided by the sampling temperature (right padding needs
         no mask: a causal model never looks at later positions)."""
-        logits = self.model(input_ids=input_ids.to(self.device), use_cache=False).logits
-        return logits / self.temperature if self.temperature != 1.0 else logits
+        return self._scaled(self.model(input_ids=input_ids.to(self.device), use_cache=False).logits)
+
+    def _token_logprobs(self, logits: Tensor, input_ids: Tensor) -> Tensor:
+        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+        return torch.nn.functional.pad(logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1), (1, 0))
 
     @torch.no_grad()
-    def score(self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False) -> TokenScores:
-        """Per-token logprobs (and entropy) [B, T] of ``input_ids`` [B, T]; 0 at position 0 and on padding."""
-        self.model.eval()
-        logprobs = torch.zeros(input_ids.shape, device=input_ids.device)
-        entropy = torch.zeros(input_ids.shape, device=input_ids.device)
-        step = self.cfg.logprob_batch_size
-        for start in range(0, input_ids.shape[0], step):
-            rows = slice(start, start + step)
-            t = int(attention_mask[rows].sum(1).max())
-            ids, mask = input_ids[rows, :t], attention_mask[rows, :t]
-            lp, ent = shifted_logprobs_and_entropy(self._logits(ids), ids.to(self.device), with_entropy)
-            logprobs[rows, :t] = lp.to(mask.device) * mask
-            if with_entropy:
-                entropy[rows, :t] = ent.to(mask.device) * mask
-        return TokenScores(logprobs, entropy if with_entropy else None)
+    def _token_entropy(self, logits: Tensor) -> Tensor:
+        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+        return torch.nn.functional.pad(-(logp.exp() * logp).sum(-1), (1, 0))
 
-    def reference_score(self, input_ids: Tensor, attention_mask: Tensor) -> TokenScores:
-        with self._swap_in_reference_weights():
-            return self.score(input_ids, attention_mask)
-
-    # ---- training ---------------------------------------------------------------------------------
-    def global_counts(self, loss_mask: Tensor) -> LossCounts:
-        """Counts over this rank's batch summed over all ranks."""
-        local = torch.tensor([int(loss_mask.sum()), int((loss_mask.sum(1) > 0).sum()), loss_mask.shape[0]],
-                             dtype=torch.float64, device=self.device)  # NCCL reduces device tensors only
-        if self.dp_size > 1:
-            dist.all_reduce(local)
-        tokens, seqs, n = (int(x) for x in local.tolist())
-        return LossCounts(valid_tokens=tokens, valid_sequences=seqs, num_sequences=n)
-
-    def _run_microbatches(self, batch: Trajectories, loss_fn: LossFn, backward: bool) -> tuple[dict[str, float], int]:
-        """Loss over ``batch`` in microbatches, normalised by global counts; with ``backward`` the summed
-        gradient of the global batch ends up in ``.grad``. Returns global metric sums and microbatch count."""
-        counts = self.global_counts(batch.loss_mask)
-        mbs = self.cfg.train_micro_batch_size
-        starts = list(range(0, batch.batch_size, mbs))
-        sums: dict[str, Tensor] = {}
-        with torch.set_grad_enabled(backward):
-            for i, start in enumerate(starts):
-                micro = batch.select(slice(start, start + mbs))
-                t = int(micro.attention_mask.sum(1).max())
-                ids = micro.input_ids[:, :t]
-                if backward:  # reduce-scatter once, after the last microbatch's backward
-                    self.model.set_requires_gradient_sync(i == len(starts) - 1)
-                logprobs, _ = shifted_logprobs_and_entropy(self._logits(ids), ids.to(self.device), False)
-                logprobs = logprobs.to(micro.attention_mask.device) * micro.attention_mask[:, :t]  # batch's device
-                logprobs = torch.nn.functional.pad(logprobs, (0, micro.input_ids.shape[1] - t))
-                loss, metrics = loss_fn(logprobs, micro, counts)
-                if backward:
-                    loss.backward()
-                for k, v in metrics.items():
-                    sums[k] = sums.get(k, 0.0) + torch.as_tensor(v).detach().double()
-        return sum_metrics_over_ranks(sums, dist.group.WORLD, self.device), len(starts)
+    def _microbatch_starting(self, index: int, count: int) -> None:
+        self.model.set_requires_gradient_sync(index == count - 1)  # reduce-scatter once, after the last backward
 
     def _grad_norm(self) -> float:
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -210,12 +141,6 @@ class DTensorPolicy(MicrobatchedTraining):
         if self.dp_size > 1:
             dist.all_reduce(sq)  # FSDP shards are disjoint: the squares add up
         return float(sq.sqrt())
-
-    def close(self) -> None:
-        """Release the model and optimizer (the process group stays for whatever comes next)."""
-        self.model = None
-        self.optimizer = None
-        self.reference_state = None
 
     def __repr__(self) -> str:
         a = self.arch

@@ -19,9 +19,13 @@ in-process policy class a single-rank session uses (:class:`MegatronPolicy` or i
   When one rank fails while the others are blocked in a collective, the group is marked broken (the ranks
   are out of step) and only ``close()`` is accepted; ``close()`` kills the actors, so it works even then.
 
+* **Checkpoints.** ``save_state``/``load_state`` run on every rank together: each writes or reads its own
+  shard of one distributed checkpoint (:mod:`rlkit.policy.state`), so nothing passes through the driver.
+  The folder must be one every rank can reach (one machine, or a shared file system).
+
 Deliberate simplifications: every call waits for all ranks (no overlap of rollout and training); a Ctrl-C
 during a remote call waits for the workers to finish it (they cannot be stopped mid-collective), so a
-train step that completed remotely counts; checkpoints (``Session.save``) need the in-process policy.
+train step that completed remotely counts.
 """
 
 from __future__ import annotations
@@ -29,20 +33,21 @@ from __future__ import annotations
 import os
 import re
 import socket
-import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional
 
 import torch
 from torch import Tensor
 
 from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
-from rlkit.distributed import ensure_ray as start_ray
+from rlkit.distributed import actor_env, ensure_ray as start_ray
 from rlkit.errors import ConfigError, RLKitError
-from rlkit.policy.base import HFGroup, LossFn, TokenScores, TrainStepResult
+from rlkit.policy.base import LossFn, TokenLogprobs, TrainStepResult
 from rlkit.policy.megatron.build import Architecture
 from rlkit.trajectories import Trajectories
+from rlkit.weights import HFGroup
 
 FAILURE_GRACE_S = 15.0  # after one rank fails, how long the others get to finish before the group is broken
 
@@ -93,17 +98,14 @@ class _PolicyWorker:
     def build(self, cfg: PolicyConfig, seed: int, rank: int, world_size: int, master: tuple[str, int]) -> RankInfo:
         os.environ.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]), RANK=str(rank),
                           WORLD_SIZE=str(world_size), LOCAL_RANK="0")
-        if cfg.dtensor_cfg.enabled:
-            from rlkit.policy.dtensor import DTensorPolicy
+        from rlkit.policy.factory import in_process_policy
 
-            self.policy = DTensorPolicy(cfg, seed)
+        self.policy = in_process_policy(cfg, seed)
+        if cfg.dtensor_cfg.enabled:
             dp_rank, dp_size, leader = self.policy.dp_rank, self.policy.dp_size, True
         else:
             from megatron.core import parallel_state as ps
 
-            from rlkit.policy.megatron.moe import make_megatron_policy
-
-            self.policy = make_megatron_policy(cfg, seed)
             dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
             leader = ps.get_tensor_model_parallel_rank() == 0 and ps.get_pipeline_model_parallel_rank() == 0
         return RankInfo(rank, dp_rank, dp_size, leader, os.getpid(), os.environ.get("OMP_NUM_THREADS"),
@@ -116,9 +118,6 @@ class _PolicyWorker:
 
     def get_version(self) -> int:
         return self.policy.version
-
-    def set_cfg(self, cfg: PolicyConfig) -> None:
-        self.policy.cfg = cfg
 
     def set_version(self, version: int) -> None:
         self.policy.version = version
@@ -143,19 +142,6 @@ class _PolicyWorker:
         if self.policy is not None:
             self.policy.close()
             self.policy = None
-
-
-def _worker_env(threads: int) -> dict[str, str]:
-    """Environment of the actors: the driver's import path (so losses defined in the driver's modules
-    unpickle), offline hub settings, and one OpenMP pool of ``threads`` per process."""
-    path = [p for p in sys.path if p and os.path.isdir(p)]
-    if os.getcwd() not in path:
-        path.insert(0, os.getcwd())
-    env = {"OMP_NUM_THREADS": str(threads), "PYTHONPATH": os.pathsep.join(path)}
-    for key in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "TOKENIZERS_PARALLELISM"):
-        if key in os.environ:
-            env[key] = os.environ[key]
-    return env
 
 
 class RayPolicyGroup:
@@ -191,7 +177,7 @@ class RayPolicyGroup:
         self._started_ray = start_ray(ray_address, num_cpus=max(self.world_size, os.cpu_count() or 1))
         actor = ray.remote(_PolicyWorker).options(
             num_cpus=1, num_gpus=1 if torch.cuda.is_available() else 0,
-            runtime_env={"env_vars": _worker_env(threads)},
+            runtime_env={"env_vars": actor_env(threads)},
         )
         niceness = os.getpriority(os.PRIO_PROCESS, 0)
         self._workers = [actor.remote(threads, niceness) for _ in range(self.world_size)]
@@ -268,18 +254,7 @@ class RayPolicyGroup:
         by_dp = {info.dp_rank: out for info, out in zip(self.ranks, results) if info.leader}
         return [by_dp[d] for d in range(self.dp_size)]
 
-    # ---- the Policy protocol ----------------------------------------------------------------------
-    @property
-    def cfg(self) -> PolicyConfig:
-        return self._cfg
-
-    @cfg.setter
-    def cfg(self, cfg: PolicyConfig) -> None:
-        """Change per-call settings (micro-batch sizes ...) on every rank."""
-        self._check_usable()
-        self._gather([w.set_cfg.remote(cfg) for w in self._workers], "set_cfg")
-        self._cfg = cfg
-
+    # ---- the Policy contract ----------------------------------------------------------------------
     @property
     def version(self) -> int:
         """Optimizer steps taken (rank 0's count; setting it sets every rank's)."""
@@ -291,11 +266,6 @@ class RayPolicyGroup:
         self._gather([w.set_version.remote(value) for w in self._workers], "set_version")
         self._version = value
 
-    @property
-    def model(self):
-        raise AttributeError("a RayPolicyGroup holds no model in this process (each rank holds its own in a Ray "
-                             "actor); checkpoints and direct weight access need policy.num_workers=1")
-
     def _split_rows(self, batch: Trajectories) -> list[Trajectories]:
         b, dp = batch.batch_size, self.dp_size
         if b % dp:
@@ -304,14 +274,14 @@ class RayPolicyGroup:
         size = b // dp
         return [batch.select(slice(d * size, (d + 1) * size)) for d in range(dp)]
 
-    def score(self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False) -> TokenScores:
+    def logprobs(self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False) -> TokenLogprobs:
         """Per-token logprobs (and entropy) [B, T]: rows split over the data-parallel ranks, results in order."""
-        return self._score("score", input_ids, attention_mask, with_entropy=with_entropy)
+        return self._logprobs("logprobs", input_ids, attention_mask, with_entropy=with_entropy)
 
-    def reference_score(self, input_ids: Tensor, attention_mask: Tensor) -> TokenScores:
-        return self._score("reference_score", input_ids, attention_mask)
+    def reference_logprobs(self, input_ids: Tensor, attention_mask: Tensor) -> TokenLogprobs:
+        return self._logprobs("reference_logprobs", input_ids, attention_mask)
 
-    def _score(self, method: str, input_ids: Tensor, attention_mask: Tensor, **kwargs: Any) -> TokenScores:
+    def _logprobs(self, method: str, input_ids: Tensor, attention_mask: Tensor, **kwargs: Any) -> TokenLogprobs:
         b, dp = input_ids.shape[0], self.dp_size
         size = -(-b // dp)
         pad = size * dp - b  # copies of the last row, so every rank runs the same number of forward passes
@@ -319,10 +289,10 @@ class RayPolicyGroup:
             input_ids = torch.cat([input_ids, input_ids[-1:].expand(pad, -1)])
             attention_mask = torch.cat([attention_mask, attention_mask[-1:].expand(pad, -1)])
         parts = [(input_ids[d * size:(d + 1) * size], attention_mask[d * size:(d + 1) * size]) for d in range(dp)]
-        results: list[TokenScores] = self._call_sliced(method, parts, unpack=True, **kwargs)
+        results: list[TokenLogprobs] = self._call_sliced(method, parts, unpack=True, **kwargs)
         logprobs = torch.cat([r.logprobs for r in results])[:b]
         entropy = None if results[0].entropy is None else torch.cat([r.entropy for r in results])[:b]
-        return TokenScores(logprobs, entropy)
+        return TokenLogprobs(logprobs, entropy)
 
     def train_step(self, batch: Trajectories, loss_fn: LossFn) -> TrainStepResult:
         """One optimizer step on every rank, each on its data-parallel slice of ``batch``."""
@@ -337,10 +307,6 @@ class RayPolicyGroup:
         timings = dict(result.timings, train_step_group=time.perf_counter() - t0)
         return TrainStepResult(result.metrics, result.grad_norm, result.learning_rate, result.num_microbatches,
                                result.version, timings)
-
-    def compute_gradients(self, batch: Trajectories, loss_fn: LossFn) -> dict[str, float]:
-        """Fill every rank's ``.grad`` with the global-batch gradient; returns the global metrics."""
-        return self._call_sliced("compute_gradients", self._split_rows(batch), loss_fn)[0]
 
     def evaluate_loss(self, batch: Trajectories, loss_fn: LossFn) -> dict[str, float]:
         return self._call_sliced("evaluate_loss", self._split_rows(batch), loss_fn)[0]
@@ -363,7 +329,7 @@ class RayPolicyGroup:
     def hf_state_dict(self) -> dict[str, Tensor]:
         return {name: t for group in self.export_hf_groups() for name, t in group}
 
-    def load_hf_state(self, hf: dict[str, Tensor]) -> None:
+    def load_hf_state(self, hf: Mapping[str, Tensor]) -> None:
         """Load HF-named full tensors on every rank (each keeps its shard)."""
         import ray
 
@@ -374,6 +340,15 @@ class RayPolicyGroup:
 
     def reset_optimizer(self, optimizer: OptimizerConfig, scheduler: SchedulerConfig) -> None:
         self._call_all("reset_optimizer", optimizer, scheduler)
+
+    def save_state(self, folder: Path) -> None:
+        """Every rank writes its shard of one distributed checkpoint into ``folder`` (see the module docstring)."""
+        self._call_all("save_state", Path(folder))
+
+    def load_state(self, folder: Path) -> None:
+        """Every rank reads its shard; a checkpoint of another layout is refused before anything loads."""
+        self._call_all("load_state", Path(folder))
+        self._version = self._gather([self._workers[0].get_version.remote()], "version")[0]
 
     def close(self) -> None:
         """Stop the workers (killed, so this works even when one hangs in a collective) and the Ray

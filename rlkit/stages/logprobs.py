@@ -23,9 +23,9 @@ def logprobs(batch: Trajectories, policy: Policy, with_reference: bool = True,
     a value past ``1 + mismatch_warning_threshold`` warns (stale weights, a wrong refit, bf16 drift).
     """
     t0 = time.perf_counter()
-    scores = policy.score(batch.input_ids, batch.attention_mask, with_entropy=True)
+    scores = policy.logprobs(batch.input_ids, batch.attention_mask, with_entropy=True)
     t1 = time.perf_counter()
-    ref = policy.reference_score(batch.input_ids, batch.attention_mask).logprobs if with_reference else None
+    ref = policy.reference_logprobs(batch.input_ids, batch.attention_mask).logprobs if with_reference else None
     t2 = time.perf_counter()
     mask = batch.loss_mask
     error = token_mult_prob_error(scores.logprobs, batch.generator_logprobs, mask)

@@ -47,7 +47,7 @@ def mismatch(policy, generator, long=False, seed=1):
     texts, ids = prompts(long)
     gen = generator.generate(ids, 4, SamplingSettings(max_new_tokens=24, seed=seed))
     batch = trajectories_from_generation(gen, 0, texts)
-    scores = policy.score(batch.input_ids, batch.attention_mask).logprobs
+    scores = policy.logprobs(batch.input_ids, batch.attention_mask).logprobs
     diff = (scores - batch.generator_logprobs).abs()[batch.loss_mask]
     return diff.max().item(), diff.mean().item(), batch
 

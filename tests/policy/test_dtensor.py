@@ -27,7 +27,7 @@ def test_dtensor_matches_megatron_on_the_same_weights(cfg):
     batch = random_batch(b=8, t=24)
     megatron = MegatronPolicy(cfg)
     try:
-        m_scores = megatron.score(batch.input_ids, batch.attention_mask, with_entropy=True)
+        m_scores = megatron.logprobs(batch.input_ids, batch.attention_mask, with_entropy=True)
         m_step = megatron.train_step(batch, pg_token_mean_loss)
         m_after = megatron.hf_state_dict()
     finally:
@@ -39,7 +39,7 @@ def test_dtensor_matches_megatron_on_the_same_weights(cfg):
         exported = policy.hf_state_dict()
         assert set(exported) == set(original) and all(torch.equal(exported[k], original[k]) for k in original)
 
-        scores = policy.score(batch.input_ids, batch.attention_mask, with_entropy=True)
+        scores = policy.logprobs(batch.input_ids, batch.attention_mask, with_entropy=True)
         assert (scores.logprobs - m_scores.logprobs).abs().max() < 1e-4
         assert (scores.entropy - m_scores.entropy).abs().max() < 1e-4
         assert (scores.logprobs[~batch.attention_mask] == 0).all()
@@ -53,11 +53,11 @@ def test_dtensor_matches_megatron_on_the_same_weights(cfg):
         assert moved > 5e-4  # lr 1e-3: the step is visible at the tolerance below
         assert max((after[k] - m_after[k]).abs().max().item() for k in original) < 1e-4
 
-        reference = policy.reference_score(batch.input_ids, batch.attention_mask).logprobs
+        reference = policy.reference_logprobs(batch.input_ids, batch.attention_mask).logprobs
         assert (reference - m_scores.logprobs).abs().max() < 1e-4  # the reference is the pre-step weights
-        assert torch.equal(policy.score(batch.input_ids, batch.attention_mask).logprobs,
-                           policy.score(batch.input_ids, batch.attention_mask).logprobs)
-        assert (policy.score(batch.input_ids, batch.attention_mask).logprobs - scores.logprobs).abs().max() > 1e-4
+        assert torch.equal(policy.logprobs(batch.input_ids, batch.attention_mask).logprobs,
+                           policy.logprobs(batch.input_ids, batch.attention_mask).logprobs)
+        assert (policy.logprobs(batch.input_ids, batch.attention_mask).logprobs - scores.logprobs).abs().max() > 1e-4
     finally:
         policy.close()
 

@@ -45,14 +45,14 @@ def test_per_microbatch_normalisation_would_be_caught(policy):
 
 def test_train_step_updates_weights_and_keeps_the_reference(policy):
     batch = random_batch(b=8, t=24)
-    before = policy.score(batch.input_ids, batch.attention_mask).logprobs
+    before = policy.logprobs(batch.input_ids, batch.attention_mask).logprobs
     result = policy.train_step(batch, pg_token_mean_loss)
-    after = policy.score(batch.input_ids, batch.attention_mask).logprobs
-    reference = policy.reference_score(batch.input_ids, batch.attention_mask).logprobs
+    after = policy.logprobs(batch.input_ids, batch.attention_mask).logprobs
+    reference = policy.reference_logprobs(batch.input_ids, batch.attention_mask).logprobs
     assert result.version == policy.version == 1 and result.grad_norm > 0
     assert (after - before).abs().max() > 1e-4
     assert torch.equal(reference, before)
-    assert torch.equal(policy.score(batch.input_ids, batch.attention_mask).logprobs, after)  # swapped back
+    assert torch.equal(policy.logprobs(batch.input_ids, batch.attention_mask).logprobs, after)  # swapped back
     # the objective went down: advantage-weighted logprob went up
     gain = lambda lp: (batch.advantages * lp * batch.loss_mask).sum()  # noqa: E731
     assert gain(after) > gain(before)
@@ -85,7 +85,7 @@ def test_interrupted_step_changes_nothing(policy):
 
 def test_entropy_matches_float64_reference(policy):
     batch = random_batch(b=4, t=16)
-    scores = policy.score(batch.input_ids, batch.attention_mask, with_entropy=True)
+    scores = policy.logprobs(batch.input_ids, batch.attention_mask, with_entropy=True)
     with torch.no_grad():
         logits = policy._logits(batch.input_ids).double()
     logp = logits.log_softmax(-1)

@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlkit.config.components import GenerationConfig, MegatronConfig, OptimizerConfig, PolicyConfig
+from rlkit.policy.factory import in_process_policy
 from rlkit.policy.megatron import moe
 from rlkit.policy.megatron.policy import load_hf_state
 from tests.helpers import pg_token_mean_loss, random_batch
@@ -28,7 +29,7 @@ def megatron_logits(policy, ids):
 
 
 def test_moe_logits_match_transformers_and_export_round_trips(moe_path):
-    policy = moe.make_megatron_policy(PolicyConfig(model_name=str(moe_path)))
+    policy = in_process_policy(PolicyConfig(model_name=str(moe_path)))
     try:
         assert isinstance(policy, moe.MegatronMoEPolicy) and policy.arch.num_experts == 4
         ids = torch.randint(3, 100, (3, 48), generator=torch.Generator().manual_seed(0))
@@ -55,12 +56,12 @@ def test_router_settings_for_rl(moe_path):
     cfg = PolicyConfig(model_name=str(moe_path), optimizer=OptimizerConfig(lr=1e-3))
     batch = random_batch(b=8, t=24)
     for frozen in (False, True):
-        policy = moe.make_megatron_policy(cfg.model_copy(update={"megatron_cfg": MegatronConfig(freeze_moe_router=frozen)}))
+        policy = in_process_policy(cfg.model_copy(update={"megatron_cfg": MegatronConfig(freeze_moe_router=frozen)}))
         try:
             router = policy.model.decoder.layers[0].mlp.router
             seen = []
             handle = router.register_forward_hook(lambda module, args, out: seen.append(out[0].dtype))
-            policy.score(batch.input_ids, batch.attention_mask)
+            policy.logprobs(batch.input_ids, batch.attention_mask)
             handle.remove()
             assert seen and seen[0] == torch.float64  # routing probabilities computed in fp64
             assert policy.model.config.moe_aux_loss_coeff == 0.0
@@ -90,13 +91,13 @@ def test_vllm_after_a_refit_of_the_moe_policy(moe_path):
     texts = [tok.apply_chat_template([{"role": "user", "content": f"{a}+{3 * a}="}], add_generation_prompt=True,
                                      tokenize=False) for a in range(6)]
     ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
-    policy = moe.make_megatron_policy(PolicyConfig(model_name=str(moe_path), optimizer=OptimizerConfig(lr=1e-2)))
+    policy = in_process_policy(PolicyConfig(model_name=str(moe_path), optimizer=OptimizerConfig(lr=1e-2)))
     generator = VllmGenerator(moe_path, GenerationConfig(), max_model_len=128, seed=0)
     try:
         def mismatch(seed):
             gen = generator.generate(ids, 4, SamplingSettings(max_new_tokens=24, seed=seed))
             batch = trajectories_from_generation(gen, 0, texts)
-            diff = (policy.score(batch.input_ids, batch.attention_mask).logprobs - batch.generator_logprobs).abs()
+            diff = (policy.logprobs(batch.input_ids, batch.attention_mask).logprobs - batch.generator_logprobs).abs()
             return diff[batch.loss_mask], batch
 
         diff, batch = mismatch(1)

@@ -58,7 +58,7 @@ def single_process_reference(cfg, make_policy=MegatronPolicy):
     policy = make_policy(cfg)
     try:
         before = policy.hf_state_dict()
-        scores = policy.score(batch.input_ids, batch.attention_mask, with_entropy=True)
+        scores = policy.logprobs(batch.input_ids, batch.attention_mask, with_entropy=True)
         step = policy.train_step(batch, pg_token_mean_loss)
         after = policy.hf_state_dict()
         groups = [[name for name, _ in g] for g in policy.export_hf_groups()]
@@ -86,7 +86,7 @@ def max_diff(a, b):
 
 def check_against_reference(group, ref):
     batch = ref["batch"]
-    scores = group.score(batch.input_ids, batch.attention_mask, with_entropy=True)
+    scores = group.logprobs(batch.input_ids, batch.attention_mask, with_entropy=True)
     assert (scores.logprobs - ref["scores"].logprobs).abs().max() < TOL
     assert (scores.entropy - ref["scores"].entropy).abs().max() < TOL
     assert max_diff(group.hf_state_dict(), ref["before"]) < TOL
@@ -140,12 +140,12 @@ def test_pipeline_parallel_2_with_tied_embeddings(ray_cluster, model_factory):
     try:
         check_against_reference(group, reference)
         batch = reference["batch"]  # after the step the last stage's output layer still equals the embedding
-        scores = group.score(batch.input_ids, batch.attention_mask).logprobs
+        scores = group.logprobs(batch.input_ids, batch.attention_mask).logprobs
         exported = group.hf_state_dict()
         solo = MegatronPolicy(cfg)
         try:
             solo.load_hf_state(exported)
-            assert (solo.score(batch.input_ids, batch.attention_mask).logprobs - scores).abs().max() < TOL
+            assert (solo.logprobs(batch.input_ids, batch.attention_mask).logprobs - scores).abs().max() < TOL
         finally:
             solo.close()
     finally:
@@ -200,8 +200,8 @@ def test_data_parallel_2_matches_one_process(dp_group, reference):
 
     # scoring pads an odd batch across the ranks and gives the rows back in order
     batch = reference["batch"]
-    five = dp_group.score(batch.input_ids[:5], batch.attention_mask[:5]).logprobs
-    whole = dp_group.score(batch.input_ids, batch.attention_mask).logprobs
+    five = dp_group.logprobs(batch.input_ids[:5], batch.attention_mask[:5]).logprobs
+    whole = dp_group.logprobs(batch.input_ids, batch.attention_mask).logprobs
     assert five.shape == (5, batch.input_ids.shape[1]) and (five - whole[:5]).abs().max() < TOL
     with pytest.raises(ValueError, match="multiple of 2"):
         dp_group.train_step(batch.select(slice(0, 7)), pg_token_mean_loss)
@@ -225,7 +225,7 @@ def test_worker_exception_comes_back_with_its_traceback(dp_group):
     with pytest.raises(WorkerError, match="rank 1 of 2 failed in train_step"):
         dp_group.train_step(batch, rank1_failing_loss)  # rank 0 is left waiting in the all-reduce
     with pytest.raises(WorkerError, match="broken"):
-        dp_group.score(batch.input_ids, batch.attention_mask)
+        dp_group.logprobs(batch.input_ids, batch.attention_mask)
     dp_group.close()  # kills the stuck rank; the fixture's second close() is a no-op
     assert "closed" in repr(dp_group)
 
@@ -246,7 +246,7 @@ def test_a_worker_that_dies_is_reported_and_the_group_still_closes(ray_cluster, 
         group.train_step(batch, rank1_dying_loss)
     assert info.value.rank == 1
     with pytest.raises(WorkerError, match="broken.*close"):
-        group.score(batch.input_ids, batch.attention_mask)
+        group.logprobs(batch.input_ids, batch.attention_mask)
     group.close()  # rank 0, left waiting in the all-reduce, is killed
     assert "closed" in repr(group)
 
@@ -338,7 +338,7 @@ def test_dtensor_policy_runs_data_parallel_in_the_group(ray_cluster, model_cfg, 
     try:
         assert [(r.dp_rank, r.dp_size) for r in group.ranks] == [(0, 2), (1, 2)]
         batch = reference["batch"]
-        scores = group.score(batch.input_ids, batch.attention_mask, with_entropy=True)
+        scores = group.logprobs(batch.input_ids, batch.attention_mask, with_entropy=True)
         assert (scores.logprobs - reference["scores"].logprobs).abs().max() < 1e-4
         step = group.train_step(batch, pg_token_mean_loss)
         assert abs(step.grad_norm - reference["step"].grad_norm) < 1e-5 * reference["step"].grad_norm

@@ -30,8 +30,7 @@ import torch
 from torch import Tensor
 
 from rlkit.policy.megatron.build import Architecture
-
-HFGroup = list[tuple[str, Tensor]]  # HF-named tensors that must travel together (whole fused groups)
+from rlkit.weights import HFGroup
 
 
 # ---- full-tensor layout ----------------------------------------------------------------------------

@@ -39,12 +39,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rlkit.config.components import MegatronConfig, PolicyConfig
+from rlkit.config.components import MegatronConfig
 from rlkit.policy.megatron import convert, parallel
 from rlkit.policy.megatron.build import Architecture, build_gpt_model, transformer_config
 from rlkit.policy.megatron.policy import MegatronPolicy
-
-HFGroup = list[tuple[str, Tensor]]
+from rlkit.weights import HFGroup
 
 
 def is_moe(hf_config: Mapping) -> bool:
@@ -211,12 +210,3 @@ _LOCAL_EXPERT = re.compile(r"\.local_experts\.(\d+)\.")
 def _with_expert(name: str, match: re.Match, expert: int) -> str:
     """``name`` with the expert index that ``match`` (of :data:`_LOCAL_EXPERT`) found replaced by ``expert``."""
     return f"{name[:match.start(1)]}{expert}{name[match.end(1):]}"
-
-
-def make_megatron_policy(cfg: PolicyConfig, seed: int = 0) -> MegatronPolicy:
-    """The Megatron policy for ``cfg.model_name``: the MoE one for a Mixture-of-Experts model."""
-    from rlkit.models.factory import read_hf_config
-
-    if is_moe(read_hf_config(cfg.model_name)):
-        return MegatronMoEPolicy(cfg, seed)
-    return MegatronPolicy(cfg, seed)

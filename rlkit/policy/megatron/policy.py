@@ -6,6 +6,10 @@ weights are sharded per tensor-parallel rank (and experts per expert-parallel ra
 over the ranks that hold the same weights and see different data, and the loss is normalised by counts
 over the global batch.
 
+What is shared with the DTensor backend (the logprob and microbatch loops, the optimizer step, the
+reference swap, checkpoint state) lives in :class:`rlkit.policy.in_process.InProcessPolicy`; this class adds
+the model, its vocabulary-parallel logprobs, its gradient reductions and its HF mapping.
+
 Deliberate simplifications: plain ``torch.optim.AdamW`` (Megatron's distributed optimizer hard-codes CUDA
 in places), fp32 weights. Without pipeline parallelism microbatches run one after another in a plain loop
 (what a researcher steps through); with it Megatron's schedule runs them (:mod:`.pipeline`).
@@ -16,17 +20,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Optional
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
-from rlkit.policy.base import HFGroup, LossFn, TokenScores, weights_swapped_in
-from rlkit.policy.optimizer_step import MicrobatchedTraining, lr_lambda, sum_grad_over, sum_metrics_over_ranks
+from rlkit.config.components import PolicyConfig
+from rlkit.policy.base import LossFn, TokenLogprobs
+from rlkit.policy.in_process import InProcessPolicy, add_metrics, sum_grad_over
 from rlkit.policy.megatron import convert, parallel, pipeline
 from rlkit.policy.megatron.build import Architecture, build_gpt_model, transformer_config
 from rlkit.policy.megatron.scores import shifted_entropy, shifted_token_logprobs
 from rlkit.trajectories import LossCounts, Trajectories
+from rlkit.weights import HFGroup
 
 
 def load_hf_state(folder: str | Path) -> dict[str, Tensor]:
@@ -39,7 +46,7 @@ def load_hf_state(folder: str | Path) -> dict[str, Tensor]:
     return state
 
 
-class MegatronPolicy(MicrobatchedTraining):
+class MegatronPolicy(InProcessPolicy):
     """A causal LM on Megatron-Core with HF weights in and out (implements :class:`rlkit.policy.base.Policy`)."""
 
     def __init__(self, cfg: PolicyConfig, seed: int = 0):
@@ -54,11 +61,7 @@ class MegatronPolicy(MicrobatchedTraining):
         self.model = self._build_model()
         self._layer_offset = pipeline.stage_layer_offset(self.model.config)
         self.load_hf_state(load_hf_state(cfg.model_name))
-        self.reset_optimizer(cfg.optimizer, cfg.scheduler)
-        self.temperature = cfg.generation.temperature
-        self.version = 0
-        self.reference_state: dict[str, Tensor] | None = None  # Megatron-named frozen KL reference weights
-        self.set_reference_to_current()
+        self._start_training()
 
     @staticmethod
     def _read_architecture(folder: str) -> Architecture:
@@ -67,14 +70,6 @@ class MegatronPolicy(MicrobatchedTraining):
     def _build_model(self):
         config = transformer_config(self.arch, self.tp_size, self.layout.sequence_parallel, self.pp_size)
         return build_gpt_model(self.arch, config)
-
-    def reset_optimizer(self, optimizer: OptimizerConfig, scheduler: SchedulerConfig) -> None:
-        """A fresh AdamW and learning-rate schedule (e.g. between an SFT warm start and RL)."""
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=optimizer.lr, betas=optimizer.betas, eps=optimizer.eps,
-            weight_decay=optimizer.weight_decay,
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(scheduler))
 
     # ---- weights ----------------------------------------------------------------------------------
     def _global_name(self, local_name: str) -> str:
@@ -141,17 +136,20 @@ class MegatronPolicy(MicrobatchedTraining):
 
         yield from self._megatron_to_hf_groups(full)
 
-    def hf_state_dict(self) -> dict[str, Tensor]:
-        return {name: t.clone() for group in self.export_hf_groups() for name, t in group}
+    def parallel_layout(self) -> dict[str, int | str | bool | None]:
+        return dict(dataclasses.asdict(self.layout), backend="megatron", data_parallel_size=parallel.dp_size())
 
-    def set_reference_to_current(self) -> None:
-        """Freeze the current weights as the KL reference (a weight copy, no optimizer state)."""
-        self.reference_state = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+    def _checkpoint_names(self) -> dict[str, str]:
+        """Global names (layers numbered across stages, experts globally), with the shard's rank for a tensor
+        split by tensor (or expert-tensor) parallelism."""
+        names = {}
+        for local, _ in self.model.named_parameters():
+            name = self._global_name(local)
+            rank, size = self._shard_rank_and_size(name)
+            names[local] = name if size == 1 or convert.shard_dim(name) is None else f"{name}@tp{rank}of{size}"
+        return names
 
-    def _swap_in_reference_weights(self):
-        return weights_swapped_in(self.model, self.reference_state)
-
-    # ---- scoring ----------------------------------------------------------------------------------
+    # ---- logprobs ----------------------------------------------------------------------------------
     def _padded_length(self, t: int) -> int:
         """Under sequence parallelism the sequence is split over the tensor-parallel ranks, so a forward pass
         runs on a multiple of their number of positions; causal attention keeps the right padding out of the
@@ -166,48 +164,31 @@ class MegatronPolicy(MicrobatchedTraining):
         causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=self.device), diagonal=1)[None, None]
         return self.model(input_ids.to(self.device), positions, causal)
 
-    def _scaled(self, logits: Tensor) -> Tensor:
-        """Logits divided by the sampling temperature (the distribution the generator sampled from)."""
-        return logits / self.temperature if self.temperature != 1.0 else logits
-
     def _logits(self, input_ids: Tensor) -> Tensor:
         """input_ids [b, T] -> logits [b, T, V/tp], divided by the sampling temperature (one stage only)."""
         t = input_ids.shape[1]
         ids = torch.nn.functional.pad(input_ids, (0, self._padded_length(t) - t))
         return self._scaled(self._stage_forward(ids)[:, :t])
 
-    def _forward_length(self, attention_mask: Tensor) -> int:
-        """Columns of ``attention_mask`` [b, T] a forward pass needs: up to the longest row (right padding)."""
-        return int(attention_mask.sum(1).max())
+    def _rows_group(self):
+        return parallel.dp_group()
 
-    def _token_scores(self, logits: Tensor, ids: Tensor, mask: Tensor, with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
-        """Scaled logits [b, t, V/tp] of ``ids`` [b, t] -> logprobs and (optionally) entropy [b, t], 0 off ``mask``
-        (on the device of ``mask``)."""
-        logprobs = shifted_token_logprobs(logits, ids.to(logits.device)).to(mask.device) * mask
-        entropy = shifted_entropy(logits, parallel.tp_group()).to(mask.device) * mask if with_entropy else None
-        return logprobs, entropy
+    def _token_logprobs(self, logits: Tensor, input_ids: Tensor) -> Tensor:
+        return shifted_token_logprobs(logits, input_ids)
+
+    def _token_entropy(self, logits: Tensor) -> Tensor:
+        return shifted_entropy(logits, parallel.tp_group())
 
     @torch.no_grad()
-    def score(self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False) -> TokenScores:
+    def logprobs(self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False) -> TokenLogprobs:
         """Per-token logprobs (and entropy) [B, T] of ``input_ids`` [B, T]; 0 at position 0 and on padding."""
+        if self.pp_size == 1:
+            return super().logprobs(input_ids, attention_mask, with_entropy=with_entropy)
         self.model.eval()
-        if self.pp_size > 1:
-            return self._score_pipelined(input_ids, attention_mask, with_entropy)
-        logprobs = torch.zeros(input_ids.shape, device=input_ids.device)
-        entropy = torch.zeros(input_ids.shape, device=input_ids.device)
-        step = self.cfg.logprob_batch_size
-        for start in range(0, input_ids.shape[0], step):
-            rows = slice(start, start + step)
-            t = self._forward_length(attention_mask[rows])
-            ids = input_ids[rows, :t]
-            lp, ent = self._token_scores(self._logits(ids), ids, attention_mask[rows, :t], with_entropy)
-            logprobs[rows, :t] = lp
-            if with_entropy:
-                entropy[rows, :t] = ent
-        return TokenScores(logprobs, entropy if with_entropy else None)
+        return self._logprobs_pipelined(input_ids, attention_mask, with_entropy)
 
-    def _score_pipelined(self, input_ids: Tensor, attention_mask: Tensor, with_entropy: bool) -> TokenScores:
-        """:meth:`score` through the pipeline: equal microbatches (the last row repeated to fill the last one),
+    def _logprobs_pipelined(self, input_ids: Tensor, attention_mask: Tensor, with_entropy: bool) -> TokenLogprobs:
+        """:meth:`logprobs` through the pipeline: equal microbatches (the last row repeated to fill the last one),
         one length; the last stage's results broadcast to every stage."""
         b, width = input_ids.shape
         rows = min(self.cfg.logprob_batch_size, b)
@@ -220,8 +201,11 @@ class MegatronPolicy(MicrobatchedTraining):
         micros = [slice(s, s + rows) for s in range(0, b + fill, rows)]
 
         def on_last_stage(output: Tensor, rows_: slice) -> tuple[Tensor, dict]:
-            lp, ent = self._token_scores(self._scaled(output[:, :t]), ids_all[rows_], mask_all[rows_], with_entropy)
-            return output.new_zeros(()), {"scores": lp if ent is None else torch.stack([lp, ent])}
+            logits, mask = self._scaled(output[:, :t]), mask_all[rows_]
+            lp = self._token_logprobs(logits, ids_all[rows_].to(logits.device)).to(mask.device) * mask
+            if with_entropy:
+                lp = torch.stack([lp, self._token_entropy(logits).to(mask.device) * mask])
+            return output.new_zeros(()), {"scores": lp}
 
         infos = pipeline.run_schedule(self.model, micros, lambda rows_: self._stage_forward(padded[rows_]),
                                       on_last_stage, padded.shape[1], rows, forward_only=True)
@@ -233,22 +217,9 @@ class MegatronPolicy(MicrobatchedTraining):
         logprobs[:, :t] = scores[0] if with_entropy else scores
         if with_entropy:
             entropy[:, :t] = scores[1]
-        return TokenScores(logprobs, entropy if with_entropy else None)
-
-    def reference_score(self, input_ids: Tensor, attention_mask: Tensor) -> TokenScores:
-        with self._swap_in_reference_weights():
-            return self.score(input_ids, attention_mask)
+        return TokenLogprobs(logprobs, entropy if with_entropy else None)
 
     # ---- training ---------------------------------------------------------------------------------
-    def global_counts(self, loss_mask: Tensor) -> LossCounts:
-        """Counts over this rank's batch summed over the data-parallel group."""
-        local = torch.tensor([loss_mask.sum(), (loss_mask.sum(1) > 0).sum(), loss_mask.shape[0]], dtype=torch.float64,
-                             device=self.device)  # NCCL reduces device tensors only
-        if parallel.dp_size() > 1:
-            dist.all_reduce(local, group=parallel.dp_group())
-        tokens, seqs, n = (int(x) for x in local.tolist())
-        return LossCounts(valid_tokens=tokens, valid_sequences=seqs, num_sequences=n)
-
     def _grad_norm(self) -> float:
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
         from megatron.core.transformer.module import param_is_not_shared
@@ -271,47 +242,12 @@ class MegatronPolicy(MicrobatchedTraining):
             dist.all_reduce(total, group=pipeline.pp_group())
         return float(total.sqrt())
 
-    def _run_microbatches(self, batch: Trajectories, loss_fn: LossFn, backward: bool) -> tuple[dict[str, float], int]:
-        """Loss over ``batch`` in microbatches of ``train_micro_batch_size`` rows, normalised by global counts.
-
-        With ``backward`` the gradients of all microbatches accumulate in ``.grad`` (summed over the ranks
-        that hold the same weights); returns the global metric sums and the number of microbatches.
-        """
-        counts = self.global_counts(batch.loss_mask)
-        with torch.set_grad_enabled(backward):
-            if self.pp_size > 1:
-                sums, n_micro = self._pipelined_losses(batch, loss_fn, counts, backward)
-            else:
-                sums, n_micro = self._losses(batch, loss_fn, counts, backward)
-        if backward:
-            self._reduce_grads()
-        return sum_metrics_over_ranks(sums, parallel.dp_group(), self.device), n_micro
-
-    def _micro_loss(self, logits: Tensor, micro: Trajectories, t: int, loss_fn: LossFn,
-                    counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:
-        """The loss of one microbatch from its scaled logits [b, t, V/tp], and its metrics as float64 scalars."""
-        ids = micro.input_ids[:, :t]
-        logprobs = shifted_token_logprobs(logits, ids.to(logits.device)).to(ids.device) * micro.attention_mask[:, :t]
-        logprobs = torch.nn.functional.pad(logprobs, (0, micro.input_ids.shape[1] - t))
-        loss, metrics = loss_fn(logprobs, micro, counts)
-        return loss, {k: torch.as_tensor(v).detach().double() for k, v in metrics.items()}
-
-    def _losses(self, batch: Trajectories, loss_fn: LossFn, counts: LossCounts, backward: bool):
-        """One microbatch after another on this rank (no pipeline); each trimmed to its longest row."""
-        sums: dict[str, Tensor] = {}
-        starts = range(0, batch.batch_size, self.cfg.train_micro_batch_size)
-        for start in starts:
-            micro = batch.select(slice(start, start + self.cfg.train_micro_batch_size))
-            t = self._forward_length(micro.attention_mask)
-            loss, metrics = self._micro_loss(self._logits(micro.input_ids[:, :t]), micro, t, loss_fn, counts)
-            if backward:
-                loss.backward()
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + v
-        return sums, len(starts)
-
-    def _pipelined_losses(self, batch: Trajectories, loss_fn: LossFn, counts: LossCounts, backward: bool):
-        """The microbatches through the pipeline schedule (all of one length); metric sums from the last stage."""
+    def _microbatch_losses(self, batch: Trajectories, loss_fn: LossFn, counts: LossCounts,
+                           backward: bool) -> tuple[dict[str, Tensor], int]:
+        """Without pipeline parallelism the plain loop; with it the microbatches go through Megatron's schedule
+        (all of one length) and the metric sums come from the last stage."""
+        if self.pp_size == 1:
+            return super()._microbatch_losses(batch, loss_fn, counts, backward)
         mbs = min(self.cfg.train_micro_batch_size, batch.batch_size)
         if batch.batch_size % mbs:
             raise ValueError(f"pipeline parallelism runs equal microbatches, but this rank's {batch.batch_size} rows "
@@ -326,8 +262,7 @@ class MegatronPolicy(MicrobatchedTraining):
             padded.shape[1], mbs, forward_only=not backward)
         sums: dict[str, Tensor] = {}
         for info in infos:
-            for k, v in info.items():
-                sums[k] = sums.get(k, 0.0) + v
+            add_metrics(sums, info)
         return pipeline.broadcast_from_last_stage(sums), len(micros)
 
     def _reduce_grads(self) -> None:
@@ -361,9 +296,7 @@ class MegatronPolicy(MicrobatchedTraining):
 
     def close(self) -> None:
         """Release the model and Megatron's global parallel state (a new policy can be built after)."""
-        self.model = None
-        self.optimizer = None
-        self.reference_state = None
+        super().close()
         parallel.destroy_parallel()
 
     def __repr__(self) -> str:

@@ -1,0 +1,311 @@
+"""What the in-process backends (Megatron-Core and DTensor) share: the whole :class:`rlkit.policy.base.Policy`
+contract except the model itself.
+
+A backend subclass builds ``self.model`` and supplies only what differs between the two: the forward pass
+(``_logits``), logprobs and entropy from its logits (vocabulary-parallel or not), the group its rows are
+split over, gradient reductions and the gradient norm, HF import/export, and how its parameters are named
+in a checkpoint. Everything else is here once: the chunked logprob loop, global token counts, the
+microbatch loop, the all-or-nothing optimizer step with Ctrl-C deferred, the reference-weight swap, the
+learning-rate schedule and the checkpoint state.
+
+Numerics both backends follow: logits divided by the sampling temperature, the loss normalised by counts
+over the *global* batch (so gradients are summed, never averaged, over data-parallel ranks), clipping by the
+global gradient norm, AdamW with warm-up and decay (:func:`lr_lambda`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Mapping, Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
+from rlkit.policy.base import LossFn, TokenLogprobs, TrainStepResult
+from rlkit.trajectories import LossCounts, Trajectories
+
+
+def lr_lambda(cfg: SchedulerConfig):
+    """Multiplier of the base learning rate at scheduler step ``s`` (warm-up, then the decay style)."""
+
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.decay_style == "constant" or cfg.decay_steps is None:
+            return 1.0
+        progress = min(1.0, (step - cfg.warmup_steps) / cfg.decay_steps)
+        shape = 1 - progress if cfg.decay_style == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
+        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
+
+    return factor
+
+
+@contextlib.contextmanager
+def defer_keyboard_interrupt():
+    """Hold a Ctrl-C / Jupyter stop until the block ends, so an optimizer update is never half applied."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda *args: received.append(args))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def weights_swapped_in(module: torch.nn.Module, weights: Mapping[str, Tensor]):
+    """Copy ``weights`` (parameter name -> tensor) into ``module`` for the block; the live weights come back
+    afterwards, even if the block raises. How a policy scores with its frozen KL reference without keeping a
+    second model or optimizer state."""
+    params = dict(module.named_parameters())
+    with torch.no_grad():
+        live = {n: p.detach().clone() for n, p in params.items()}
+        try:
+            for n, p in params.items():
+                p.copy_(weights[n])
+            yield
+        finally:
+            for n, p in params.items():
+                p.copy_(live[n])
+
+
+def sum_metrics_over_ranks(sums: dict[str, Tensor], group, device: torch.device) -> dict[str, float]:
+    """Metric sums (float64 scalars) added up over ``group`` in one all-reduce (on ``device``: NCCL reduces
+    device tensors only); unchanged for a group of one."""
+    if sums and dist.get_world_size(group) > 1:
+        keys = sorted(sums)
+        packed = torch.stack([sums[k].to(device) for k in keys])
+        dist.all_reduce(packed, group=group)
+        sums = dict(zip(keys, packed))
+    return {k: float(v) for k, v in sums.items()}
+
+
+def sum_grad_over(param: Tensor, group) -> None:
+    """Add ``param``'s gradient up over ``group``; a rank whose gradient is None (e.g. an expert no token
+    reached) joins with zeros, so every rank takes part in the collective and applies the same update."""
+    if param.grad is None:
+        param.grad = torch.zeros_like(param)
+    dist.all_reduce(param.grad, group=group)
+
+
+def add_metrics(sums: dict[str, Tensor], metrics: Mapping[str, Tensor]) -> None:
+    """Accumulate a microbatch's metrics (float64 scalars) into ``sums``."""
+    for k, v in metrics.items():
+        sums[k] = sums.get(k, 0.0) + v
+
+
+class InProcessPolicy:
+    """The shared machinery; a subclass sets ``cfg``, ``model`` and ``device``, then calls ``_start_training``."""
+
+    cfg: PolicyConfig
+    model: Optional[torch.nn.Module]
+    device: torch.device
+
+    def _start_training(self) -> None:
+        """Optimizer, schedule, version 0 and the reference: the state right after the model is loaded."""
+        self.temperature = self.cfg.generation.temperature
+        self.reset_optimizer(self.cfg.optimizer, self.cfg.scheduler)
+        self.version = 0
+        self.reference_state: dict[str, Tensor] | None = None
+        self.set_reference_to_current()
+
+    # ---- what a backend supplies --------------------------------------------------------------------
+    def _rows_group(self):
+        """The process group whose ranks hold different rows of a batch (the data-parallel group)."""
+        raise NotImplementedError
+
+    def _logits(self, input_ids: Tensor) -> Tensor:
+        """input_ids [b, t] -> logits [b, t, V] (or this rank's [b, t, V/tp]) divided by the temperature."""
+        raise NotImplementedError
+
+    def _token_logprobs(self, logits: Tensor, input_ids: Tensor) -> Tensor:
+        """Logits [b, t, V(/tp)] and ids [b, t] -> logprobs [b, t] (position 0: 0), differentiable."""
+        raise NotImplementedError
+
+    def _token_entropy(self, logits: Tensor) -> Tensor:
+        """Logits [b, t, V(/tp)] -> entropy [b, t] of the distribution that predicted each token (position 0: 0)."""
+        raise NotImplementedError
+
+    def _grad_norm(self) -> float:
+        """The global gradient norm over every rank's (sharded) gradients."""
+        raise NotImplementedError
+
+    def _reduce_grads(self) -> None:
+        """Sum gradients over the ranks that hold the same weights (FSDP does it during backward)."""
+
+    def _microbatch_starting(self, index: int, count: int) -> None:
+        """Called before the backward microbatch ``index`` of ``count`` (FSDP: sync gradients on the last)."""
+
+    def _forward_length(self, attention_mask: Tensor) -> int:
+        """Columns of ``attention_mask`` [b, T] a forward pass needs: up to the longest row (right padding)."""
+        return int(attention_mask.sum(1).max())
+
+    def _scaled(self, logits: Tensor) -> Tensor:
+        """Logits divided by the sampling temperature (the distribution the generator sampled from)."""
+        return logits / self.temperature if self.temperature != 1.0 else logits
+
+    # ---- optimizer and reference --------------------------------------------------------------------
+    def reset_optimizer(self, optimizer: OptimizerConfig, scheduler: SchedulerConfig) -> None:
+        """A fresh AdamW and learning-rate schedule (e.g. between an SFT warm start and RL)."""
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=optimizer.lr, betas=optimizer.betas, eps=optimizer.eps,
+            weight_decay=optimizer.weight_decay,
+        )
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(scheduler))
+
+    def set_reference_to_current(self) -> None:
+        """Freeze the current weights as the KL reference (a copy of this rank's shards, no optimizer state)."""
+        self.reference_state = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+
+    # ---- logprobs -----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def logprobs(self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False) -> TokenLogprobs:
+        """Per-token logprobs (and entropy) [B, T] of ``input_ids`` [B, T] in chunks of
+        ``logprob_batch_size`` rows, each trimmed to its longest row; 0 at position 0 and on padding."""
+        self.model.eval()
+        logprobs = torch.zeros(input_ids.shape, device=input_ids.device)
+        entropy = torch.zeros(input_ids.shape, device=input_ids.device) if with_entropy else None
+        step = self.cfg.logprob_batch_size
+        for start in range(0, input_ids.shape[0], step):
+            rows = slice(start, start + step)
+            t = self._forward_length(attention_mask[rows])
+            ids, mask = input_ids[rows, :t], attention_mask[rows, :t]
+            logits = self._logits(ids)
+            logprobs[rows, :t] = self._token_logprobs(logits, ids.to(logits.device)).to(mask.device) * mask
+            if with_entropy:
+                entropy[rows, :t] = self._token_entropy(logits).to(mask.device) * mask
+        return TokenLogprobs(logprobs, entropy)
+
+    def reference_logprobs(self, input_ids: Tensor, attention_mask: Tensor) -> TokenLogprobs:
+        with weights_swapped_in(self.model, self.reference_state):
+            return self.logprobs(input_ids, attention_mask)
+
+    # ---- training -----------------------------------------------------------------------------------
+    def global_counts(self, loss_mask: Tensor) -> LossCounts:
+        """Counts over this rank's rows summed over the data-parallel group."""
+        local = torch.tensor([loss_mask.sum(), (loss_mask.sum(1) > 0).sum(), loss_mask.shape[0]],
+                             dtype=torch.float64, device=self.device)  # NCCL reduces device tensors only
+        group = self._rows_group()
+        if dist.get_world_size(group) > 1:
+            dist.all_reduce(local, group=group)
+        tokens, seqs, n = (int(x) for x in local.tolist())
+        return LossCounts(valid_tokens=tokens, valid_sequences=seqs, num_sequences=n)
+
+    def _micro_loss(self, logits: Tensor, micro: Trajectories, t: int, loss_fn: LossFn,
+                    counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:
+        """The loss of one microbatch from its scaled logits [b, t, V(/tp)], and its metrics as float64 scalars."""
+        ids = micro.input_ids[:, :t]
+        logprobs = self._token_logprobs(logits, ids.to(logits.device)).to(ids.device) * micro.attention_mask[:, :t]
+        logprobs = torch.nn.functional.pad(logprobs, (0, micro.input_ids.shape[1] - t))
+        loss, metrics = loss_fn(logprobs, micro, counts)
+        return loss, {k: torch.as_tensor(v).detach().double() for k, v in metrics.items()}
+
+    def _microbatch_losses(self, batch: Trajectories, loss_fn: LossFn, counts: LossCounts,
+                           backward: bool) -> tuple[dict[str, Tensor], int]:
+        """One microbatch of ``train_micro_batch_size`` rows after another, each trimmed to its longest row;
+        returns this rank's metric sums and the number of microbatches."""
+        sums: dict[str, Tensor] = {}
+        mbs = self.cfg.train_micro_batch_size
+        starts = range(0, batch.batch_size, mbs)
+        for i, start in enumerate(starts):
+            micro = batch.select(slice(start, start + mbs))
+            t = self._forward_length(micro.attention_mask)
+            if backward:
+                self._microbatch_starting(i, len(starts))
+            loss, metrics = self._micro_loss(self._logits(micro.input_ids[:, :t]), micro, t, loss_fn, counts)
+            if backward:
+                loss.backward()
+            add_metrics(sums, metrics)
+        return sums, len(starts)
+
+    def _run_microbatches(self, batch: Trajectories, loss_fn: LossFn, backward: bool) -> tuple[dict[str, float], int]:
+        """The loss over ``batch`` normalised by global counts; with ``backward`` the summed gradient of the
+        global batch ends up in ``.grad``. Returns global metric sums and the number of microbatches."""
+        counts = self.global_counts(batch.loss_mask)
+        with torch.set_grad_enabled(backward):
+            sums, n_micro = self._microbatch_losses(batch, loss_fn, counts, backward)
+        if backward:
+            self._reduce_grads()
+        return sum_metrics_over_ranks(sums, self._rows_group(), self.device), n_micro
+
+    def compute_gradients(self, batch: Trajectories, loss_fn: LossFn) -> dict[str, float]:
+        """Fill ``.grad`` of every parameter with the gradient of the global-batch loss; no update (for
+        inspecting gradients in a notebook or a test)."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics, _ = self._run_microbatches(batch, loss_fn, backward=True)
+        return metrics
+
+    def evaluate_loss(self, batch: Trajectories, loss_fn: LossFn) -> dict[str, float]:
+        """The loss and its metrics on ``batch`` under the current weights, without gradients or update."""
+        self.model.eval()
+        metrics, _ = self._run_microbatches(batch, loss_fn, backward=False)
+        return metrics
+
+    def train_step(self, batch: Trajectories, loss_fn: LossFn) -> TrainStepResult:
+        """One optimizer step over ``batch`` in microbatches, all or nothing: gradients are accumulated first
+        and dropped if anything (a KeyboardInterrupt included) interrupts them; clipping, the optimizer and
+        the schedule then run with Ctrl-C deferred, so weights and optimizer state are never half updated."""
+        t0 = time.perf_counter()
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        try:
+            metrics, n_micro = self._run_microbatches(batch, loss_fn, backward=True)
+            grad_norm = self._grad_norm()
+            if not math.isfinite(grad_norm):
+                raise FloatingPointError(f"gradient norm is {grad_norm}; the step was skipped, weights unchanged")
+        except BaseException:
+            self.optimizer.zero_grad(set_to_none=True)
+            raise
+        lr = self.scheduler.get_last_lr()[0]
+        with defer_keyboard_interrupt():
+            limit = self.cfg.max_grad_norm
+            if limit is not None and grad_norm > limit:
+                for p in self.model.parameters():
+                    if p.grad is not None:
+                        p.grad.mul_(limit / (grad_norm + 1e-6))
+            self.optimizer.step()
+            self.scheduler.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.version += 1
+        return TrainStepResult(metrics=metrics, grad_norm=grad_norm, learning_rate=lr, num_microbatches=n_micro,
+                               version=self.version, timings={"train_step": time.perf_counter() - t0})
+
+    # ---- weights and checkpoints --------------------------------------------------------------------
+    def hf_state_dict(self) -> dict[str, Tensor]:
+        return {name: t.clone() for group in self.export_hf_groups() for name, t in group}
+
+    def parallel_layout(self) -> dict[str, int | str | bool]:
+        """The layout a checkpoint's shards are cut by (a checkpoint loads only under the same one)."""
+        raise NotImplementedError
+
+    def _checkpoint_names(self) -> dict[str, str]:
+        """Parameter name on this rank -> its name in a checkpoint, unique for every distinct shard."""
+        raise NotImplementedError
+
+    def save_state(self, folder: Path) -> None:
+        from rlkit.policy.state import save_policy_state
+
+        save_policy_state(self, Path(folder))
+
+    def load_state(self, folder: Path) -> None:
+        from rlkit.policy.state import load_policy_state
+
+        load_policy_state(self, Path(folder))
+
+    def close(self) -> None:
+        """Release the model, optimizer and reference (the process group stays for whatever comes next)."""
+        self.model = None
+        self.optimizer = None
+        self.reference_state = None
