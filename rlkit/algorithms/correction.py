@@ -17,6 +17,12 @@ produced, without the variance of a raw sequence-level ratio. Its kept sequences
 
 ``token_mult_prob_error`` is NeMo-RL's mismatch metric (``ClippedPGLossFn``): the mean over valid tokens of
 ``exp(|prev_t - gen_t|)``, 1.0 when generator and trainer agree exactly.
+
+The correction's ``prev - gen`` is clamped to ``[-20, 20]`` before ``exp`` (verl's bound for its rollout IS
+ratios): a token that far apart is a total mismatch either way, and the clamp keeps the weights and the
+``is_*`` metrics finite in fp32 (``exp`` overflows past ~89). The weights never need more range: tis caps
+them and seq_mask keeps only ratios near 1. ``token_mult_prob_error`` is not clamped (NeMo-RL's definition,
+a detached metric): it may read inf, which no gradient sees, and which is loud enough.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Callable, Literal, Optional
 import torch
 from torch import Tensor
 
+from rlkit.algorithms.losses import LOG_RATIO_CLAMP
 from rlkit.algorithms.registry import Registry
 from rlkit.trajectories import LossCounts
 
@@ -67,8 +74,9 @@ CORRECTIONS: Registry[CorrectionFn] = Registry("off-policy correction")
 
 
 def _log_ratio(prev_logprobs: Tensor, generator_logprobs: Tensor, mask: Tensor) -> Tensor:  # [B, T]
-    # 0 on padding, so exp() there is 1 and garbage padding values cannot overflow.
-    return torch.where(mask.bool(), prev_logprobs.detach() - generator_logprobs.detach(), 0.0)
+    # 0 on padding, so exp() there is 1 and garbage padding values cannot overflow; clamped (module docstring).
+    log_ratio = (prev_logprobs.detach() - generator_logprobs.detach()).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    return torch.where(mask.bool(), log_ratio, 0.0)
 
 
 @CORRECTIONS.register("none")

@@ -7,7 +7,9 @@ With samples from pi and ``log_ratio = log pi_ref(x) - log pi(x)`` (``[B, T]``):
     k2 = 0.5 * log_ratio^2                biased, low variance, >= 0
     k3 = exp(log_ratio) - 1 - log_ratio   unbiased, low variance, >= 0 (the GRPO default)
 
-Each estimator is a function of ``log_ratio`` alone, registered in ``KL_ESTIMATORS``. ``kl_penalty``
+Each estimator is a function of ``log_ratio`` alone, registered in ``KL_ESTIMATORS``. k3 always clamps its
+input to ``[-20, 20]`` (as verl's k3 does): ``exp`` overflows in fp32 past ~89, and an inf KL gives an inf
+loss and NaN gradients. ``kl_penalty``
 optionally clamps ``log_ratio`` to ``[-kl_clamp, kl_clamp]`` before the estimator (so ``exp`` cannot
 overflow) and the result to the same range after it. NeMo-RL has two knobs for this
 (``kl_input_clamp_value``, ``kl_output_clamp_value``); rlkit keeps one.
@@ -20,6 +22,7 @@ from typing import Callable, Literal, Optional
 import torch
 from torch import Tensor
 
+from rlkit.algorithms.losses import LOG_RATIO_CLAMP
 from rlkit.algorithms.registry import Registry
 
 KLEstimatorName = Literal["k1", "k2", "k3"]
@@ -42,7 +45,8 @@ def k2(log_ratio: Tensor) -> Tensor:
 
 @KL_ESTIMATORS.register("k3")
 def k3(log_ratio: Tensor) -> Tensor:
-    """``k3 = pi_ref / pi - 1 - log(pi_ref / pi)``."""
+    """``k3 = pi_ref / pi - 1 - log(pi_ref / pi)``, with ``log_ratio`` clamped to ``[-20, 20]`` (module docstring)."""
+    log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return torch.exp(log_ratio) - 1 - log_ratio
 
 

@@ -23,6 +23,13 @@ With ``r_t = exp(logp_t - old_t)``, ``eps_lo = ratio_clip_min``, ``eps_hi = rati
 A token is "clipped" where the clipped branch is active and stops its gradient: A > 0 and r > 1 + eps_hi,
 A < 0 and r < 1 - eps_lo, or (dual clip) A < 0 and r > c. A ratio exactly on a bound is not clipped
 (both branches agree there and the gradient flows).
+
+Overflow guard (verl's convention): ``log r_t`` is clamped to ``[-20, 20]`` before ``exp`` and GSPO's
+sequence log-ratio to ``<= 10``. Without it a log-ratio above ~89 makes ``exp`` inf in fp32: a clipped token
+then gets a NaN gradient (``0 * inf`` through ``where``) and A < 0 an inf loss, and one such token ends the
+step. Past the clamp the ratio is constant (``exp(20)``), so ppo_clip passes no gradient there; GSPO-token
+and CISPO keep theirs, weighted by the clamped ratio. A log-ratio of 20 is already a ~5e8 ratio, far
+outside any clip range, so values inside the usual range are unchanged.
 """
 
 from __future__ import annotations
@@ -36,6 +43,8 @@ from torch import Tensor
 from rlkit.algorithms.registry import Registry
 
 PolicyLossName = Literal["ppo_clip", "gspo", "cispo", "reinforce"]
+LOG_RATIO_CLAMP = 20.0  # |log r_t| bound before exp(); exp(20) ~ 4.9e8 stays finite in fp32 and bf16
+GSPO_SEQ_LOG_RATIO_MAX = 10.0  # upper bound of GSPO's (length-normalised) sequence log-ratio
 POLICY_LOSS_METRICS = (
     "probs_ratio",  # r_t (for gspo: the sequence ratio s_i on each token)
     "probs_ratio_clamped",  # the clipped ratio / IS weight actually used
@@ -65,6 +74,11 @@ POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 def _masked_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:  # [B, T]
     # 0 on padding so exp() cannot overflow there (an inf would turn into NaN gradients through where()).
     return torch.where(mask, logprobs - old_logprobs.detach(), 0.0)
+
+
+def _token_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:  # [B, T]
+    """``r_t = exp(clamp(log r_t, -20, 20))``, 1 on padding: finite for any input (see the module docstring)."""
+    return _masked_log_ratio(logprobs, old_logprobs, mask).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP).exp()
 
 
 def _metrics(ratio: Tensor, clamped: Tensor, low: Tensor, high: Tensor, dual: Tensor) -> dict[str, Tensor]:
@@ -109,7 +123,7 @@ def ppo_clip(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO/GRPO clipped ratio: ``max(-A r, -A clip(r, 1 - eps_lo, 1 + eps_hi))`` (+ dual clip)."""
     mask = mask.bool()
-    ratio = _masked_log_ratio(logprobs, old_logprobs, mask).exp()
+    ratio = _token_ratio(logprobs, old_logprobs, mask)
     return clipped_surrogate(ratio, advantages, mask, params)
 
 
@@ -133,6 +147,7 @@ def gspo(
     mask = mask.bool()
     log_ratio = _masked_log_ratio(logprobs, old_logprobs, mask)
     seq_log_ratio = log_ratio.sum(dim=1) / mask.sum(dim=1).clamp(min=1)  # [B]
+    seq_log_ratio = seq_log_ratio.clamp(max=GSPO_SEQ_LOG_RATIO_MAX)  # exp() cannot overflow (module docstring)
     token_log_ratio = seq_log_ratio.detach()[:, None] + (logprobs - logprobs.detach())
     ratio = torch.where(mask, token_log_ratio, 0.0).exp()
     return clipped_surrogate(ratio, advantages, mask, params)
@@ -152,7 +167,7 @@ def cispo(
     is bounded. ``clipped_*`` count tokens whose weight was truncated (their gradient is *not* stopped).
     """
     mask = mask.bool()
-    ratio = _masked_log_ratio(logprobs, old_logprobs, mask).exp()
+    ratio = _token_ratio(logprobs, old_logprobs, mask)
     cap = 1.0 + params.cispo_clip_max
     weight = ratio.detach().clamp(max=cap)
     loss = -weight * advantages.detach() * logprobs
@@ -171,7 +186,7 @@ def reinforce(
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Vanilla policy gradient (Williams 1992): ``-A_t * logp_t``; no ratio, no clip (on-policy only)."""
     mask = mask.bool()
-    ratio = _masked_log_ratio(logprobs, old_logprobs, mask).exp()
+    ratio = _token_ratio(logprobs, old_logprobs, mask)  # a metric only
     loss = -advantages.detach() * logprobs
     none = torch.zeros_like(mask)
     return torch.where(mask, loss, 0.0), _metrics(ratio, ratio, none, none, none)
