@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import numbers
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
@@ -28,6 +29,11 @@ from torch import Tensor
 
 Message = dict[str, str]  # {"role": "user" | "assistant" | "system" | "tool", "content": ...}
 Conversation = list[Message]
+
+# Above this share of failed samples in one scored batch the reward itself is broken (a typo, a missing
+# column), not the samples: ``score`` raises rather than train on zeros. The config's
+# ``env.max_reward_failure_fraction`` defaults to it.
+MAX_REWARD_FAILURE_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
@@ -155,3 +161,9 @@ def as_reward(value: Any) -> float:
 def sample_error(index: int, exc: BaseException) -> str:
     """The one-line message for a failed sample, in the format ``EnvReturn.errors`` documents."""
     return f"sample {index}: {type(exc).__name__}: {exc}"
+
+
+def error_sample_index(message: str) -> Optional[int]:
+    """The ``<i>`` of an ``EnvReturn.errors`` message (``[name: ]sample <i>: ...``), None if it has none."""
+    match = re.search(r"\bsample (\d+): ", message)
+    return int(match.group(1)) if match else None

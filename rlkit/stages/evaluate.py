@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
 from rlkit.envs import Environment
+from rlkit.envs.base import MAX_REWARD_FAILURE_FRACTION
 from rlkit.generation.base import Generator, SamplingSettings
 from rlkit.stages.rollout import rollout
 from rlkit.stages.score import score
@@ -29,13 +30,14 @@ class EvalResult:
 
 def evaluate(generator: Generator, tokenizer: Any, env: Environment, rows: Sequence[dict[str, Any]],
              max_new_tokens: int, policy_version: int, greedy: bool = True, seed: int = 0,
-             system_prompt: Optional[str] = None, chunk: int = 256) -> EvalResult:
+             system_prompt: Optional[str] = None, chunk: int = 256,
+             max_failure_fraction: float = MAX_REWARD_FAILURE_FRACTION) -> EvalResult:
     t0 = time.perf_counter()
     sampling = SamplingSettings(temperature=0.0 if greedy else 1.0, max_new_tokens=max_new_tokens, seed=seed)
     rewards, batches = [], []
     for start in range(0, len(rows), chunk):
         part = rollout(generator, tokenizer, rows[start:start + chunk], 1, sampling, policy_version, system_prompt)
-        part = score(part, env)
+        part = score(part, env, max_failure_fraction=max_failure_fraction)
         rewards += part.rewards.tolist()
         batches.append(part)
     accuracy = sum(r >= 1.0 for r in rewards) / len(rewards)
