@@ -7,6 +7,8 @@ validated, so a config with a typo elsewhere still gets these reported in the sa
 from __future__ import annotations
 
 import json
+import os
+import re
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
@@ -104,12 +106,31 @@ def cross_section_problems(sections: Mapping[str, Any], partial: bool) -> list[s
                        f"a multiple of policy.train_micro_batch_size={policy.train_micro_batch_size} (pipeline "
                        "parallelism runs equal microbatches)")
     out += _async_problems(grpo, sections.get("loss_fn"))
+    if isinstance(sections.get("name"), str):
+        logger = sections.get("logger")
+        out += run_name_problems(sections["name"], logger.log_dir if logger is not None else "runs")
     if data is not None:
         out += data.problems()
     if sft is not None and data is not None and sft.enabled and data.task is None:
         out.append(f"sft.enabled: a file dataset needs a '{sft.response_key}' column for the SFT warm start; "
                    "set sft.enabled=false or sft.response_key to the answer column")
     return out
+
+
+def run_name_problems(name: str, log_dir: str) -> list[str]:
+    """A run name is one folder name under ``logger.log_dir``, never a path: ``../../x`` or ``/abs/x`` would
+    write (and, on a rerun, replace) records outside the log folder. The folders themselves
+    (``logger.log_dir``, ``checkpointing.checkpoint_dir``) may be anywhere the user says."""
+    parts = [p for p in re.split(r"[/\\]", name) if p not in ("", ".", "..")]
+    if not name.strip() or "\0" in name or not parts:
+        return [f"name={name!r}: a run name must be a plain folder name (not blank, '.', '..', nor holding NUL). "
+                "Fix: name=my_run"]
+    if parts == [name]:
+        return []
+    parent = Path(name.replace("\\", "/")).parent
+    folder = os.path.normpath(parent if parent.is_absolute() else Path(log_dir) / parent)
+    return [f"name={name!r}: a run name is one folder name under logger.log_dir, not a path (it holds a path "
+            f"separator or '..'). Fix: name={parts[-1]!r}, and choose the folder with logger.log_dir={folder!r}"]
 
 
 def _async_problems(grpo: Any, loss_fn: Any) -> list[str]:
