@@ -6,12 +6,13 @@ validated, so a config with a typo elsewhere still gets these reported in the sa
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import warnings
 from pathlib import Path
 from typing import Any, Mapping
+
+from rlkit.errors import ModelError
 
 
 def parallel_layout_problems(megatron_cfg: Any, model_config: Mapping[str, Any], world_size: int = 1) -> list[str]:
@@ -144,12 +145,18 @@ def _async_problems(grpo: Any, loss_fn: Any) -> list[str]:
 
 def _model_problems(policy: Any) -> list[str]:
     """Checks against the model: the existing folder's config.json, or the one ``policy.model_preset`` will make."""
+    from rlkit.models.folder import check_weight_files, read_json_object
+
     path = Path(policy.model_name) / "config.json"
     preset_config, problems = _preset_config(policy)
     if problems:
         return problems
     if path.is_file():
-        model_config = json.loads(path.read_text())
+        try:
+            model_config = read_json_object(path, "model config")
+            check_weight_files(path.parent)
+        except ModelError as exc:
+            return [f"policy.model_name={policy.model_name!r}: {exc}"]
         if preset_config is not None and _shape(model_config) != _shape(preset_config):
             # A warning, not an error: pointing a preset's run at one's own model folder is normal use.
             warnings.warn(f"policy.model_name={policy.model_name!r} already holds a different model "
@@ -163,12 +170,32 @@ def _model_problems(policy: Any) -> list[str]:
     else:
         return [f"policy.model_name={policy.model_name!r}: no HF model folder there. Fix: create one with "
                 f"`rlkit make-model {policy.model_name}` or point it at an existing folder"]
+    out = _head_dim_problems(policy, model_config)
     if not policy.megatron_cfg.enabled:
         if model_config.get("num_local_experts"):
-            return [f"policy.dtensor_cfg.enabled: {policy.model_name!r} is a Mixture-of-Experts model, which the "
-                    "DTensor backend does not train yet; use policy.megatron_cfg.enabled=true"]
+            out.append(f"policy.dtensor_cfg.enabled: {policy.model_name!r} is a Mixture-of-Experts model, which the "
+                       "DTensor backend does not train yet; use policy.megatron_cfg.enabled=true")
+        return out
+    return out + parallel_layout_problems(policy.megatron_cfg, model_config, policy.num_workers)
+
+
+def _head_dim_problems(policy: Any, model_config: Mapping[str, Any]) -> list[str]:
+    """vLLM's CPU attention kernels take a few head sizes only; other sizes fail at the first generate, after
+    the policy is built. The engine runs on this machine's CPU when there is no GPU here and no Ray cluster
+    (``policy.ray_address``) whose machines this check cannot see."""
+    import torch
+
+    from rlkit.models.factory import VLLM_CPU_HEAD_DIMS
+
+    if policy.generation.backend != "vllm" or policy.ray_address is not None or torch.cuda.is_available():
         return []
-    return parallel_layout_problems(policy.megatron_cfg, model_config, policy.num_workers)
+    heads = model_config.get("num_attention_heads") or 1
+    head_dim = model_config.get("head_dim") or (model_config.get("hidden_size") or 0) // heads
+    if head_dim in VLLM_CPU_HEAD_DIMS:
+        return []
+    return [f"policy.model_name={policy.model_name!r}: head_dim={head_dim} is not supported by vLLM's CPU attention "
+            f"kernels (supported: {', '.join(map(str, VLLM_CPU_HEAD_DIMS))}). Fix: use a model whose hidden_size / "
+            "num_attention_heads is one of those, or set policy.generation.backend=hf"]
 
 
 def _preset_config(policy: Any) -> tuple[dict | None, list[str]]:

@@ -11,7 +11,6 @@ sampled by a trained model and make the vocabulary divisible by any tensor-paral
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
@@ -19,6 +18,7 @@ from typing import Literal
 import torch
 
 from rlkit.errors import ModelError
+from rlkit.models.folder import check_weight_files, read_json_object
 from rlkit.models.tokenizer import save_char_tokenizer
 
 ModelFamily = Literal["llama", "qwen2", "mixtral"]
@@ -127,8 +127,12 @@ def _jitter_constant_tensors(model: torch.nn.Module, scale: float = 0.05) -> Non
                 param.add_(torch.randn_like(param) * scale)
 
 
-def read_hf_config(folder: str | Path) -> dict:
-    """``config.json`` of a model folder, with errors that name the problem and the fix."""
+def read_hf_config(folder: str | Path, check_weights: bool = True) -> dict:
+    """``config.json`` of a model folder, with errors that name the problem and the fix.
+
+    With ``check_weights`` the safetensors headers are read too (see :mod:`rlkit.models.folder`), so a
+    truncated file is reported here, before an engine starts, not from inside one.
+    """
     folder = Path(folder)
     path = folder / "config.json"
     if not folder.is_dir():
@@ -138,7 +142,9 @@ def read_hf_config(folder: str | Path) -> dict:
         )
     if not path.is_file():
         raise ModelError(f"{str(folder)!r} has no config.json, so it is not an HF model folder.")
-    config = json.loads(path.read_text())
+    config = read_json_object(path, "model config")
+    if check_weights:
+        check_weight_files(folder)
     archs = config.get("architectures") or []
     if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
         raise ModelError(
