@@ -39,12 +39,43 @@ def _read_yaml(source: str | Path, seen: tuple[Path, ...] = ()) -> dict[str, Any
         ])
     if path.resolve() in seen:
         raise ConfigError([f"config {path} names itself as a base (cycle: {' -> '.join(map(str, seen))})"])
-    raw = yaml.safe_load(path.read_text()) or {}
+    raw = _parse_yaml_file(path)
     base = raw.pop("base", None)
     if base is None:
         return raw
+    if not isinstance(base, str):
+        raise ConfigError([f"config file {str(path)!r}: base={base!r} must name a preset or a YAML file"])
     base_path = base if (PRESET_DIR / f"{base}.yaml").is_file() else path.parent / base
     return deep_merge(_read_yaml(base_path, seen + (path.resolve(),)), raw)
+
+
+def _parse_yaml_file(path: Path) -> dict[str, Any]:
+    """The file's mapping of sections; bad text, bad YAML or another shape is a ``ConfigError`` naming the
+    file (and the line), not a parser traceback. An empty file is an empty mapping."""
+    where = f"config file {str(path)!r}"
+    try:
+        raw = _parse_yaml(path.read_text(encoding="utf-8"), where)
+    except UnicodeDecodeError as exc:
+        raise ConfigError([f"{where} is not UTF-8 text ({exc.reason} at byte {exc.start}). Fix: save it as UTF-8"]) \
+            from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError([f"{where} holds a YAML {type(raw).__name__}, not a mapping of sections. Fix: write "
+                           "it as `section: {key: value}` lines, e.g. `grpo: {num_prompts_per_step: 8}`"])
+    return raw
+
+
+def _parse_yaml(text: str, where: str) -> Any:
+    """``yaml.safe_load(text)``, or a ``ConfigError`` naming ``where``, the line, the column and the reason."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError([f"{where} is not valid YAML{at}: {reason}. Fix: correct the YAML there (a value holding "
+                           "': ', '#', or starting with '[', '{' or a quote needs quotes around it)"]) from None
 
 
 def deep_merge(base: dict, update: Mapping) -> dict:
@@ -79,7 +110,13 @@ def _split(override: str, problems: list[str]):
         problems.append(f"override {override!r} is not of the form key=value (e.g. grpo.num_prompts_per_step=8)")
         return None
     key, value = override.split("=", 1)
-    return key.strip(), yaml.safe_load(value) if value.strip() else None
+    if not value.strip():
+        return key.strip(), None
+    try:
+        return key.strip(), _parse_yaml(value, f"override {override!r}: the value")
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+        return None
 
 
 def _field_names(model: Any) -> list[str]:
