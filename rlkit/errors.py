@@ -14,6 +14,12 @@ class ConfigError(RLKitError, ValueError):
         super().__init__(f"{len(self.problems)} configuration problem(s):\n{lines}")
 
 
+class DataError(ConfigError):
+    """A data file that cannot be read as prompts (bad encoding, bad JSON, a truncated parquet file, a row
+    without a prompt, an over-long prompt). Each problem names the file and the row. A ``ConfigError``,
+    because the fix is a file that ``data.path`` names, and callers that catch config problems catch it."""
+
+
 class StageOrderError(RLKitError, RuntimeError):
     """A stage was called before the stage that produces its input."""
 

@@ -105,3 +105,10 @@ class PolicyConfig(Section):
     megatron_cfg: MegatronConfig = MegatronConfig()
     dtensor_cfg: DTensorConfig = DTensorConfig()
     generation: GenerationConfig = GenerationConfig()
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """Longest rendered prompt a rollout can take: the engine's length (``generation.vllm_cfg.max_model_len``,
+        by default ``max_total_sequence_length``) minus ``generation.max_new_tokens``."""
+        g = self.generation
+        return (g.vllm_cfg.max_model_len or self.max_total_sequence_length) - g.max_new_tokens

@@ -11,7 +11,10 @@ column plus whatever else the rows hold, e.g. ``"answer"``):
   to ``"prompt"``), with validation either from ``validation_path`` or a ``validation_fraction`` of the
   file's distinct prompts, so that duplicated rows cannot leak a validation prompt into train.
 
-``render_prompts`` applies the tokenizer's chat template, which is where the system prompt goes.
+``render_prompts`` applies the tokenizer's chat template, which is where the system prompt goes. Given the
+tokenizer and the longest prompt a rollout can take, ``load_prompt_dataset`` drops (or refuses) prompts that
+are too long when it loads them (:mod:`rlkit.data.lengths`); files are read by :mod:`rlkit.data.files`, whose
+errors name the file and the row.
 
 Deliberate simplifications: no remote datasets (``datasets.load_dataset("org/name")`` then
 ``Dataset.to_json`` gives a file this module reads); one prompt column of plain text, not a message list.
@@ -26,15 +29,18 @@ import random
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Mapping, Optional, Union
+from typing import Any, Callable, Literal, Mapping, Optional, Union
 
 from datasets import Dataset, DatasetDict
 
+from rlkit.data.files import JSON_SUFFIXES, PARQUET_SUFFIXES, PromptFile, read_prompt_file
+from rlkit.data.lengths import OverlongPrompts, overlong_rows
 from rlkit.envs.arithmetic import count_arithmetic_prompts, iter_arithmetic_rows
 from rlkit.errors import ConfigError, ModelError
 
 Task = Literal["arithmetic"]
-_SUFFIXES = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
+_SUFFIXES = JSON_SUFFIXES + PARQUET_SUFFIXES
+Fit = Callable[[PromptFile, str], PromptFile]  # a file or split and its name -> the rows a rollout can take
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,8 @@ class DataParams:
     validation_fraction: float = 0.1  # share of the file's distinct prompts held out for validation
     seed: int = 0
     system_prompt: Optional[str] = None  # passed to render_prompts by the rollout stage
+    # prompts too long for a rollout (rendered, tokenized) at load time: drop them with a warning, or refuse
+    overlong_prompts: OverlongPrompts = "filter"
 
     def problems(self) -> list[str]:
         """Every problem with these params, each with its dotted key, the reason and the fix."""
@@ -72,6 +80,9 @@ class DataParams:
             for key in ("num_train", "num_validation"):
                 if getattr(self, key) < 1:
                     out.append(f"data.{key}: must be >= 1 (an empty split cannot be sampled), got {getattr(self, key)}")
+        if self.overlong_prompts not in ("filter", "error"):
+            out.append(f"data.overlong_prompts: must be 'filter' (drop with a warning) or 'error', got "
+                       f"{self.overlong_prompts!r}")
         if self.path is not None and self.validation_path is None and not 0 < self.validation_fraction < 1:
             out.append(f"data.validation_fraction: must be in (0, 1), got {self.validation_fraction}; "
                        "or set data.validation_path")
@@ -99,8 +110,15 @@ class DataParams:
         return cls(**values)
 
 
-def load_prompt_dataset(source: Union[DataParams, Mapping[str, Any], str, Path]) -> DatasetDict:
-    """Train and validation prompts from ``source``: ``DataParams``, a mapping of its fields, or a file path."""
+def load_prompt_dataset(source: Union[DataParams, Mapping[str, Any], str, Path], tokenizer: Any = None,
+                        max_prompt_tokens: Optional[int] = None) -> DatasetDict:
+    """Train and validation prompts from ``source``: ``DataParams``, a mapping of its fields, or a file path.
+
+    With ``tokenizer`` and ``max_prompt_tokens`` (``PolicyConfig.max_prompt_tokens``), prompts longer than a
+    rollout can take are dropped with a warning or refused, as ``data.overlong_prompts`` says.
+    """
+    if (tokenizer is None) != (max_prompt_tokens is None):
+        raise ValueError("load_prompt_dataset: pass both tokenizer and max_prompt_tokens, or neither")
     if isinstance(source, (str, Path)):
         params = DataParams(path=str(source))
     elif isinstance(source, DataParams):
@@ -110,7 +128,8 @@ def load_prompt_dataset(source: Union[DataParams, Mapping[str, Any], str, Path])
     problems = params.problems()
     if problems:
         raise ConfigError(problems)
-    splits = _generate(params) if params.task is not None else _from_files(params)
+    fit = _length_fit(params, tokenizer, max_prompt_tokens)
+    splits = _generate(params, fit) if params.task is not None else _from_files(params, fit)
     fixes = {
         "train": "add rows to the file, or lower data.validation_fraction",
         "validation": "give data.validation_path rows, or raise data.validation_fraction",
@@ -121,7 +140,20 @@ def load_prompt_dataset(source: Union[DataParams, Mapping[str, Any], str, Path])
     return splits
 
 
-def _generate(p: DataParams) -> DatasetDict:
+def _length_fit(p: DataParams, tokenizer: Any, max_prompt_tokens: Optional[int]) -> Fit:
+    """The rows of a file or split that a rollout can take (all of them without a tokenizer)."""
+
+    def fit(file: PromptFile, source: str) -> PromptFile:
+        if tokenizer is None:
+            return file
+        keep = overlong_rows(file.dataset["prompt"], file.labels, source, tokenizer, max_prompt_tokens,
+                             p.system_prompt, p.overlong_prompts)
+        return file if len(keep) == len(file.labels) else file.select(keep)
+
+    return fit
+
+
+def _generate(p: DataParams, fit: Fit) -> DatasetDict:
     stream = iter_arithmetic_rows(p.digits, p.seed)
     validation: list[dict[str, str]] = []
     seen: set[str] = set()
@@ -131,30 +163,19 @@ def _generate(p: DataParams) -> DatasetDict:
             seen.add(row["prompt"])
             validation.append(row)
     train = list(itertools.islice((r for r in stream if r["prompt"] not in seen), p.num_train))
-    return DatasetDict(train=Dataset.from_list(train), validation=Dataset.from_list(validation))
+    splits = {"train": train, "validation": validation}
+    return DatasetDict({
+        name: fit(PromptFile(Dataset.from_list(rows), tuple(f"row {i}" for i in range(len(rows)))),
+                  f"the generated {name} split").dataset
+        for name, rows in splits.items()
+    })
 
 
-def _read(path: str, prompt_key: str) -> Dataset:
-    if Path(path).stat().st_size == 0:
-        raise ConfigError([f"data: {path!r} is empty; it needs one row per prompt"])
-    builder = _SUFFIXES[Path(path).suffix.lower()]
-    ds = Dataset.from_json(path, keep_in_memory=True) if builder == "json" else Dataset.from_parquet(
-        path, keep_in_memory=True)
-    if prompt_key not in ds.column_names:
-        raise ConfigError([f"data.prompt_key: {path!r} has no column {prompt_key!r}; its columns are "
-                           f"{ds.column_names}; set data.prompt_key to the one holding the prompt text"])
-    if prompt_key != "prompt":
-        if "prompt" in ds.column_names:
-            raise ConfigError([f"data.prompt_key: {path!r} has both {prompt_key!r} and 'prompt'; rename or drop "
-                               "one of them (the prompt column is renamed to 'prompt')"])
-        ds = ds.rename_column(prompt_key, "prompt")
-    return ds
-
-
-def _from_files(p: DataParams) -> DatasetDict:
-    train = _read(p.path, p.prompt_key)
+def _from_files(p: DataParams, fit: Fit) -> DatasetDict:
+    train = fit(read_prompt_file(p.path, p.prompt_key, "data.path"), repr(p.path)).dataset
     if p.validation_path is not None:
-        validation = _read(p.validation_path, p.prompt_key)
+        validation = fit(read_prompt_file(p.validation_path, p.prompt_key, "data.validation_path"),
+                         repr(p.validation_path)).dataset
         overlap = set(train["prompt"]) & set(validation["prompt"])
         if overlap:
             warnings.warn(f"{len(overlap)} validation prompt(s) also appear in the train file {p.path!r}; "
