@@ -107,8 +107,12 @@ class PolicyConfig(Section):
     generation: GenerationConfig = GenerationConfig()
 
     @property
+    def max_model_len(self) -> int:
+        """The generation engine's sequence length: ``generation.vllm_cfg.max_model_len``, by default
+        ``max_total_sequence_length``."""
+        return self.generation.vllm_cfg.max_model_len or self.max_total_sequence_length
+
+    @property
     def max_prompt_tokens(self) -> int:
-        """Longest rendered prompt a rollout can take: the engine's length (``generation.vllm_cfg.max_model_len``,
-        by default ``max_total_sequence_length``) minus ``generation.max_new_tokens``."""
-        g = self.generation
-        return (g.vllm_cfg.max_model_len or self.max_total_sequence_length) - g.max_new_tokens
+        """Longest rendered prompt a rollout can take: the engine's length minus ``generation.max_new_tokens``."""
+        return self.max_model_len - self.generation.max_new_tokens
