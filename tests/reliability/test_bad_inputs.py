@@ -1,0 +1,125 @@
+"""Catalogue of bad inputs: each gets its exact error class and a message that names the input.
+
+One test per input a user hands rlkit (a config value, a YAML file or override, a run name, a model folder's
+config.json and weights, a dataset file, a reward function). Each checks ``type(error) is`` the class, so a
+refactor that turns one of them into a bare ``ValueError`` or a parser traceback fails here. All are fast:
+no engine starts; files are damaged copies in ``tmp_path``.
+"""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from rlkit.config.loading import load_config
+from rlkit.data import load_prompt_dataset
+from rlkit.envs import RewardFunctionEnvironment
+from rlkit.errors import ConfigError, DataError, ModelError, RewardError
+from rlkit.models import read_hf_config
+from rlkit.models.tokenizer import build_char_tokenizer
+from rlkit.stages import score
+from rlkit.trajectories import Trajectories
+
+
+def raised(cls, fn, *args, **kwargs):
+    """The error ``fn`` raised, checked to be exactly ``cls`` (not a subclass, not a parent)."""
+    with pytest.raises(Exception) as info:
+        fn(*args, **kwargs)
+    assert type(info.value) is cls, f"{type(info.value).__name__}: {info.value}"
+    return str(info.value)
+
+
+@pytest.fixture
+def model(model_factory, tmp_path):
+    return shutil.copytree(model_factory("nano", "llama"), tmp_path / "model")
+
+
+# ---- config ----------------------------------------------------------------------------------------------
+def test_config_value_out_of_range_names_the_key():
+    msg = raised(ConfigError, load_config, "quickstart", {"env.max_reward_failure_fraction": 2})
+    assert "env.max_reward_failure_fraction" in msg
+
+
+def test_yaml_syntax_error_names_the_file_and_line(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("grpo:\n  num_prompts_per_step: [8\n")
+    msg = raised(ConfigError, load_config, str(path))
+    assert f"config file {str(path)!r} is not valid YAML at line 3" in msg
+
+
+def test_yaml_file_that_is_a_list_names_the_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("- grpo\n")
+    assert f"config file {str(path)!r} holds a YAML list" in raised(ConfigError, load_config, str(path))
+
+
+def test_broken_yaml_override_names_the_override():
+    msg = raised(ConfigError, load_config, "quickstart", ["policy.generation.stop_strings=[a"])
+    assert "override 'policy.generation.stop_strings=[a': the value is not valid YAML" in msg
+
+
+def test_run_name_that_is_a_path_names_the_key():
+    msg = raised(ConfigError, load_config, "quickstart", {"name": "../../x"})
+    assert "name='../../x': a run name is one folder name under logger.log_dir" in msg
+
+
+# ---- model folder ----------------------------------------------------------------------------------------
+def test_corrupt_config_json_names_the_file(model):
+    (model / "config.json").write_text("{")
+    assert f"{str(model / 'config.json')!r} is not valid JSON" in raised(ModelError, read_hf_config, model)
+    msg = raised(ConfigError, load_config, "quickstart", {"policy.model_name": str(model), "policy.model_preset": None})
+    assert f"{str(model / 'config.json')!r} is not valid JSON" in msg
+
+
+def test_truncated_safetensors_names_the_file(model):
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-64])
+    assert f"weights file {str(weights)!r} is unreadable" in raised(ModelError, read_hf_config, model)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="vLLM's CPU head sizes")
+def test_head_dim_vllm_cpu_cannot_run_names_the_model(model):
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps(dict(config, num_attention_heads=4, head_dim=16)))
+    msg = raised(ConfigError, load_config, "quickstart", {"policy.model_name": str(model), "policy.model_preset": None})
+    assert f"policy.model_name={str(model)!r}: head_dim=16" in msg
+
+
+# ---- dataset files ---------------------------------------------------------------------------------------
+def test_non_utf8_jsonl_names_the_file(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b'{"prompt": "caf\xe9"}\n')
+    assert f"data.path: {str(path)!r} is not UTF-8 text" in raised(DataError, load_prompt_dataset, str(path))
+
+
+def test_empty_parquet_names_the_file(tmp_path):
+    from datasets import Dataset
+
+    path = tmp_path / "data.parquet"
+    Dataset.from_dict({"prompt": []}).to_parquet(str(path))
+    assert f"data.path: {str(path)!r} is a parquet file with no rows" in raised(DataError, load_prompt_dataset, str(path))
+
+
+def test_overlong_prompt_names_the_file_and_row(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"prompt": "1+1"}\n{"prompt": "' + "9" * 50 + '"}\n')
+    msg = raised(DataError, load_prompt_dataset, {"path": str(path), "overlong_prompts": "error"},
+                 build_char_tokenizer(), 20)
+    assert f"{str(path)!r} line 2 renders" in msg
+
+
+# ---- reward function -------------------------------------------------------------------------------------
+def test_reward_failing_on_every_sample_names_the_function_and_the_exception():
+    def my_reward(prompts, completions, **_):
+        return [float(c == answr) for c in completions]  # noqa: F821 - the typo under test
+
+    b = 2
+    batch = Trajectories(
+        prompts=("1+1=", "2+2="), completions=("2", "4"), input_ids=torch.zeros(b, 3, dtype=torch.long),
+        attention_mask=torch.ones(b, 3, dtype=torch.bool), loss_mask=torch.ones(b, 3, dtype=torch.bool),
+        generator_logprobs=torch.zeros(b, 3), finish_reasons=("stop",) * b, group_size=1, policy_version=0,
+        rows=({"prompt": "1+1="}, {"prompt": "2+2="}),
+    )
+    msg = raised(RewardError, score, batch, RewardFunctionEnvironment(my_reward))
+    assert "'my_reward'" in msg and "NameError: name 'answr' is not defined" in msg
