@@ -7,56 +7,31 @@ version the generator holds (``stale``), which prompts the current step uses, an
 
 Re-running ``rollout()`` within a step returns the same prompts and samples (same seed, same weights);
 the step's prompts are consumed when ``train()`` completes.
+
+Where things live: the run's mutable state (step, history, prompt position, baseline, the step's prompts,
+latest results) in one :class:`rlkit.run_state.RunState`, which the constructor, ``reset()`` and a checkpoint
+restore replace through one method; where each step's batch comes from in a rollout source
+(:mod:`rlkit.stages.rollout_sources`); what a config change needs in :data:`rlkit.config.changes.CHANGES`.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 import warnings
 from pathlib import Path
-from contextlib import nullcontext
-from typing import Any, Callable, ContextManager, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from rlkit import stages
-from rlkit.algorithms import RLLoss, RunningBaseline
+from rlkit.algorithms import RLLoss
+from rlkit.config.changes import Change, changes_needed, refusals
 from rlkit.config.loading import load_config
 from rlkit.config.run import RunConfig
 from rlkit.generation.base import SamplingSettings
-from rlkit.stages.async_rollouts import AsyncRollouts, updates_per_step
+from rlkit.run_state import RunState
+from rlkit.stages.async_rollouts import updates_per_step
 from rlkit.stages.metrics import StepMetrics, step_metrics
+from rlkit.stages.rollout_sources import RolloutSource, rollout_source, step_seed, warn_if_off_policy
 from rlkit.trajectories import Trajectories
-
-
-# Config sections (or dotted prefixes) that reset() can switch to without rebuilding any engine.
-RESETTABLE = ("name", "seed", "grpo", "loss_fn", "sft", "eval", "logger", "checkpointing",
-              "policy.optimizer", "policy.scheduler")
-
-
-def _without_resettable(config: RunConfig) -> dict[str, Any]:
-    raw = config.model_dump(mode="json")
-    async_grpo = raw["grpo"].get("async_grpo")  # a session's producer thread exists or not from construction
-    for key in RESETTABLE:
-        node = raw
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node[part]
-        node.pop(leaf, None)
-    raw["async_grpo"] = async_grpo
-    return raw
-
-
-def _changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two nested dicts."""
-    if not (isinstance(old, dict) and isinstance(new, dict)):
-        return [prefix] if old != new else []
-    return [k for key in sorted(set(old) | set(new))
-            for k in _changed_keys(old.get(key), new.get(key), f"{prefix}.{key}" if prefix else key)]
-
-
-def can_reset(old: RunConfig, new: RunConfig) -> bool:
-    """True when a session built for ``old`` can ``reset(new)`` (only :data:`RESETTABLE` keys differ)."""
-    return _without_resettable(old) == _without_resettable(new)
 
 
 def seed_everything(seed: int) -> None:
@@ -76,6 +51,11 @@ def seed_everything(seed: int) -> None:
         model_parallel_cuda_manual_seed(seed)
 
 
+def _run_state_field(name: str, doc: str) -> property:
+    """A read-only view of ``session.run_state.<name>``: the run state is the one place the value is kept."""
+    return property(lambda session: getattr(session.run_state, name), doc=f"{doc} (session.run_state.{name})")
+
+
 class Session:
     """Holds the components of an RL run and exposes one method per stage."""
 
@@ -83,29 +63,19 @@ class Session:
         from transformers import AutoTokenizer
 
         from rlkit.builders import build_environment, build_generation, build_policy, ensure_model
-        from rlkit.data import PromptSampler, load_prompt_dataset
+        from rlkit.data import load_prompt_dataset
 
         self.config = config
         ensure_model(config)
         self.tokenizer = AutoTokenizer.from_pretrained(config.policy.model_name)
         self.dataset = load_prompt_dataset(config.data)
-        self.sampler = PromptSampler(self.dataset["train"], config.grpo.num_prompts_per_step, seed=config.seed)
         self.env = env if env is not None else build_environment(config)
         self.policy = build_policy(config)
         self.generator, self.weight_sync = build_generation(config)  # the engine and what refits it, one pair
         self.generator_version = self.policy.version
-        a = config.grpo.async_grpo  # async GRPO: a background producer samples later steps' rollouts
-        self.rollouts = AsyncRollouts(self._sample_async_batch, a.max_trajectory_age_steps,
-                                      self.generator_version) if a.enabled else None
         self.loss_fn = loss_fn if loss_fn is not None else RLLoss(config.loss_fn, kl_in_reward=config.grpo.reward_kl_coef > 0)
-        self.baseline = RunningBaseline()
-        self.step_count = 0
-        self.history: list[StepMetrics] = []
-        self.batch: Optional[Trajectories] = None
-        self.last_train = self.last_refit = self.last_eval = self.last_sft = None
-        self._step_rows: Optional[list[dict]] = None
-        self._timings: dict[str, float] = {}
-        self.stop_requested = False
+        self.rollouts: Optional[RolloutSource] = None
+        self._start_run(RunState.fresh(config, self.dataset))
         self.listeners: list[Callable[[StepMetrics], None]] = []  # called after every step of run()
 
     @classmethod
@@ -115,73 +85,108 @@ class Session:
         (``["grpo.num_generations_per_prompt=8"]`` or ``{"grpo.num_generations_per_prompt": 8}``)."""
         return cls(load_config(source, overrides), **kwargs)
 
-    LIVE_SECTIONS = ("name", "grpo", "loss_fn", "eval", "logger", "checkpointing")  # changeable without restart
-
     def configure(self, overrides: Sequence[str] | Mapping[str, Any] | RunConfig) -> RunConfig:
-        """Change algorithm settings in place (``grpo.*``, ``loss_fn.*``, ``eval.*`` ...) without restarting
-        the engines, e.g. ``session.configure(["loss_fn.policy_loss=gspo"])``. Returns the new config.
-        Changes to the model, generator, data or environment need a new Session and raise ConfigError."""
-        from rlkit.algorithms import RLLoss
+        """Change settings in place without restarting the engines, e.g.
+        ``session.configure(["loss_fn.policy_loss=gspo"])``; returns the new config.
+
+        What each changed key needs comes from :data:`rlkit.config.changes.CHANGES`, and all of it is done:
+        live keys (most of ``grpo.*``, ``sft.*``, ``eval.*``, ``logger.*``...) apply at their next use;
+        ``grpo.num_prompts_per_step``, ``grpo.num_generations_per_prompt`` and the dynamic-sampling keys get a
+        new rollout source (the step's prompts are kept and the missing ones drawn; async GRPO drops its queued
+        batches); ``loss_fn.*`` and ``grpo.reward_kl_coef`` a new loss (a loss function you supplied is kept,
+        with a warning that the change does not reach it); ``policy.optimizer.*`` and ``policy.scheduler.*`` a
+        new optimizer and schedule (Adam moments and the schedule position start over). ``seed`` starts a new
+        run (``reset()``), and the model, generator, data, environment and ``grpo.async_grpo`` need a new
+        Session: such changes raise ConfigError naming every key, and nothing is changed."""
+        new, changes = self._changes(overrides, {Change.LIVE, Change.ROLLOUTS, Change.LOSS, Change.OPTIMIZER},
+                                     "configure()")
+        old, self.config = self.config, new
+        if Change.OPTIMIZER in changes.values():
+            self.policy.reset_optimizer(new.policy.optimizer, new.policy.scheduler)
+        self._rebuild_loss(old, changes)
+        if Change.ROLLOUTS in changes.values():
+            self._start_run(self.run_state)
+        return new
+
+    def _changes(self, overrides: Sequence[str] | Mapping[str, Any] | RunConfig, allowed: set[Change],
+                 where: str) -> tuple[RunConfig, dict[str, Change]]:
+        """The new config and what each changed key needs; ConfigError naming every change ``where`` cannot make."""
         from rlkit.errors import ConfigError
 
         new = overrides if isinstance(overrides, RunConfig) else load_config(self.config.model_dump(), overrides)
-        frozen = [k for k in RunConfig.model_fields if k not in self.LIVE_SECTIONS and getattr(new, k) != getattr(self.config, k)]
-        if new.grpo.async_grpo != self.config.grpo.async_grpo:
-            frozen.append("grpo.async_grpo")
-        if frozen:
-            raise ConfigError([f"{k}: changing it needs a new Session (Session.from_config(..., overrides=...)); "
-                               f"in place only {', '.join(self.LIVE_SECTIONS)} can change" for k in frozen])
-        self.config = new
-        self.loss_fn = RLLoss(new.loss_fn, kl_in_reward=new.grpo.reward_kl_coef > 0)
-        return new
+        changes = changes_needed(self.config, new)
+        if refusals(changes, allowed, where):
+            raise ConfigError(refusals(changes, allowed, where))
+        return new, changes
+
+    def _rebuild_loss(self, old: RunConfig, changes: Mapping[str, Change]) -> None:
+        """A new RLLoss when a key it is built from changed, if the loss is the RLLoss of ``old``'s ``loss_fn``;
+        any other loss (given to the constructor or assigned) is the user's: it is kept, and a warning says so."""
+        keys = [k for k, change in changes.items() if change is Change.LOSS]
+        if not keys:
+            return
+        if not (type(self.loss_fn) is RLLoss and self.loss_fn.params == old.loss_fn):
+            warnings.warn(f"{', '.join(keys)} changed, but this session trains with a loss function you supplied "
+                          f"({self.loss_fn!r}); it is kept and does not read the config, so the change does not "
+                          "reach it (assign session.loss_fn to replace it)", stacklevel=3)
+            return
+        self.loss_fn = RLLoss(self.config.loss_fn, kl_in_reward=self.config.grpo.reward_kl_coef > 0)
+
+    def _start_run(self, run: RunState) -> None:
+        """Make ``run`` the run state, with a new rollout source over it: the one path by which the
+        constructor, ``reset()``, ``restore_run_state()`` and a ``configure()`` of the rollouts replace them."""
+        if self.rollouts is not None:
+            self.rollouts.close()  # async GRPO: stop the producer, drop the batches sampled for the old state
+        self.run_state = run
+        self.rollouts = rollout_source(self.config, self._sample, self._score, run, self.generator_version,
+                                       self._updates_per_step)
+
+    def restore_run_state(self, state: Mapping[str, Any]) -> None:
+        """Continue the run ``RunState.state_dict()`` saved (a checkpoint does this): the run state is replaced,
+        the rollout source restarted at the restored step, and the generator refit."""
+        run = RunState.fresh(self.config, self.dataset)
+        run.load_state_dict(state)
+        self._start_run(run)
+        self.refit()
 
     def reset(self, config: Sequence[str] | Mapping[str, Any] | RunConfig = ()) -> "Session":
         """Put the session in the state ``Session(config)`` would start in, keeping its engines (a sweep does
         this between runs: starting vLLM and Megatron costs far more than a short run).
 
         ``config`` is a RunConfig or overrides of the current config (default: none, i.e. start this run
-        over). It may change only :data:`RESETTABLE` keys (seed, ``grpo.*`` except ``grpo.async_grpo``,
-        ``loss_fn.*``, ``sft.*``, ``eval.*``, ``logger.*``, ``checkpointing.*``, ``policy.optimizer.*``,
-        ``policy.scheduler.*``); anything else raises ConfigError. Weights come back from the model folder
-        (the policy, then the generator by a refit) and become the reference; the optimizer and schedule are
-        new; the sampler starts over with the seed; loss function and baseline are rebuilt; step count,
-        history and latest results are cleared; the RNGs are seeded as at construction. Listeners (a
-        dashboard) stay attached."""
-        from rlkit.algorithms import RLLoss, RunningBaseline
-        from rlkit.data import PromptSampler
-        from rlkit.errors import ConfigError
+        over). It may change any key whose entry in :data:`rlkit.config.changes.CHANGES` is short of a new
+        Session (seed, ``grpo.*`` but ``grpo.async_grpo``, ``loss_fn.*``, ``sft.*``, ``eval.*``, ``logger.*``,
+        ``checkpointing.*``, ``policy.optimizer.*``, ``policy.scheduler.*``); anything else raises ConfigError.
+        Weights come back from the model folder (the policy, then the generator by a refit) and become the
+        reference; the optimizer and schedule are new; the run state is fresh (step 0, empty history, the
+        sampler at the start of the seed's order, a new baseline, no latest results) and so is the rollout
+        source; the loss is rebuilt from the config, unless you supplied one (it is kept, see ``configure``);
+        the RNGs are seeded as at construction. Listeners (a dashboard) stay attached."""
         from rlkit.policy.megatron.policy import load_hf_state
 
-        new = config if isinstance(config, RunConfig) else load_config(self.config.model_dump(), config)
-        if not can_reset(self.config, new):
-            changed = _changed_keys(_without_resettable(self.config), _without_resettable(new))
-            raise ConfigError([f"{k}: changing it needs a new Session (Session.from_config(...)); reset() can "
-                               f"change only {', '.join(RESETTABLE)} (not grpo.async_grpo)" for k in changed])
+        new, changes = self._changes(config, set(Change) - {Change.SESSION}, "reset()")
         policy = self.policy
         policy.load_hf_state(load_hf_state(new.policy.model_name))
         policy.reset_optimizer(new.policy.optimizer, new.policy.scheduler)
         policy.set_reference_to_current()
         policy.version = 0
-        self.config = new
-        self.sampler = PromptSampler(self.dataset["train"], new.grpo.num_prompts_per_step, seed=new.seed)
-        self.loss_fn = RLLoss(new.loss_fn, kl_in_reward=new.grpo.reward_kl_coef > 0)
-        self.baseline = RunningBaseline()
-        self.step_count = 0
-        self.history = []
-        self.batch = None
-        self.last_train = self.last_refit = self.last_eval = self.last_sft = None
-        self._step_rows = None
-        self._timings = {}
-        self.stop_requested = False
+        old, self.config = self.config, new
+        self._rebuild_loss(old, changes)
+        self._start_run(RunState.fresh(new, self.dataset))
         self.refit()
-        if self.rollouts is not None:  # async GRPO: drop batches sampled for the previous run
-            old = self.rollouts
-            old.close()
-            self.rollouts = AsyncRollouts(old.make_batch, old.max_age_steps, self.generator_version)
         seed_everything(new.seed)
         return self
 
     # ---- state -----------------------------------------------------------------------------------
+    step_count = _run_state_field("step", "RL steps completed")
+    history = _run_state_field("history", "StepMetrics of every completed step")
+    batch = _run_state_field("batch", "the latest batch a stage returned")
+    sampler = _run_state_field("sampler", "the prompt sampler (its position is the run's position in the data)")
+    baseline = _run_state_field("baseline", "reinforce_baseline's running reward mean")
+    last_train, last_refit, last_eval, last_sft = (_run_state_field(f"last_{stage}", f"the latest {stage}() result")
+                                                   for stage in ("train", "refit", "eval", "sft"))
+    stop_requested = _run_state_field("stop_requested", "run() ends after the current step")
+
     @property
     def stale(self) -> bool:
         """True when the generator holds older weights than the policy (call ``refit()``)."""
@@ -197,72 +202,49 @@ class Session:
         return self.batch
 
     def _keep(self, batch: Trajectories) -> Trajectories:
-        self.batch = batch
+        self.run_state.batch = batch
         return batch
 
     def sampling(self, seed: Optional[int] = None) -> SamplingSettings:
         g = self.config.policy.generation
         return SamplingSettings(g.temperature, g.top_p, g.top_k, g.max_new_tokens, g.stop_strings,
-                                seed=self.config.seed * 1_000_003 + self.step_count if seed is None else seed)
+                                seed=step_seed(self.config.seed, self.step_count) if seed is None else seed)
+
+    # ---- what the rollout source calls -----------------------------------------------------------
+    def _sample(self, rows: Sequence[dict], seed: int, generator_version: int) -> Trajectories:
+        """G samples for each of ``rows`` (not scored); async GRPO's producer thread calls it too."""
+        return stages.rollout(self.generator, self.tokenizer, rows, self.config.grpo.num_generations_per_prompt,
+                              self.sampling(seed), generator_version, self.config.data.system_prompt)
+
+    def _score(self, batch: Trajectories) -> Trajectories:
+        g = self.config.grpo
+        return stages.score(batch, self.env, g.overlong_buffer_length, g.overlong_penalty,
+                            self.config.policy.generation.max_new_tokens)
+
+    def _updates_per_step(self) -> int:
+        g = self.config.grpo
+        return updates_per_step(g.num_prompts_per_step * g.num_generations_per_prompt,
+                                self.config.policy.train_global_batch_size, g.num_epochs)
 
     # ---- stages ----------------------------------------------------------------------------------
     def rollout(self, rows: Optional[Sequence[dict]] = None, seed: Optional[int] = None) -> Trajectories:
-        """Sample G completions for this step's prompts (or for ``rows``). With async GRPO: the next ready
-        batch from the background producer (the same one again within a step; ``seed`` is not used)."""
-        g = self.config.grpo
-        if self.rollouts is not None and rows is None:
-            ups = updates_per_step(g.num_prompts_per_step * g.num_generations_per_prompt,
-                                   self.config.policy.train_global_batch_size, g.num_epochs)
-            return self._keep(self.rollouts.batch_for_step(self.step_count, self.policy.version, ups))
-        if self.stale:
-            warnings.warn(f"the generator holds policy version {self.generator_version}, the policy is at "
-                          f"{self.policy.version}: these samples are off-policy (call session.refit() first)",
-                          stacklevel=2)
-        if g.use_dynamic_sampling and rows is None:
-            if self._step_rows is None:
-                self._step_rows = [self.sampler.next_batch() for _ in range(g.dynamic_sampling_max_gen_batches)]
-            return self._keep(self._dynamic_rollout(self._step_rows, self.sampling(seed).seed, self.generator_version))
+        """This step's batch from the rollout source the config chose (plain: not scored; dynamic sampling:
+        scored; async GRPO: the producer's next ready batch, ``seed`` unused), see
+        :mod:`rlkit.stages.rollout_sources`. Within a step it is the same batch again. ``rows``: G samples of
+        exactly these prompts instead, not scored, whatever the source."""
         if rows is None:
-            if self._step_rows is None:
-                self._step_rows = self.sampler.next_batch()
-            rows = self._step_rows
-        with self._generator_lock():
-            batch = stages.rollout(self.generator, self.tokenizer, rows, g.num_generations_per_prompt,
-                                   self.sampling(seed), self.generator_version, self.config.data.system_prompt)
-        return self._keep(batch)
-
-    def _sample_async_batch(self, index: int, version: int) -> Trajectories:
-        """Async GRPO's producer thread: batch ``index`` (the prompts and seed sync step ``index`` would use)."""
-        g = self.config.grpo
-        seed = self.config.seed * 1_000_003 + index
-        if g.use_dynamic_sampling:
-            tries = [self.sampler.next_batch() for _ in range(g.dynamic_sampling_max_gen_batches)]
-            return self._dynamic_rollout(tries, seed, version)
-        return stages.rollout(self.generator, self.tokenizer, self.sampler.next_batch(), g.num_generations_per_prompt,
-                              self.sampling(seed), version, self.config.data.system_prompt)
-
-    def _generator_lock(self) -> ContextManager:
-        """Exclusive use of the generator: async GRPO's producer may be sampling in the background."""
-        return self.rollouts.exclusive() if self.rollouts is not None else nullcontext()
-
-    def _dynamic_rollout(self, tries: Sequence[Sequence[dict]], base_seed: int, version: int) -> Trajectories:
-        """DAPO: rounds of fresh prompts (``tries``), scored, keeping groups whose rewards vary (returns a
-        scored batch). Also runs in async GRPO's producer thread, so it keeps nothing on the session."""
-        g = self.config.grpo
-
-        def sample_and_score(attempt: int) -> Trajectories:
-            batch = stages.rollout(self.generator, self.tokenizer, tries[attempt], g.num_generations_per_prompt,
-                                   replace(self.sampling(), seed=base_seed + 7919 * attempt), version,
-                                   self.config.data.system_prompt)
-            return stages.score(batch, self.env, g.overlong_buffer_length, g.overlong_penalty,
-                                self.config.policy.generation.max_new_tokens)
-
-        return stages.dynamic_sampling(sample_and_score, g.num_prompts_per_step, g.dynamic_sampling_max_gen_batches)
+            return self._keep(self.rollouts.batch(self.run_state, self.sampling(seed).seed, self.generator_version,
+                                                  self.policy.version))
+        warn_if_off_policy(self.generator_version, self.policy.version)
+        with self.rollouts.exclusive():  # async GRPO's producer may be sampling
+            return self._keep(self._sample(rows, self.sampling(seed).seed, self.generator_version))
 
     def score(self, batch: Optional[Trajectories] = None) -> Trajectories:
-        g = self.config.grpo
-        return self._keep(stages.score(self._latest(batch, "score"), self.env, g.overlong_buffer_length,
-                                       g.overlong_penalty, self.config.policy.generation.max_new_tokens))
+        """Rewards from the environment for a batch that has none yet. A batch that has them (dynamic sampling
+        scores its candidates to choose among them) is kept as it is: scoring again would cost an environment
+        pass and, with a random reward, undo the choice; ``stages.score(batch, session.env)`` rescores."""
+        batch = self._latest(batch, "score")
+        return self._keep(batch if batch.rewards is not None else self._score(batch))
 
     def advantages(self, batch: Optional[Trajectories] = None) -> Trajectories:
         g = self.config.grpo
@@ -292,44 +274,39 @@ class Session:
         except stages.TrainInterrupted as interrupted:
             self._record_step(batch, interrupted.metrics(), interrupted.seconds, version_before)
             raise
-        self.last_train = result
+        self.run_state.last_train = result
         return self._record_step(batch, result.metrics, result.seconds, version_before)
 
     def _record_step(self, batch: Trajectories, train_metrics: dict[str, float], seconds: float,
                      version_before: int) -> StepMetrics:
-        self.step_count += 1
-        self._step_rows = None
         timings = {k: v for k, v in batch.info.items() if k.startswith("timing/")}
         timings["timing/train"] = seconds
-        metrics = step_metrics(self.step_count, self.policy.version, batch, train_metrics, timings, version_before)
+        metrics = step_metrics(self.step_count + 1, self.policy.version, batch, train_metrics, timings, version_before)
         metrics.values.update({k: v for k, v in batch.info.items() if k.startswith("rollout/")})  # async producer's
-        self.history.append(metrics)
+        self.run_state.end_step(metrics)
         return metrics
 
     def refit(self) -> Any:
         """Push the policy's weights into the generator. Interrupted midway, the generator stays stale."""
         self.generator_version = -1  # unknown mixture until the sync completes
-        with self._generator_lock():
+        with self.rollouts.exclusive():
             report = stages.refit(self.policy, self.generator, self.weight_sync)
         self.generator_version = report.policy_version
-        if self.rollouts is not None:
-            self.rollouts.weights_loaded(report.policy_version, self.step_count)
-        self.last_refit = report
+        self.rollouts.weights_loaded(report.policy_version, self.step_count)
+        self.run_state.last_refit = report
         return report
 
     def step(self) -> StepMetrics:
-        """One whole RL step: rollout, score, advantages, logprobs, train, refit."""
+        """One whole RL step: rollout, score, logprobs, advantages, train, refit."""
         t0 = time.perf_counter()
         if self.stale:
             self.refit()
-        batch = self.rollout()
         # logprobs before advantages: estimators that fold KL into the reward need the reference logprobs
-        batch = self.advantages(self.logprobs(batch if batch.rewards is not None else self.score(batch)))
+        batch = self.advantages(self.logprobs(self.score(self.rollout())))
         metrics = self.train(batch)
         report = self.refit()
         metrics.values["timing/refit"] = report.seconds
-        if self.rollouts is not None:  # the refit first waited for the batch being sampled
-            metrics.values["timing/refit_wait"] = self.rollouts.last_exclusive_wait
+        metrics.values.update(self.rollouts.step_timings())
         metrics.values["timing/step_total"] = elapsed = time.perf_counter() - t0
         metrics.values["timing/samples_per_second"] = batch.batch_size / elapsed
         metrics.values["timing/tokens_per_second"] = float(batch.completion_lengths.sum()) / elapsed
@@ -342,7 +319,7 @@ class Session:
         from tqdm.auto import tqdm
 
         total = self.config.grpo.max_num_steps if steps is None else steps
-        self.stop_requested = False
+        self.run_state.stop_requested = False
         done = []
         bar = tqdm(range(total), desc="GRPO", disable=not progress, leave=True)
         for _ in bar:
@@ -363,7 +340,7 @@ class Session:
         return done
 
     def request_stop(self) -> None:
-        self.stop_requested = True
+        self.run_state.stop_requested = True
 
     def evaluate(self, num_prompts: Optional[int] = None, greedy: Optional[bool] = None) -> stages.EvalResult:
         """Held-out accuracy of the current policy (refits the generator first if it is stale)."""
@@ -371,8 +348,8 @@ class Session:
             self.refit()
         n = num_prompts or self.config.eval.num_prompts
         rows = list(self.dataset["validation"].select(range(min(n, len(self.dataset["validation"])))))
-        with self._generator_lock():
-            self.last_eval = stages.evaluate(
+        with self.rollouts.exclusive():
+            self.run_state.last_eval = stages.evaluate(
                 self.generator, self.tokenizer, self.env, rows, self.config.policy.generation.max_new_tokens,
                 self.policy.version, greedy=self.config.eval.greedy if greedy is None else greedy,
                 seed=self.config.seed, system_prompt=self.config.data.system_prompt,
@@ -400,7 +377,7 @@ class Session:
             bar.set_postfix(loss=f"{loss:.4f}")
 
         try:
-            self.last_sft = stages.sft(self.policy, self.tokenizer, sampler, cfg, self.config.policy.optimizer,
+            self.run_state.last_sft = stages.sft(self.policy, self.tokenizer, sampler, cfg, self.config.policy.optimizer,
                                        self.config.policy.scheduler, self.config.data.system_prompt, on_step)
         finally:
             bar.close()

@@ -13,7 +13,7 @@ prompts); no weighting or curriculum.
 
 from __future__ import annotations
 
-from typing import Any, Sequence, Union
+from typing import Any, Optional, Sequence, Union
 
 import numpy as np
 from datasets import Dataset
@@ -22,7 +22,8 @@ Rows = Union[Dataset, Sequence[dict[str, Any]]]
 
 
 class PromptSampler:
-    """``next_batch()`` returns ``batch_size`` row dicts; ``state_dict()`` / ``load_state_dict()`` resume it."""
+    """``next_batch()`` returns ``batch_size`` row dicts (``next_batch(n)``: n of them, for a caller whose batch
+    size changes mid-run); ``state_dict()`` / ``load_state_dict()`` resume it."""
 
     def __init__(self, dataset: Rows, batch_size: int, seed: int = 0):
         if len(dataset) == 0:
@@ -42,20 +43,21 @@ class PromptSampler:
             self._order_cache = (epoch, np.random.default_rng([self.seed, epoch]).permutation(len(self)))
         return self._order_cache[1]
 
-    def next_indices(self) -> list[int]:
-        """The dataset indices of the next batch (advances the sampler)."""
+    def next_indices(self, n: Optional[int] = None) -> list[int]:
+        """The dataset indices of the next ``n`` rows (default ``batch_size``; advances the sampler)."""
+        n = self.batch_size if n is None else n
         out: list[int] = []
-        while len(out) < self.batch_size:
-            take = min(self.batch_size - len(out), len(self) - self.position)
+        while len(out) < n:
+            take = min(n - len(out), len(self) - self.position)
             out.extend(self._order(self.epoch)[self.position : self.position + take].tolist())
             self.position += take
             if self.position == len(self):
                 self.epoch, self.position = self.epoch + 1, 0
         return out
 
-    def next_batch(self) -> list[dict[str, Any]]:
-        """The next ``batch_size`` rows, as fresh dicts (editing them leaves the dataset untouched)."""
-        indices = self.next_indices()
+    def next_batch(self, n: Optional[int] = None) -> list[dict[str, Any]]:
+        """The next ``n`` rows (default ``batch_size``), as fresh dicts (editing them leaves the dataset untouched)."""
+        indices = self.next_indices(n)
         if isinstance(self.dataset, Dataset):
             return self.dataset.select(indices).to_list()
         return [dict(self.dataset[i]) for i in indices]

@@ -39,7 +39,7 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("generation length", ("rollout/gen_length_mean", "rollout/gen_length_max")),
     ("generator/trainer mismatch", ("train/token_mult_prob_error",)),
 )
-STAGES = ("rollout", "score", "advantages", "logprobs", "reference_logprobs", "train", "refit")
+STAGES = ("rollout", "score", "logprobs", "reference_logprobs", "advantages", "train", "refit")  # step()'s order
 
 
 def _series(history: list, key: str) -> list[float]:

@@ -43,8 +43,8 @@ def session_facts(s: Any) -> dict[str, object]:
                              + (" (STALE: call session.refit())" if s.stale else " (in sync)"),
         "last reward": f"{s.history[-1]['rollout/reward_mean']:.3f}" if s.history else "-",
     }
-    if getattr(s, "rollouts", None) is not None:
-        facts["async rollouts"] = repr(s.rollouts)
+    if getattr(s, "rollouts", None) is not None:  # the rollout source: plain, dynamic sampling, async GRPO
+        facts["rollouts"] = repr(s.rollouts)
     return facts
 
 

@@ -1,7 +1,10 @@
 """The stages of an RL step, each a plain function over :class:`rlkit.trajectories.Trajectories`.
 
-    rollout -> score -> advantages -> logprobs -> train (or loss) -> refit;  evaluate, sft aside.
-    AsyncRollouts: async GRPO's background producer of rollouts (rollout of later steps during train).
+    rollout -> score -> logprobs -> advantages -> train (or loss) -> refit;  evaluate, sft aside.
+
+Logprobs come before advantages because estimators that fold KL into the reward need the reference
+logprobs. Where ``Session.rollout()`` gets a step's batch is a rollout source (plain, dynamic sampling, or
+async GRPO's background producer ``AsyncRollouts``): :mod:`rlkit.stages.rollout_sources`.
 """
 
 from rlkit.stages.advantages import advantages

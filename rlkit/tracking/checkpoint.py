@@ -7,8 +7,9 @@ A checkpoint is a folder::
     optimizer.safetensors   AdamW tensors ("state/<param index>/<key>")
     rng.safetensors         torch CPU RNG (+ CUDA, + Megatron's tracked RNG states)
     config.yaml             the resolved run config
-    state.json              step, policy version, sampler position, baseline, optimizer param groups,
-                            scheduler, python/numpy RNG, step history, caller's ``extra``, file sizes
+    state.json              policy version, the run state (``run_state``: RunState.state_dict(), i.e. step,
+                            sampler position, the step's prompts, baseline, history), optimizer param
+                            groups, scheduler, python/numpy RNG, caller's ``extra``, file sizes
 
 Why atomic: a run that dies while writing (SIGKILL, out of memory, a full disk) must leave the last good
 checkpoint loadable. Everything is written into a hidden sibling folder, each file fsynced, and only then
@@ -28,8 +29,6 @@ still exist (it supplies the architecture, tokenizer and the generator's start-u
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import json
 import os
 import random
@@ -49,7 +48,7 @@ from safetensors.torch import load_file, save_file
 from rlkit.errors import RLKitError
 
 FORMAT = "rlkit-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the run state under one key, "run_state" (1 kept its fields at the top level)
 STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -207,14 +206,6 @@ def _check_single_process() -> None:
                               f"{dist.get_world_size()} ranks); save per-rank shards is not implemented yet")
 
 
-def _jsonable_state(obj: Any) -> Any:
-    if obj is None:
-        return None
-    if dataclasses.is_dataclass(obj):
-        return dataclasses.asdict(obj)
-    return dict(vars(obj))
-
-
 # ---- save -----------------------------------------------------------------------------------------------
 def save_session(session: Any, path: str | Path, extra: Optional[Mapping[str, Any]] = None) -> Path:
     """Write ``session`` to the folder ``path`` atomically (see the module docstring); returns ``path``.
@@ -228,8 +219,7 @@ def save_session(session: Any, path: str | Path, extra: Optional[Mapping[str, An
     policy = session.policy
     if policy is None:
         raise CheckpointError("this session is closed: nothing to save")
-    rollouts = getattr(session, "rollouts", None)  # async GRPO: keep its producer off the sampler meanwhile
-    with rollouts.exclusive() if rollouts is not None else contextlib.nullcontext():
+    with session.rollouts.exclusive():  # async GRPO: keep its producer off the sampler meanwhile
         weights = {n: p.detach().contiguous() for n, p in policy.model.named_parameters()}
         reference = {n: t.contiguous() for n, t in (policy.reference_state or {}).items()}
         opt_tensors, opt_meta = _optimizer_parts(policy.optimizer)
@@ -238,15 +228,11 @@ def save_session(session: Any, path: str | Path, extra: Optional[Mapping[str, An
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "saved_at": time.time(),
-            "step_count": session.step_count,
             "policy_version": policy.version,
-            "sampler": session.sampler.state_dict(),
-            "step_rows": session._step_rows,
-            "baseline": _jsonable_state(session.baseline),
+            "run_state": session.run_state.state_dict(),
             "optimizer": opt_meta,
             "scheduler": policy.scheduler.state_dict(),
             "rng": rng_meta,
-            "history": [{"step": m.step, "policy_version": m.policy_version, "values": m.values} for m in session.history],
             "extra": dict(extra or {}),
         }
     tensor_files = {"model.safetensors": weights, "reference.safetensors": reference,
@@ -296,6 +282,16 @@ def read_checkpoint_state(path: str | Path) -> dict[str, Any]:
         if name != "state.json" and (not (folder / name).is_file() or (folder / name).stat().st_size != size):
             raise CheckpointError(f"{folder}/{name} is missing or truncated; use an earlier checkpoint")
     state["folder"] = str(folder)
+    return _upgrade(state)
+
+
+def _upgrade(state: dict[str, Any]) -> dict[str, Any]:
+    """Format 1 kept the run state's fields at the top level (dynamic sampling's rows as one list per round)."""
+    if state.get("format_version") == 1:
+        rows = state.pop("step_rows") or []
+        state["run_state"] = {"step": state.pop("step_count"), "sampler": state.pop("sampler"),
+                              "baseline": state.pop("baseline") or {}, "history": state.pop("history"),
+                              "step_rows": [r for part in rows for r in (part if isinstance(part, list) else [part])]}
     return state
 
 
@@ -313,12 +309,10 @@ def _check_matches(params: Mapping[str, torch.Tensor], saved: Mapping[str, torch
 def restore_session_state(session: Any, path: str | Path) -> dict[str, Any]:
     """Put the state of the checkpoint at ``path`` into a live ``session`` built from a matching config.
 
-    Restores weights, reference, optimizer, scheduler, policy version, sampler position, step prompts,
-    baseline, step count and history; then refits the generator and restores the RNG states (last, so
-    that nothing after them draws). Returns the checkpoint's ``state.json``.
+    Restores weights, reference, optimizer, scheduler and policy version; then the run state through
+    ``session.restore_run_state`` (which restarts the rollout source and refits the generator); then the RNG
+    states (last, so that nothing after them draws). Returns the checkpoint's ``state.json``.
     """
-    from rlkit.stages.metrics import StepMetrics
-
     _check_single_process()
     state = read_checkpoint_state(path)
     folder = Path(state["folder"])
@@ -337,33 +331,9 @@ def restore_session_state(session: Any, path: str | Path) -> dict[str, Any]:
         policy.optimizer, load_file(str(folder / "optimizer.safetensors")), state["optimizer"]))
     policy.scheduler.load_state_dict(state["scheduler"])
     policy.version = state["policy_version"]
-    session.sampler.load_state_dict(state["sampler"])
-    session._step_rows = state["step_rows"]
-    for key, value in (state["baseline"] or {}).items():
-        setattr(session.baseline, key, value)
-    session.step_count = state["step_count"]
-    session.history = [StepMetrics(m["step"], m["policy_version"], m["values"]) for m in state["history"]]
-    session.batch = None
-    session.refit()
-    _restart_async_rollouts(session)
+    session.restore_run_state(state["run_state"])
     restore_rng(load_file(str(folder / "rng.safetensors")), state["rng"])
     return state
-
-
-def _restart_async_rollouts(session: Any) -> None:
-    """Async GRPO: a new producer whose first batch is for the restored step (it was built for step 0).
-
-    Its batch counter (sampling seeds) restarts at 0 and the sampler continues from the saved position,
-    which the producer had moved ahead by the batches queued at save time: those prompts are skipped.
-    """
-    rollouts = getattr(session, "rollouts", None)
-    if rollouts is None:
-        return
-    from rlkit.stages.async_rollouts import AsyncRollouts
-
-    rollouts.close()
-    session.rollouts = AsyncRollouts(rollouts.make_batch, rollouts.max_age_steps, session.generator_version,
-                                     step=session.step_count)
 
 
 def load_session(cls: Any, path: str | Path, config: Any = None, overrides: Sequence[str] | Mapping = (),
@@ -448,5 +418,5 @@ class CheckpointInfo:
     def read(cls, path: str | Path) -> "CheckpointInfo":
         state = read_checkpoint_state(path)
         folder = Path(state["folder"])
-        return cls(folder, state["step_count"], state["policy_version"],
+        return cls(folder, state["run_state"]["step"], state["policy_version"],
                    sum(f.stat().st_size for f in folder.iterdir()))

@@ -4,12 +4,12 @@
     result.table          # one row per grid point: final reward and held-out accuracy, mean and std over seeds
 
 Why one process and one session: starting vLLM and Megatron costs far more than a short ablation run.
-When two consecutive runs differ only in keys that neither the model nor the generator nor the data
-depend on (``seed``, ``grpo.*`` but ``grpo.async_grpo``, ``loss_fn.*``, ``sft.*``, ``eval.*``, ``logger.*``, ``checkpointing.*``,
-``policy.optimizer.*``, ``policy.scheduler.*``), the session is reset to the state a fresh one would have
-(``Session.reset``: weights from the model folder, new optimizer and schedule, new sampler, step 0, RNGs
-seeded as at construction) instead of rebuilt; any other change builds a new session. The test suite checks that a
-reset session reproduces a fresh session's metrics exactly.
+When no key that differs between two consecutive runs needs a new session (the table
+:data:`rlkit.config.changes.CHANGES` says which do: the model, the generator, the data, the environment),
+the session is reset to the state a fresh one would have (``Session.reset``: weights from the model folder,
+new optimizer and schedule, fresh run state, step 0, RNGs seeded as at construction) instead of rebuilt;
+any other change builds a new session. The test suite checks that a reset session reproduces a fresh
+session's metrics exactly.
 
 Written to the sweep folder: one run folder per run (metrics, summary, wandb offline run), ``runs.csv``,
 ``comparison.csv`` / ``comparison.md`` (per grid point: mean and std over seeds), ``reward_curves.png``
@@ -33,11 +33,10 @@ from typing import Any, Mapping, Optional, Sequence
 
 import yaml
 
+from rlkit.config.changes import Change, changes_needed
 from rlkit.config.loading import load_config
 from rlkit.config.run import RunConfig
 from rlkit.errors import ConfigError
-from rlkit.session import can_reset
-
 
 
 # ---- grid ---------------------------------------------------------------------------------------------------
@@ -220,7 +219,7 @@ def plot_reward_curves(runs: Sequence[SweepRun], path: Path) -> Path:
 # ---- session reuse ------------------------------------------------------------------------------------------
 def can_reuse(old: RunConfig, new: RunConfig) -> bool:
     """True when a session built for ``old`` can be reset for ``new`` (see :meth:`rlkit.session.Session.reset`)."""
-    return can_reset(old, new)
+    return Change.SESSION not in changes_needed(old, new).values()
 
 
 # ---- the sweep ------------------------------------------------------------------------------------------------

@@ -170,8 +170,10 @@ def test_async_session_in_process_engine(tmp_path):
         assert fresh.policy_version == s.policy.version
         assert fresh.info["rollout/dropped_batches"] >= 1
         assert "AsyncRollouts(max_age=1" in repr(s.rollouts) and "async rollouts" in s._repr_html_()
-        with pytest.raises(ConfigError, match="grpo.async_grpo: changing it needs a new Session"):
+        with pytest.raises(ConfigError, match=r"grpo\.async_grpo\.max_trajectory_age_steps: changing it needs a new Session"):
             s.configure(["grpo.async_grpo.max_trajectory_age_steps=2"])
+        s.configure(["grpo.num_prompts_per_step=2"])  # a new producer: the queued 4-prompt batches are dropped
+        assert s.rollout().num_prompts == 2 and s.step()["rollout/policy_lag"] <= 1
         assert history[-1]["timing/trainer_idle"] >= 0
     assert s.rollouts is None  # closed
 

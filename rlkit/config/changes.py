@@ -1,0 +1,76 @@
+"""What a change of each config key needs before it takes effect: the one table that ``Session.configure``,
+``Session.reset`` and sweeps read.
+
+Why one table: a key is either read where it is used (a change is live), or it was baked into something
+the session built from it (the rollout source, the loss, the optimizer, the engines). Listing that once,
+next to the reason, keeps ``configure`` from accepting a change it then ignores. The longest matching
+prefix decides; a key that no prefix names needs a new session (a new section is safe until someone
+says otherwise).
+
+``configure()`` applies LIVE, ROLLOUTS, LOSS and OPTIMIZER changes in place and refuses RUN and SESSION;
+``reset()`` starts a fresh run with anything short of SESSION.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Any
+
+from rlkit.config.run import RunConfig
+
+
+class Change(Enum):
+    """What a changed key needs, in the order ``configure`` applies them."""
+
+    LIVE = "nothing: it is read where it is used"
+    ROLLOUTS = "a new rollout source (how many prompts and samples a step draws, dynamic sampling)"
+    LOSS = "a new loss function (RLLoss is built from loss_fn.* and grpo.reward_kl_coef)"
+    OPTIMIZER = "a new optimizer and schedule (Adam moments and the schedule start over)"
+    RUN = "a new run (session.reset([...]): the seed orders the prompts and seeds the RNGs from step 0)"
+    SESSION = "a new Session (Session.from_config(..., overrides=...)): the engines, data or environment use it"
+
+
+CHANGES: tuple[tuple[str, Change], ...] = (
+    ("name", Change.LIVE),
+    ("seed", Change.RUN),
+    ("grpo", Change.LIVE),  # advantages, epochs, overlong shaping, val_period ... are read per call
+    ("grpo.num_prompts_per_step", Change.ROLLOUTS),
+    ("grpo.num_generations_per_prompt", Change.ROLLOUTS),  # async: batches queued with the old G are dropped
+    ("grpo.use_dynamic_sampling", Change.ROLLOUTS),
+    ("grpo.dynamic_sampling_max_gen_batches", Change.ROLLOUTS),
+    ("grpo.reward_kl_coef", Change.LOSS),  # the loss must then compute reference logprobs
+    ("grpo.async_grpo", Change.SESSION),  # the async source and the off-policy config checks are built for it
+    ("loss_fn", Change.LOSS),
+    ("policy", Change.SESSION),
+    ("policy.optimizer", Change.OPTIMIZER),
+    ("policy.scheduler", Change.OPTIMIZER),
+    ("sft", Change.LIVE),
+    ("eval", Change.LIVE),
+    ("logger", Change.LIVE),
+    ("checkpointing", Change.LIVE),
+)
+
+
+def change_for(key: str) -> Change:
+    """The change a new value of the dotted ``key`` needs (longest matching prefix of :data:`CHANGES`)."""
+    matches = [(len(prefix), change) for prefix, change in CHANGES if key == prefix or key.startswith(prefix + ".")]
+    return max(matches, key=lambda m: m[0])[1] if matches else Change.SESSION
+
+
+def _changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two nested dicts."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return [prefix] if old != new else []
+    return [k for key in sorted(set(old) | set(new))
+            for k in _changed_keys(old.get(key), new.get(key), f"{prefix}.{key}" if prefix else key)]
+
+
+def changes_needed(old: RunConfig, new: RunConfig) -> dict[str, Change]:
+    """``{dotted key: Change}`` for every key whose value differs between ``old`` and ``new``."""
+    return {key: change_for(key) for key in _changed_keys(old.model_dump(mode="json"), new.model_dump(mode="json"))}
+
+
+def refusals(changes: dict[str, Change], allowed: set[Change], where: str) -> list[str]:
+    """One ConfigError line per change that ``where`` (``configure()``, ``reset()``) cannot make."""
+    return [f"{key}: changing it needs {change.value}; {where} cannot change it"
+            for key, change in changes.items() if change not in allowed]
