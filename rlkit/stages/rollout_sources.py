@@ -2,29 +2,25 @@
 :func:`rollout_source`:
 
     PlainRollouts    the step's ``num_prompts_per_step`` prompts x G samples; not scored
-    DynamicSampling  DAPO: up to ``dynamic_sampling_max_gen_batches`` rounds of prompts, each round scored and
-                     its groups whose rewards vary kept, until the batch is full; scored (it scores to choose)
-    AsyncSource      async GRPO: the next ready batch of a background producer (:class:`AsyncRollouts`), which
+    DynamicSampling  DAPO: rounds of prompts, each scored, groups whose rewards vary kept until the batch is
+                     full (at most ``dynamic_sampling_max_gen_batches`` rounds); scored, since it scores to choose
+    AsyncSource      async GRPO: the next ready batch of a background producer (:class:`AsyncRollouts`) that
                      makes each batch as the plain or the dynamic source would
 
-Why one interface: ``Session.rollout()`` and ``step()`` ask the source for the batch of the current step and
-never look at the mode. A batch comes back scored or not (``rewards is None``), and ``Session.score()``
-scores only what has no rewards yet, so ``step()`` runs the same stages whatever the source.
+Why one interface: ``Session.rollout()`` and ``step()`` ask the source for the current step's batch and never
+look at the mode; a batch comes back scored or not (``rewards is None``) and ``Session.score()`` scores only
+what has no rewards yet. The sources get the session's sampling and scoring as functions (:data:`SampleFn`,
+:data:`ScoreFn`), so they hold no engine and read the live config through them.
 
-The sources get the session's sampling and scoring as functions (:data:`SampleFn`, :data:`ScoreFn`), so
-they hold no engine and read the live config through them.
-
-The synchronous sources take the step's prompts from :meth:`RunState.rows_for_step`, one flat list of rows
-drawn once per step: the plain source uses the first ``n``, dynamic sampling rounds of ``n`` (all its rounds'
-rows are drawn up front, used or not). So switching between them within a step reuses the drawn rows and
-draws only the missing ones.
+The synchronous sources take the step's prompts from :meth:`RunState.rows_for_step`, one flat list drawn once
+per step: the plain source uses the first ``n``, dynamic sampling rounds of ``n`` (all rounds' rows drawn up
+front). Switching between them within a step reuses the drawn rows and draws only the missing ones.
 
 Deliberate simplifications: a synchronous source samples again when asked twice within a step (same prompts,
 seed and weights: the same batch). The async source draws its prompts in the producer thread and ignores a
 ``seed`` override; a restarted one (a checkpoint restore, a ``configure`` of the rollouts) counts its batches,
 hence their seeds, from 0 again, and the prompts its predecessor had drawn for queued batches are skipped.
 """
-
 from __future__ import annotations
 
 import warnings
