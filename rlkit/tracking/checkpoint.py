@@ -2,14 +2,14 @@
 
 A checkpoint is a folder::
 
-    model.safetensors       policy weights, Megatron parameter names
-    reference.safetensors   the frozen KL reference weights
-    optimizer.safetensors   AdamW tensors ("state/<param index>/<key>")
-    rng.safetensors         torch CPU RNG (+ CUDA, + Megatron's tracked RNG states)
+    policy/                 the policy's own state (``Policy.save_state``): weights, KL reference, optimizer
+                            and schedule as a distributed checkpoint, one safetensors shard per rank, and
+                            policy.json (layout, version); see :mod:`rlkit.policy.state`
+    rng.safetensors         torch CPU RNG (+ CUDA, + Megatron's tracked RNG states) of this process
     config.yaml             the resolved run config
-    state.json              policy version, the run state (``run_state``: RunState.state_dict(), i.e. step,
-                            sampler position, the step's prompts, baseline, history), optimizer param
-                            groups, scheduler, python/numpy RNG, caller's ``extra``, file sizes
+    state.json              the run state (``run_state``: RunState.state_dict(), i.e. step, sampler
+                            position, the step's prompts, baseline, history), python/numpy RNG, caller's
+                            ``extra``, the size of every file
 
 Why atomic: a run that dies while writing (SIGKILL, out of memory, a full disk) must leave the last good
 checkpoint loadable. Everything is written into a hidden sibling folder, each file fsynced, and only then
@@ -20,8 +20,11 @@ and pruning renames a folder away before deleting it, so a half-deleted folder n
 
 Why no pickle: a checkpoint may come from someone else; safetensors and JSON cannot execute code.
 
-Deliberate simplifications: single-process sessions only (one rank holds every weight; a TP/DP run would
-need one shard file per rank and a barrier before the rename); take a checkpoint between stages (the
+Every backend saves, a Ray worker group included: each rank writes its shard into the same temporary folder
+(one machine, or a file system every node shares), and the rename happens after all ranks are done.
+
+Deliberate simplifications: a checkpoint resumes under the parallel layout it was written with (refused
+with a clear message otherwise); take a checkpoint between stages (the
 current step's prompts are kept, the in-flight batch is not: a resumed session re-draws the step's rollout,
 which is the same rollout under the same seed and weights); the model folder named by the config must
 still exist (it supplies the architecture, tokenizer and the generator's start-up weights).
@@ -45,15 +48,12 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from rlkit.errors import RLKitError
+from rlkit.errors import CheckpointError
 
 FORMAT = "rlkit-checkpoint"
-FORMAT_VERSION = 2  # 2: the run state under one key, "run_state" (1 kept its fields at the top level)
+POLICY_DIR = "policy"
+FORMAT_VERSION = 3  # 3: the policy's state as a distributed checkpoint in policy/; 2: the run state under "run_state"
 STEP_DIR = re.compile(r"^step_(\d+)$")
-
-
-class CheckpointError(RLKitError, RuntimeError):
-    """A checkpoint that cannot be written or read as asked."""
 
 
 # ---- atomic folder writes -----------------------------------------------------------------------------
@@ -125,37 +125,6 @@ def _json_dump(obj: Any, path: Path) -> None:
     path.write_text(json.dumps(obj, indent=1))
 
 
-def _optimizer_parts(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    sd = optimizer.state_dict()
-    tensors, scalars = {}, {}
-    for index, entries in sd["state"].items():
-        for key, value in entries.items():
-            if isinstance(value, torch.Tensor):
-                tensors[f"state/{index}/{key}"] = value.detach().contiguous()
-            else:
-                scalars.setdefault(str(index), {})[key] = value
-    return tensors, {"param_groups": sd["param_groups"], "state": scalars}
-
-
-def _optimizer_state_dict(optimizer: torch.optim.Optimizer, tensors: Mapping[str, torch.Tensor],
-                          meta: Mapping[str, Any]) -> dict[str, Any]:
-    """Rebuild ``optimizer.state_dict()`` form from the saved parts (tuples restored where the live ones are)."""
-    state: dict[int, dict[str, Any]] = {}
-    for key, value in tensors.items():
-        _, index, name = key.split("/", 2)
-        state.setdefault(int(index), {})[name] = value
-    for index, entries in meta["state"].items():
-        state.setdefault(int(index), {}).update(entries)
-    live = optimizer.state_dict()["param_groups"]
-    if len(live) != len(meta["param_groups"]):
-        raise CheckpointError(f"the checkpoint's optimizer has {len(meta['param_groups'])} parameter groups, "
-                              f"this policy's has {len(live)}")
-    groups = []
-    for saved, current in zip(meta["param_groups"], live):
-        groups.append({k: tuple(v) if isinstance(current.get(k), tuple) else v for k, v in saved.items()})
-    return {"state": state, "param_groups": groups}
-
-
 def _megatron_rng_tracker():
     try:
         from megatron.core.tensor_parallel import get_cuda_rng_tracker
@@ -198,14 +167,6 @@ def restore_rng(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) ->
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 
-def _check_single_process() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        raise CheckpointError("checkpoints cover single-process sessions only (this one has "
-                              f"{dist.get_world_size()} ranks); save per-rank shards is not implemented yet")
-
-
 # ---- save -----------------------------------------------------------------------------------------------
 def save_session(session: Any, path: str | Path, extra: Optional[Mapping[str, Any]] = None) -> Path:
     """Write ``session`` to the folder ``path`` atomically (see the module docstring); returns ``path``.
@@ -215,37 +176,28 @@ def save_session(session: Any, path: str | Path, extra: Optional[Mapping[str, An
     """
     from rlkit.config.loading import config_to_yaml
 
-    _check_single_process()
     policy = session.policy
     if policy is None:
         raise CheckpointError("this session is closed: nothing to save")
     with session.rollouts.exclusive():  # async GRPO: keep its producer off the sampler meanwhile
-        weights = {n: p.detach().contiguous() for n, p in policy.model.named_parameters()}
-        reference = {n: t.contiguous() for n, t in (policy.reference_state or {}).items()}
-        opt_tensors, opt_meta = _optimizer_parts(policy.optimizer)
         rng_tensors, rng_meta = capture_rng()
         state = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
             "saved_at": time.time(),
-            "policy_version": policy.version,
             "run_state": session.run_state.state_dict(),
-            "optimizer": opt_meta,
-            "scheduler": policy.scheduler.state_dict(),
             "rng": rng_meta,
             "extra": dict(extra or {}),
         }
-    tensor_files = {"model.safetensors": weights, "reference.safetensors": reference,
-                    "optimizer.safetensors": opt_tensors, "rng.safetensors": rng_tensors}
 
-    def write(folder: Path) -> None:
-        for name, tensors in tensor_files.items():
-            save_file(tensors, str(folder / name), metadata={"format": "pt"})
-        (folder / "config.yaml").write_text(config_to_yaml(session.config))
-        state["files"] = {f.name: f.stat().st_size for f in folder.iterdir()}
-        _json_dump(state, folder / "state.json")  # last: its presence says the others are complete
+        def write(folder: Path) -> None:
+            policy.save_state(folder / POLICY_DIR)  # every rank writes its shard here
+            save_file(rng_tensors, str(folder / "rng.safetensors"), metadata={"format": "pt"})
+            (folder / "config.yaml").write_text(config_to_yaml(session.config))
+            state["files"] = {str(f.relative_to(folder)): f.stat().st_size for f in folder.rglob("*") if f.is_file()}
+            _json_dump(state, folder / "state.json")  # last: its presence says the others are complete
 
-    return write_atomically(path, write)
+        return write_atomically(path, write)
 
 
 # ---- read and load ----------------------------------------------------------------------------------------
@@ -278,59 +230,27 @@ def read_checkpoint_state(path: str | Path) -> dict[str, Any]:
         raise CheckpointError(f"{folder}/state.json is unreadable ({e}); use an earlier checkpoint") from e
     if state.get("format") != FORMAT or state.get("format_version", 0) > FORMAT_VERSION:
         raise CheckpointError(f"{folder} is not an rlkit checkpoint of format version <= {FORMAT_VERSION}")
+    if state["format_version"] < FORMAT_VERSION:
+        raise CheckpointError(f"{folder} was written by an older rlkit (checkpoint format {state['format_version']}, "
+                              f"this one reads {FORMAT_VERSION}: the policy state is now a distributed checkpoint); "
+                              "resume it with the rlkit that wrote it, or export its weights there and start from them")
     for name, size in state["files"].items():
         if name != "state.json" and (not (folder / name).is_file() or (folder / name).stat().st_size != size):
             raise CheckpointError(f"{folder}/{name} is missing or truncated; use an earlier checkpoint")
     state["folder"] = str(folder)
-    return _upgrade(state)
-
-
-def _upgrade(state: dict[str, Any]) -> dict[str, Any]:
-    """Format 1 kept the run state's fields at the top level (dynamic sampling's rows as one list per round)."""
-    if state.get("format_version") == 1:
-        rows = state.pop("step_rows") or []
-        state["run_state"] = {"step": state.pop("step_count"), "sampler": state.pop("sampler"),
-                              "baseline": state.pop("baseline") or {}, "history": state.pop("history"),
-                              "step_rows": [r for part in rows for r in (part if isinstance(part, list) else [part])]}
     return state
-
-
-def _check_matches(params: Mapping[str, torch.Tensor], saved: Mapping[str, torch.Tensor], what: str) -> None:
-    if set(params) != set(saved):
-        diff = sorted(set(params) ^ set(saved))[:5]
-        raise CheckpointError(f"{what}: parameter names differ from this model's (e.g. {diff}); the checkpoint "
-                              "was written for another architecture or parallel layout")
-    for name, param in params.items():
-        if param.shape != saved[name].shape:
-            raise CheckpointError(f"{what}: {name} has shape {tuple(saved[name].shape)} in the checkpoint, "
-                                  f"{tuple(param.shape)} in this model")
 
 
 def restore_session_state(session: Any, path: str | Path) -> dict[str, Any]:
     """Put the state of the checkpoint at ``path`` into a live ``session`` built from a matching config.
 
-    Restores weights, reference, optimizer, scheduler and policy version; then the run state through
+    Restores the policy's state (weights, reference, optimizer, schedule, version); then the run state through
     ``session.restore_run_state`` (which restarts the rollout source and refits the generator); then the RNG
     states (last, so that nothing after them draws). Returns the checkpoint's ``state.json``.
     """
-    _check_single_process()
     state = read_checkpoint_state(path)
     folder = Path(state["folder"])
-    policy = session.policy
-    params = dict(policy.model.named_parameters())
-    weights = load_file(str(folder / "model.safetensors"))
-    reference = load_file(str(folder / "reference.safetensors"))
-    _check_matches(params, weights, "model.safetensors")
-    if reference:
-        _check_matches(params, reference, "reference.safetensors")
-    with torch.no_grad():
-        for name, param in params.items():
-            param.copy_(weights[name])
-    policy.reference_state = reference or None
-    policy.optimizer.load_state_dict(_optimizer_state_dict(
-        policy.optimizer, load_file(str(folder / "optimizer.safetensors")), state["optimizer"]))
-    policy.scheduler.load_state_dict(state["scheduler"])
-    policy.version = state["policy_version"]
+    session.policy.load_state(folder / POLICY_DIR)  # refuses another layout before loading anything
     session.restore_run_state(state["run_state"])
     restore_rng(load_file(str(folder / "rng.safetensors")), state["rng"])
     return state
@@ -418,5 +338,7 @@ class CheckpointInfo:
     def read(cls, path: str | Path) -> "CheckpointInfo":
         state = read_checkpoint_state(path)
         folder = Path(state["folder"])
-        return cls(folder, state["run_state"]["step"], state["policy_version"],
-                   sum(f.stat().st_size for f in folder.iterdir()))
+        from rlkit.policy.state import read_policy_meta
+
+        return cls(folder, state["run_state"]["step"], read_policy_meta(folder / POLICY_DIR)["policy_version"],
+                   sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()))

@@ -129,7 +129,7 @@ def test_trainer_values_are_zero_outside_the_completion(session):
     scored = stages.logprobs(batch, session.policy, with_reference=True)
     outside = ~batch.loss_mask
     assert (batch.prompt_lengths > 1).all() and outside.any()
-    raw = session.policy.score(batch.input_ids, batch.attention_mask, with_entropy=True)
+    raw = session.policy.logprobs(batch.input_ids, batch.attention_mask, with_entropy=True)
     assert raw.logprobs[outside & batch.attention_mask].abs().max() > 0  # what the policy gives on prompts
     for name in ("prev_logprobs", "ref_logprobs", "entropy"):
         values = getattr(scored, name)

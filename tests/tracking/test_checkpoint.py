@@ -28,7 +28,8 @@ def values(metrics):
 
 
 def file_digests(folder):
-    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def first_run(warm_model, tmp_path_factory):
         t0 = time.perf_counter()
         s.save(ckpt)
         save_seconds = time.perf_counter() - t0
-        saved_weights = {n: p.detach().clone() for n, p in s.policy.model.named_parameters()}
+        saved_weights = s.policy.hf_state_dict()
         saved_history = [values(m) for m in s.history]
         later = [values(s.step()) for _ in range(STEPS_AFTER)]
         digests = file_digests(ckpt)
@@ -59,7 +60,7 @@ def first_run(warm_model, tmp_path_factory):
         leftovers = [p.name for p in tmp.iterdir() if p.name.startswith(".")]
         export = checkpoint.export_hf(s, tmp / "hf")
         batch = s.batch
-        policy_logprobs = s.policy.score(batch.input_ids, batch.attention_mask).logprobs
+        policy_logprobs = s.policy.logprobs(batch.input_ids, batch.attention_mask).logprobs
     return SimpleNamespace(cfg=cfg, ckpt=ckpt, tmp=tmp, saved_weights=saved_weights, saved_history=saved_history,
                            later=later, digests=digests, after_failure=after_failure, leftovers=leftovers,
                            save_seconds=save_seconds, export=export, batch=batch, policy_logprobs=policy_logprobs)
@@ -103,8 +104,8 @@ def test_loaded_session_continues_exactly_like_the_uninterrupted_run(first_run):
     with Session.load(first_run.ckpt) as s:
         assert s.step_count == STEPS_BEFORE and s.policy.version == STEPS_BEFORE and not s.stale
         assert [values(m) for m in s.history] == first_run.saved_history
-        for name, param in s.policy.model.named_parameters():
-            assert torch.equal(param.detach(), first_run.saved_weights[name]), name
+        for name, tensor in s.policy.hf_state_dict().items():
+            assert torch.equal(tensor, first_run.saved_weights[name]), name
         resumed = [values(s.step()) for _ in range(STEPS_AFTER)]
     assert any(m["train/grad_norm"] > 0 and m["rollout/reward_std"] > 0 for m in resumed)  # real learning signal
     assert any(m["train/kl"] > 0 for m in resumed)  # the reference weights are in play
@@ -118,7 +119,8 @@ def test_load_refuses_a_truncated_checkpoint(first_run, tmp_path):
 
     broken = tmp_path / "broken"
     shutil.copytree(first_run.ckpt, broken)
-    with open(broken / "model.safetensors", "r+b") as f:
+    shard = next((broken / "policy" / "shards").glob("*.safetensors"))
+    with open(shard, "r+b") as f:
         f.truncate(100)
     with pytest.raises(checkpoint.CheckpointError, match="truncated"):
         Session.load(broken)

@@ -1,5 +1,6 @@
 """``rlkit train`` killed with SIGKILL mid-run and resumed with ``--resume`` logs the same metrics as an
-uninterrupted run.
+uninterrupted run, with the policy in this process and as a 2-rank Ray worker group (each rank writes its
+shard of the checkpoint).
 
 Three processes run the same config (SFT warm start, then 6 GRPO steps, a checkpoint every 2 steps):
 A uninterrupted; B killed as soon as its step-2 checkpoint exists; C = ``rlkit train ... --resume`` in B's
@@ -42,10 +43,11 @@ def metric_lines(path):
     return [deterministic(json.loads(line)) for line in path.read_text().splitlines()]
 
 
-def test_sigkill_then_resume_matches_uninterrupted_run(warm_model, tmp_path):
+@pytest.mark.parametrize("num_workers", [1, 2])
+def test_sigkill_then_resume_matches_uninterrupted_run(warm_model, tmp_path, num_workers):
     cfg = tiny_config(warm_model, tmp_path, "name=run", "grpo.max_num_steps=6", "sft.enabled=true", "sft.num_steps=10",
                       "sft.lr=1e-3", "loss_fn.reference_policy_kl_penalty=0.05", "checkpointing.enabled=true",
-                      "checkpointing.save_period=2", "checkpointing.keep_last=2")
+                      "checkpointing.save_period=2", "checkpointing.keep_last=2", f"policy.num_workers={num_workers}")
     config_path = tmp_path / "run.yaml"
     config_path.write_text(config_to_yaml(cfg))
     a_dir, b_dir = tmp_path / "a", tmp_path / "b"
