@@ -40,7 +40,7 @@ def build_generation(config: RunConfig) -> tuple[Generator, WeightSync]:
     from rlkit.weight_sync import BroadcastReceiver, BroadcastWeightSync, ColocatedWeightSync
 
     p, g = config.policy, config.policy.generation
-    engine = dict(max_model_len=g.vllm_cfg.max_model_len or p.max_total_sequence_length, seed=config.seed)
+    engine = dict(max_model_len=p.max_model_len, seed=config.seed)
     bucket_bytes = g.refit_bucket_size_mb * 1e6
     if g.backend == "hf":  # config validation allows it colocated only
         from rlkit.generation.hf import HFGenerator

@@ -68,7 +68,7 @@ class Session:
         self.config = config
         ensure_model(config)
         self.tokenizer = AutoTokenizer.from_pretrained(config.policy.model_name)
-        self.dataset = load_prompt_dataset(config.data)
+        self.dataset = load_prompt_dataset(config.data, self.tokenizer, config.policy.max_prompt_tokens)
         self.env = env if env is not None else build_environment(config)
         self.policy = build_policy(config)
         self.generator, self.weight_sync = build_generation(config)  # the engine and what refits it, one pair
@@ -219,7 +219,8 @@ class Session:
     def _score(self, batch: Trajectories) -> Trajectories:
         g = self.config.grpo
         return stages.score(batch, self.env, g.overlong_buffer_length, g.overlong_penalty,
-                            self.config.policy.generation.max_new_tokens)
+                            self.config.policy.generation.max_new_tokens,
+                            max_failure_fraction=self.config.env.max_reward_failure_fraction)
 
     def _updates_per_step(self) -> int:
         g = self.config.grpo
@@ -315,15 +316,29 @@ class Session:
     def run(self, steps: Optional[int] = None, progress: bool = True,
             on_step: Optional[Callable[[StepMetrics], None]] = None) -> list[StepMetrics]:
         """``steps`` RL steps (default ``grpo.max_num_steps``) with a progress bar; ``request_stop()``
-        (or the dashboard's stop button) ends the loop after the current step."""
+        (or the dashboard's stop button) ends the loop after the current step.
+
+        A step whose gradients are not finite is skipped, not fatal (:mod:`rlkit.stages.skipped_steps`): its
+        prompts are consumed, nothing is applied, its metrics carry ``train/skipped_steps`` (the count so far)
+        and go to the listeners like any step's. After ``grpo.max_consecutive_skipped_steps`` skipped steps in a
+        row it raises SkippedStepsError; the steps taken are in ``history``."""
         from tqdm.auto import tqdm
+
+        from rlkit.stages.skipped_steps import SKIPPED, refused_update, skipped_in_a_row, too_many_skipped
 
         total = self.config.grpo.max_num_steps if steps is None else steps
         self.run_state.stop_requested = False
         done = []
         bar = tqdm(range(total), desc="GRPO", disable=not progress, leave=True)
         for _ in bar:
-            metrics = self.step()
+            version_before, t0 = self.policy.version, time.perf_counter()
+            try:
+                metrics = self.step()
+            except Exception as error:
+                refused = refused_update(error)
+                if refused is None:
+                    raise
+                metrics = self._skip_step(refused, version_before, t0)
             done.append(metrics)
             shown = {"reward": f"{metrics['rollout/reward_mean']:.3f}",
                      "entropy": f"{metrics.get('train/approx_entropy', float('nan')):.3f}"}
@@ -335,9 +350,30 @@ class Session:
                 metrics.values["validation/accuracy"] = self.evaluate().accuracy
             for listener in ([on_step] if on_step else []) + self.listeners:
                 listener(metrics)
+            limit = self.config.grpo.max_consecutive_skipped_steps
+            if SKIPPED in metrics.values and skipped_in_a_row(self.history) >= limit:
+                raise too_many_skipped(limit, self.history, refused) from refused
             if self.stop_requested:
                 break
         return done
+
+    def _skip_step(self, error: BaseException, version_before: int, t0: float) -> StepMetrics:
+        """Record the step whose update the policy refused as a skipped step: its prompts are consumed, its
+        metrics are its batch's rollout metrics and ``train/skipped_steps``; the generator is told the step is
+        over (refit only if an earlier optimizer step of this RL step was applied)."""
+        from rlkit.stages.skipped_steps import skipped_step_metrics
+
+        metrics = skipped_step_metrics(self.step_count + 1, self.policy.version, self._latest(None, "train"),
+                                       version_before, time.perf_counter() - t0, self.history)
+        self.run_state.end_step(metrics)
+        if self.stale:
+            self.refit()
+        else:  # same weights: a refit would copy what the generator holds; async GRPO needs the step count
+            self.rollouts.weights_loaded(self.generator_version, self.step_count)
+        warnings.warn(f"step {metrics.step} skipped ({error}); {metrics['train/skipped_steps']:.0f} skipped so far, "
+                      f"stopping after {self.config.grpo.max_consecutive_skipped_steps} in a row "
+                      "(grpo.max_consecutive_skipped_steps)", stacklevel=3)
+        return metrics
 
     def request_stop(self) -> None:
         self.run_state.stop_requested = True
@@ -353,6 +389,7 @@ class Session:
                 self.generator, self.tokenizer, self.env, rows, self.config.policy.generation.max_new_tokens,
                 self.policy.version, greedy=self.config.eval.greedy if greedy is None else greedy,
                 seed=self.config.seed, system_prompt=self.config.data.system_prompt,
+                max_failure_fraction=self.config.env.max_reward_failure_fraction,
             )
         return self.last_eval
 
