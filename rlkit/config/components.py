@@ -6,9 +6,9 @@ Key names follow NeMo-RL where it has one (``policy.megatron_cfg.tensor_model_pa
 
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Section(BaseModel):
@@ -88,8 +88,15 @@ class GenerationConfig(Section):
     colocated: ColocatedConfig = ColocatedConfig()
 
 
+def default_model_folder(model_preset: Optional[str], model_family: str) -> str:
+    """Where a preset's model is made when ``policy.model_name`` is not given: one folder per preset and family
+    (``models/nano-llama``), so switching the preset never silently reuses another preset's model."""
+    return f"models/{model_preset}-{model_family}" if model_preset is not None else "models/tiny"
+
+
 class PolicyConfig(Section):
-    model_name: str = "models/tiny"  # an HF model folder (make one with `rlkit make-model`)
+    # an HF model folder (make one with `rlkit make-model`); default: models/<model_preset>-<model_family>
+    model_name: Optional[str] = None
     model_preset: Optional[str] = None  # if set and model_name does not exist, create this tiny preset there
     model_family: Literal["llama", "qwen2", "mixtral"] = "llama"  # family of the created preset (MoE: mixtral)
     precision: Literal["float32"] = "float32"
@@ -105,6 +112,15 @@ class PolicyConfig(Section):
     megatron_cfg: MegatronConfig = MegatronConfig()
     dtensor_cfg: DTensorConfig = DTensorConfig()
     generation: GenerationConfig = GenerationConfig()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _model_folder_of_the_preset(cls, data: Any) -> Any:
+        """Fill ``model_name`` (absent or null) with :func:`default_model_folder`."""
+        if isinstance(data, dict) and data.get("model_name") is None:
+            family = data.get("model_family", cls.model_fields["model_family"].default)
+            data = {**data, "model_name": default_model_folder(data.get("model_preset"), family)}
+        return data
 
     @property
     def max_model_len(self) -> int:
