@@ -34,3 +34,8 @@ class RewardError(RLKitError, RuntimeError):
 
 class CheckpointError(RLKitError, RuntimeError):
     """A checkpoint that cannot be written or read as asked."""
+
+
+class SkippedStepsError(RLKitError, FloatingPointError):
+    """Too many RL steps in a row had non-finite gradients (``grpo.max_consecutive_skipped_steps``); each was
+    skipped with weights unchanged, and the run stopped. A ``FloatingPointError``, as a single refused update is."""

@@ -41,6 +41,8 @@ class GRPOConfig(Section):
     overlong_penalty: float = Field(1.0, ge=0)
     val_period: int = Field(0, ge=0)  # steps between held-out evaluations during run(); 0: only at the ends
     mismatch_warning_threshold: float = Field(1e-2, gt=0)  # warn when |token_mult_prob_error - 1| exceeds
+    # run() skips a step whose gradients are not finite and stops after this many in a row (SkippedStepsError)
+    max_consecutive_skipped_steps: int = Field(3, ge=1)
     async_grpo: AsyncGRPOConfig = AsyncGRPOConfig()
 
     def advantage_params(self) -> AdvantageParams:
