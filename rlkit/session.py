@@ -97,15 +97,20 @@ class Session:
         with a warning that the change does not reach it); ``policy.optimizer.*`` and ``policy.scheduler.*`` a
         new optimizer and schedule (Adam moments and the schedule position start over). ``seed`` starts a new
         run (``reset()``), and the model, generator, data, environment and ``grpo.async_grpo`` need a new
-        Session: such changes raise ConfigError naming every key, and nothing is changed."""
+        Session: such changes raise ConfigError naming every key, and nothing is changed. It prints what
+        changed (``key: old -> new``) and what each change needed (live, new rollout source, new loss...)."""
         new, changes = self._changes(overrides, {Change.LIVE, Change.ROLLOUTS, Change.LOSS, Change.OPTIMIZER},
                                      "configure()")
         old, self.config = self.config, new
         if Change.OPTIMIZER in changes.values():
             self.policy.reset_optimizer(new.policy.optimizer, new.policy.scheduler)
+        old_loss = self.loss_fn
         self._rebuild_loss(old, changes)
         if Change.ROLLOUTS in changes.values():
             self._start_run(self.run_state)
+        from rlkit.notebook.display import changes_summary
+
+        print(changes_summary(old, new, changes, self.loss_fn if self.loss_fn is not old_loss else None))
         return new
 
     def _changes(self, overrides: Sequence[str] | Mapping[str, Any] | RunConfig, allowed: set[Change],

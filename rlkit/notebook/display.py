@@ -240,6 +240,12 @@ def metrics_html(m: Any) -> str:
     return metrics_table(f"step {m.step} (policy version {m.policy_version})", m.values)
 
 
+def report_html(caption: str, loss_fn: str, metrics: Any) -> str:
+    """A loss or train report: which loss (with its key settings) above its metrics."""
+    return (f"<div style='font-family:monospace;font-size:12px'>loss function: <b>{esc(loss_fn or '?')}</b></div>"
+            + metrics_table(caption, metrics))
+
+
 # ---- configs ---------------------------------------------------------------------------------------------------
 def _fields(section: Any) -> list[tuple[str, Any, Any]]:
     """``(name, value, default)`` of a pydantic section or a config dataclass (default ``...`` if required)."""
@@ -308,7 +314,35 @@ def config_html(section: Any) -> str:
     return f"<div><b style='font-family:monospace'>{esc(type(section).__name__)}</b>{''.join(blocks)}</div>"
 
 
-__all__ = ["TokenView", "config_html", "config_leaves", "config_summary", "metrics_html", "metrics_summary",
-           "sample_rows", "session_facts", "session_html", "session_summary", "token_view", "trajectories_html",
+def _dotted(values: dict, key: str) -> Any:
+    for part in key.split("."):
+        values = values.get(part) if isinstance(values, dict) else None
+    return values
+
+
+def changes_summary(old: Any, new: Any, changes: dict, new_loss: Any = None) -> str:
+    """What ``configure()`` changed: one line per key, ``key: old -> new``, and what the change needed
+    (``changes``: dotted key -> :class:`rlkit.config.changes.Change`; ``new_loss``: the loss it built, None
+    when it kept a loss function of yours, which the change does not reach)."""
+    from rlkit.config.changes import Change
+    from rlkit.stages.train import loss_description
+
+    if not changes:
+        return "configure(): nothing changed"
+    needed = {Change.LIVE: "live: read at its next use",
+              Change.ROLLOUTS: "new rollout source from the next rollout()",
+              Change.LOSS: f"new loss: {loss_description(new_loss)}" if new_loss is not None
+              else "your loss function is kept: the change does not reach it",
+              Change.OPTIMIZER: "new optimizer and schedule (Adam moments and the schedule restart)"}
+    before, after = old.model_dump(mode="json"), new.model_dump(mode="json")
+    rows = [(key, f"{_dotted(before, key)!r} -> {_dotted(after, key)!r}", needed.get(change, change.value))
+            for key, change in changes.items()]
+    width = max(len(k) for k, _, _ in rows), max(len(v) for _, v, _ in rows)
+    lines = [f"  {k:<{width[0]}}  {v:<{width[1]}}  {n}" for k, v, n in rows]
+    return f"configure(): {len(rows)} setting(s) changed\n" + "\n".join(lines)
+
+
+__all__ = ["TokenView", "changes_summary", "config_html", "config_leaves", "config_summary", "metrics_html", "metrics_summary",
+           "report_html", "sample_rows", "session_facts", "session_html", "session_summary", "token_view", "trajectories_html",
            "trajectories_summary"]
 

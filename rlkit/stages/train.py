@@ -19,26 +19,56 @@ from rlkit.trajectories import Trajectories
 
 @dataclass(frozen=True)
 class TrainResult:
+    """What ``train()`` did: each optimizer step's result, their mean metrics, and the loss that made them."""
+
     steps: tuple[TrainStepResult, ...]  # one per optimizer step, in order
     metrics: dict[str, float]  # averaged over the optimizer steps
     seconds: float
+    loss_fn: str = ""  # the loss and its key settings (loss_description): which loss these numbers are of
 
     @property
     def grad_norm(self) -> float:
+        """Mean gradient norm over the optimizer steps (before clipping)."""
         return self.metrics["grad_norm"]
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{k}={v:.4g}" for k, v in self.metrics.items() if k in ("loss", "grad_norm", "clipped_fraction", "kl"))
-        return f"TrainResult({len(self.steps)} step(s), {shown}, {self.seconds:.2f}s)"
+        return f"TrainResult({len(self.steps)} step(s) of {self.loss_fn or '?'}, {shown}, {self.seconds:.2f}s)"
+
+    def _repr_html_(self) -> str:
+        from rlkit.notebook.display import report_html
+
+        return report_html(f"train: {len(self.steps)} optimizer step(s), {self.seconds:.2f} s", self.loss_fn,
+                           self.metrics)
 
 
 @dataclass(frozen=True)
 class LossReport:
+    """The loss and its metrics on a batch under the current weights (no step taken), and which loss it is:
+    after ``configure(["loss_fn.policy_loss=gspo"])`` two reports can look alike, so each names its loss."""
+
     metrics: dict[str, float]
     policy_version: int
+    loss_fn: str = ""  # the loss and its key settings (loss_description)
 
     def __repr__(self) -> str:
-        return "LossReport(" + ", ".join(f"{k}={v:.4g}" for k, v in self.metrics.items()) + ")"
+        return (f"LossReport(loss_fn={self.loss_fn or '?'}, "
+                + ", ".join(f"{k}={v:.4g}" for k, v in self.metrics.items()) + ")")
+
+    def _repr_html_(self) -> str:
+        from rlkit.notebook.display import report_html
+
+        return report_html(f"loss at policy version {self.policy_version} (no step taken)", self.loss_fn,
+                           self.metrics)
+
+
+def loss_description(loss_fn: LossFn) -> str:
+    """The loss by name with its key settings: an ``RLLoss`` describes itself (policy loss, clip range,
+    aggregation, KL, correction); a loss of your own is named by its function or class name."""
+    inner = getattr(loss_fn, "func", loss_fn)  # functools.partial: the function it wraps
+    if hasattr(inner, "__name__"):  # a function
+        return inner.__name__
+    return repr(loss_fn) if type(loss_fn).__repr__ is not object.__repr__ else type(loss_fn).__name__
 
 
 class TrainInterrupted(KeyboardInterrupt):
@@ -72,7 +102,7 @@ def _check_ready(batch: Trajectories) -> None:
 def loss(batch: Trajectories, policy: Policy, loss_fn: LossFn) -> LossReport:
     """The loss and its metrics under the current weights, without gradients or an update."""
     _check_ready(batch)
-    return LossReport(policy.evaluate_loss(batch, loss_fn), policy.version)
+    return LossReport(policy.evaluate_loss(batch, loss_fn), policy.version, loss_description(loss_fn))
 
 
 def train(batch: Trajectories, policy: Policy, loss_fn: LossFn, num_epochs: int = 1,
@@ -101,4 +131,4 @@ def train(batch: Trajectories, policy: Policy, loss_fn: LossFn, num_epochs: int 
             raise
         raise TrainInterrupted(applied, tuple(steps), time.perf_counter() - t0).with_traceback(
             interrupt.__traceback__) from None
-    return TrainResult(tuple(steps), _mean_metrics(steps), time.perf_counter() - t0)
+    return TrainResult(tuple(steps), _mean_metrics(steps), time.perf_counter() - t0, loss_description(loss_fn))
