@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from rlkit.errors import ModelError
+from rlkit.models.folder import num_experts_of
 
 
 def parallel_layout_problems(megatron_cfg: Any, model_config: Mapping[str, Any], world_size: int = 1) -> list[str]:
@@ -39,7 +40,7 @@ def parallel_layout_problems(megatron_cfg: Any, model_config: Mapping[str, Any],
                    "(Megatron's local attention refuses it), and rlkit builds the local layer spec; use 1")
     if megatron_cfg.sequence_parallel and tp == 1:
         out.append(f"{key}.sequence_parallel: needs tensor_model_parallel_size > 1")
-    experts = model_config.get("num_local_experts") or 0
+    experts = num_experts_of(model_config)
     ep, etp = megatron_cfg.expert_model_parallel_size, megatron_cfg.expert_tensor_parallel_size
     if ep > 1 and not experts:
         out.append(f"{key}.expert_model_parallel_size={ep}: needs a Mixture-of-Experts model (this one has no experts)")
@@ -172,7 +173,7 @@ def _model_problems(policy: Any) -> list[str]:
                 f"`rlkit make-model {policy.model_name}` or point it at an existing folder"]
     out = _head_dim_problems(policy, model_config)
     if not policy.megatron_cfg.enabled:
-        if model_config.get("num_local_experts"):
+        if num_experts_of(model_config):
             out.append(f"policy.dtensor_cfg.enabled: {policy.model_name!r} is a Mixture-of-Experts model, which the "
                        "DTensor backend does not train yet; use policy.megatron_cfg.enabled=true")
         return out
@@ -203,28 +204,28 @@ def _preset_config(policy: Any) -> tuple[dict | None, list[str]]:
     if policy.model_preset is None:
         return None, []
     from rlkit.models import PRESETS
-    from rlkit.models.factory import SUPPORTED_ARCHITECTURES, hf_config
+    from rlkit.models.factory import MOE_FAMILIES, architecture_name, hf_config
 
     if policy.model_preset not in PRESETS:
         return None, [f"policy.model_preset={policy.model_preset!r}: unknown; choose one of {sorted(PRESETS)}"]
     spec = PRESETS[policy.model_preset]
-    if (spec.num_experts > 0) != (policy.model_family == "mixtral"):
-        return None, [f"policy.model_family={policy.model_family!r}: preset {policy.model_preset!r} needs family "
-                      f"{'mixtral' if spec.num_experts else 'llama or qwen2'}"]
-    config = hf_config(spec, policy.model_family).to_dict()
-    config["architectures"] = [a for a, family in SUPPORTED_ARCHITECTURES.items() if family == policy.model_family]
+    if (spec.num_experts > 0) != (policy.model_family in MOE_FAMILIES):
+        return None, [f"policy.model_family={policy.model_family!r}: preset {policy.model_preset!r} needs one of "
+                      f"the families {', '.join(MOE_FAMILIES) if spec.num_experts else 'llama, llama3, qwen2, qwen3'}"]
+    made = hf_config(spec, policy.model_family)
+    config = dict(made.to_dict(), architectures=[architecture_name(made)])
     return config, []
 
 
 def _shape(model_config: Mapping[str, Any]) -> tuple:
     return (tuple(model_config.get("architectures") or ()), model_config.get("hidden_size"),
             model_config.get("num_hidden_layers"), model_config.get("num_attention_heads"),
-            model_config.get("num_local_experts") or 0)
+            num_experts_of(model_config))
 
 
 def _describe(model_config: Mapping[str, Any]) -> str:
     arch = "/".join(model_config.get("architectures") or ["?"])
-    experts = f", {model_config['num_local_experts']} experts" if model_config.get("num_local_experts") else ""
+    experts = f", {num_experts_of(model_config)} experts" if num_experts_of(model_config) else ""
     return (f"{arch}, hidden {model_config.get('hidden_size')}, {model_config.get('num_hidden_layers')} layers, "
             f"{model_config.get('num_attention_heads')} heads{experts}")
 

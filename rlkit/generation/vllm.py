@@ -158,12 +158,12 @@ class VllmGenerator:
         return f"VllmGenerator({Path(self.model_path).name}, max_model_len={self.max_model_len})"
 
 
-_EXPERT_WEIGHT = re.compile(r"\.layers\.(\d+)\.block_sparse_moe\.experts\.")
+_EXPERT_WEIGHT = re.compile(r"\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.")
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 
 def moe_layers_with_experts_in(bucket: list[tuple[str, torch.Tensor]]) -> list[int]:
-    """Indices of the decoder layers whose expert weights (HF Mixtral names) are in ``bucket``."""
+    """Indices of the decoder layers whose expert weights (HF Mixtral or Qwen-MoE names) are in ``bucket``."""
     return sorted({int(m.group(1)) for name, _ in bucket if (m := _EXPERT_WEIGHT.search(name))})
 
 

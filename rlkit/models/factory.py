@@ -1,7 +1,9 @@
 """Tiny HF-format models, made offline, that transformers, vLLM and the Megatron policy all load.
 
-No model hub is reachable from our machines, so rlkit makes its own models: random-init Llama or Qwen2
-(QKV bias) decoders with the character tokenizer of :mod:`rlkit.models.tokenizer`. A folder holds
+No model hub is reachable from our machines, so rlkit makes its own models: random-init decoders of every
+family the policy supports (Llama, Llama 3.x with its RoPE scaling, Qwen2 with QKV bias, Qwen3 with q/k norms,
+and the Mixture-of-Experts families Mixtral, Qwen2-MoE with its gated shared expert, Qwen3-MoE), saved the
+way transformers saves a real checkpoint, with the character tokenizer of :mod:`rlkit.models.tokenizer`. A folder holds
 ``config.json``, ``model.safetensors`` and the tokenizer files with a chat template.
 
 Every preset uses a ``head_dim`` that vLLM's CPU attention kernels accept (see :data:`VLLM_CPU_HEAD_DIMS`)
@@ -18,11 +20,17 @@ from typing import Literal
 import torch
 
 from rlkit.errors import ModelError
-from rlkit.models.folder import check_weight_files, read_json_object
-from rlkit.models.tokenizer import save_char_tokenizer
+from rlkit.models.folder import check_weight_files, num_experts_of, read_json_object  # noqa: F401 (re-export)
+from rlkit.models.tokenizer import TokenizerKind, save_tokenizer, tokenizer_vocab_size
 
-ModelFamily = Literal["llama", "qwen2", "mixtral"]
-SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MixtralForCausalLM": "mixtral"}
+ModelFamily = Literal["llama", "llama3", "qwen2", "qwen3", "mixtral", "qwen2-moe", "qwen3-moe"]
+MOE_FAMILIES = ("mixtral", "qwen2-moe", "qwen3-moe")
+SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
+                           "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe",
+                           "Qwen3MoeForCausalLM": "qwen3_moe"}
+# Llama 3.1 / 3.2's RoPE scaling: low/high frequency factors and original context as Megatron-Core applies them
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 8192}
 VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
@@ -40,7 +48,7 @@ class TinyModelSpec:
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
-    num_experts: int = 0  # > 0: a Mixture-of-Experts model (family "mixtral"); intermediate_size is per expert
+    num_experts: int = 0  # > 0: a Mixture-of-Experts model (an MoE family); intermediate_size is per expert
     num_experts_per_tok: int = 2
 
     @property
@@ -70,23 +78,42 @@ def check_head_dim(head_dim: int) -> None:
 
 
 def hf_config(spec: TinyModelSpec, family: ModelFamily):
-    """A transformers config object for ``spec`` in ``family``."""
-    from transformers import LlamaConfig, MixtralConfig, Qwen2Config
+    """A transformers config object for ``spec`` in ``family`` (MoE families route without a load-balancing
+    loss, the setting recommended for RL; Qwen2-MoE's shared expert is twice an expert's width)."""
+    import transformers as tf
 
     fields = asdict(spec)
     experts, top_k = fields.pop("num_experts"), fields.pop("num_experts_per_tok")
-    if (family == "mixtral") != (experts > 0):
+    if family not in MOE_FAMILIES + ("llama", "llama3", "qwen2", "qwen3"):
+        raise ModelError(f"unknown model family {family!r}; choose one of {list(ModelFamily.__args__)}")
+    if (family in MOE_FAMILIES) != (experts > 0):
         raise ModelError(f"family {family!r} with num_experts={experts}: Mixture-of-Experts presets (e.g. 'nano-moe') "
-                         "go with family 'mixtral', dense presets with 'llama' or 'qwen2'")
+                         f"go with the families {', '.join(MOE_FAMILIES)}, dense presets with the others")
     common = dict(fields, bos_token_id=1, eos_token_id=2, pad_token_id=0, head_dim=spec.head_dim)
-    if family == "mixtral":  # no load-balancing loss: the setting recommended for RL
-        return MixtralConfig(**common, num_local_experts=experts, num_experts_per_tok=top_k,
-                             router_aux_loss_coef=0.0, output_router_logits=False)
+    rope = {"rope_type": "default", "rope_theta": common.pop("rope_theta")}
+    moe = dict(num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=spec.intermediate_size,
+               router_aux_loss_coef=0.0, output_router_logits=False)
+    if family == "mixtral":
+        return tf.MixtralConfig(**common, rope_parameters=rope, num_local_experts=experts, num_experts_per_tok=top_k,
+                                router_aux_loss_coef=0.0, output_router_logits=False)
+    if family == "qwen2-moe":
+        return tf.Qwen2MoeConfig(**common, rope_parameters=rope, **moe, norm_topk_prob=False, decoder_sparse_step=1,
+                                 shared_expert_intermediate_size=2 * spec.intermediate_size)
+    if family == "qwen3-moe":
+        return tf.Qwen3MoeConfig(**common, rope_parameters=rope, **moe, norm_topk_prob=True, decoder_sparse_step=1)
+    if family == "llama3":  # Llama 3.1's scaling needs a context beyond its original 8192 positions
+        common["max_position_embeddings"] = 131072
+        return tf.LlamaConfig(**common, rope_parameters=dict(rope, **LLAMA3_ROPE), attention_bias=False, mlp_bias=False)
     if family == "llama":
-        return LlamaConfig(**common, attention_bias=False, mlp_bias=False)
-    if family == "qwen2":
-        return Qwen2Config(**common, use_sliding_window=False)
-    raise ModelError(f"unknown model family {family!r}; choose one of {sorted(SUPPORTED_ARCHITECTURES.values())}")
+        return tf.LlamaConfig(**common, rope_parameters=rope, attention_bias=False, mlp_bias=False)
+    config_class = tf.Qwen2Config if family == "qwen2" else tf.Qwen3Config
+    return config_class(**common, rope_parameters=rope, use_sliding_window=False)
+
+
+def architecture_name(config) -> str:
+    """The ``architectures`` entry transformers writes for a config object (``Qwen2MoeConfig`` ->
+    ``Qwen2MoeForCausalLM``)."""
+    return type(config).__name__.replace("Config", "ForCausalLM")
 
 
 def make_model(
@@ -94,11 +121,14 @@ def make_model(
     preset: str | TinyModelSpec = "tiny",
     family: ModelFamily = "llama",
     seed: int = 0,
+    tokenizer: TokenizerKind = "char",
     **overrides,
 ) -> Path:
     """Create a random-init model folder and return its path.
 
-    ``overrides`` replace fields of the preset (e.g. ``tie_word_embeddings=True``).
+    ``overrides`` replace fields of the preset (e.g. ``tie_word_embeddings=True``). ``tokenizer`` is ``"char"``
+    (the quickstart's) or ``"bpe"`` (byte-level BPE with a ChatML template and two EOS ids,
+    :mod:`rlkit.models.bpe`); the vocabulary grows to hold the tokenizer's ids.
     """
     from transformers import AutoModelForCausalLM
 
@@ -107,6 +137,7 @@ def make_model(
             raise ModelError(f"unknown model preset {preset!r}; choose one of {sorted(PRESETS)}")
         preset = PRESETS[preset]
     spec = replace(preset, **overrides)
+    spec = replace(spec, vocab_size=max(spec.vocab_size, tokenizer_vocab_size(tokenizer)))  # tokenizer hook
     check_head_dim(spec.head_dim)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -114,7 +145,7 @@ def make_model(
     model = AutoModelForCausalLM.from_config(hf_config(spec, family), dtype=torch.float32)
     _jitter_constant_tensors(model)
     model.save_pretrained(str(folder))
-    save_char_tokenizer(folder)
+    save_tokenizer(folder, tokenizer)  # tokenizer hook: after save_pretrained (BPE rewrites generation_config)
     return folder
 
 

@@ -56,3 +56,9 @@ def check_weight_files(folder: str | Path) -> None:
         if missing:
             raise ModelError(f"shard index {str(index)!r} names missing weights file(s) {missing}. "
                              "Fix: copy the complete model folder.")
+
+
+def num_experts_of(hf_config: dict) -> int:
+    """Routed experts per MoE layer of an HF config (Mixtral's ``num_local_experts``, Qwen's ``num_experts``);
+    0 for a dense model."""
+    return int(hf_config.get("num_local_experts") or hf_config.get("num_experts") or 0)

@@ -1,14 +1,19 @@
-"""Build a Megatron-Core ``GPTModel`` that matches an HF Llama / Qwen2 config.
+"""Build a Megatron-Core ``GPTModel`` that matches an HF Llama (2, 3.x) / Qwen2 / Qwen3 config.
 
-The mapping of architecture knobs (verified to ~1e-7 in fp32 against transformers):
-RMSNorm with ``layernorm_epsilon = rms_norm_eps``; SwiGLU (``gated_linear_unit`` + SiLU); RoPE with
-``rotary_base = rope_theta`` and no permutation of the HF weights; GQA with
-``num_query_groups = num_key_value_heads`` and ``kv_channels = head_dim``; no linear biases except the
-QKV bias of Qwen2; tied or untied output layer.
+The mapping of architecture knobs (verified to ~1e-7 in fp32 against transformers), each a native Megatron
+option: RMSNorm with ``layernorm_epsilon = rms_norm_eps``; SwiGLU (``gated_linear_unit`` + SiLU); RoPE with
+``rotary_base = rope_theta`` and no permutation of the HF weights; Llama 3.x's ``rope_type: llama3``
+frequency scaling with ``rope_scaling`` / ``rope_scaling_factor``; GQA with
+``num_query_groups = num_key_value_heads`` and ``kv_channels = head_dim`` (Qwen3's head_dim is its own
+setting, not hidden / heads); Qwen3's per-head q/k RMSNorm with ``qk_layernorm``; no linear biases except
+the QKV bias of Qwen2; tied or untied output layer.
+
+Refused with the reason (never silently ignored): RoPE scaling types other than llama3 (YaRN, linear,
+dynamic), llama3 scaling with other low/high frequency factors or original context than Megatron-Core
+applies (1, 4, 8192: those of Llama 3.1 and 3.2), sliding-window attention.
 
 Deliberate simplifications: the local (non-Transformer-Engine) layer spec with torch's RMSNorm (marked for
 sequence parallelism, see :class:`RMSNorm`), fp32 parameters, no dropout.
-RoPE scaling variants (Llama 3.1 "llama3", YaRN) are rejected rather than silently ignored.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from rlkit.models.factory import SUPPORTED_ARCHITECTURES, read_hf_config
 class Architecture:
     """The facts of an HF decoder config that the Megatron model and the weight conversion need."""
 
-    family: str  # "llama" | "qwen2"
+    family: str  # "llama" | "qwen2" | "qwen3" | "mixtral" | "qwen2_moe" | "qwen3_moe"
     hidden_size: int
     num_layers: int
     num_attention_heads: int
@@ -41,6 +46,8 @@ class Architecture:
     rms_norm_eps: float
     tie_word_embeddings: bool
     qkv_bias: bool
+    qk_layernorm: bool = False  # Qwen3: RMSNorm over each query and key head before RoPE
+    rope_scaling_factor: float | None = None  # Llama 3.x: the factor of its "llama3" frequency scaling
 
     @classmethod
     def from_hf_folder(cls, folder: str | Path) -> "Architecture":
@@ -50,9 +57,9 @@ class Architecture:
     def from_hf_config(cls, cfg: dict) -> "Architecture":
         family = next(SUPPORTED_ARCHITECTURES[a] for a in cfg["architectures"] if a in SUPPORTED_ARCHITECTURES)
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-        rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in ("default", None):
-            raise ModelError(f"RoPE scaling type {rope_type!r} is not supported yet; only plain RoPE is.")
+        if cfg.get("use_sliding_window"):
+            raise ModelError("sliding-window attention (use_sliding_window: true) is not supported; rlkit's Megatron "
+                             "model attends to the whole sequence")
         heads = cfg["num_attention_heads"]
         return cls(
             family=family,
@@ -67,8 +74,28 @@ class Architecture:
             rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
             rms_norm_eps=cfg["rms_norm_eps"],
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=family == "qwen2" or bool(cfg.get("attention_bias", False)),
+            qkv_bias=family in ("qwen2", "qwen2_moe") or bool(cfg.get("attention_bias", False)),
+            qk_layernorm=family in ("qwen3", "qwen3_moe"),
+            rope_scaling_factor=_llama3_rope_factor(rope),
         )
+
+
+def _llama3_rope_factor(rope: dict) -> float | None:
+    """The factor of Llama 3.x's RoPE scaling (None for plain RoPE); other scalings are refused."""
+    from rlkit.models.factory import LLAMA3_ROPE
+
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type in ("default", None):
+        return None
+    if rope_type != "llama3":
+        raise ModelError(f"RoPE scaling type {rope_type!r} is not supported: Megatron-Core's GPT model offers plain "
+                         "RoPE and Llama 3's 'llama3' scaling. Use a model with one of those.")
+    fixed = {k: v for k, v in LLAMA3_ROPE.items() if k not in ("rope_type", "factor")}
+    differ = {k: rope.get(k) for k, v in fixed.items() if float(rope.get(k, v)) != v}
+    if differ:
+        raise ModelError(f"llama3 RoPE scaling with {differ} is not supported: Megatron-Core applies it with {fixed} "
+                         "(the values of Llama 3.1 and 3.2)")
+    return float(rope["factor"])
 
 
 def transformer_config(arch: Architecture, tensor_parallel_size: int = 1, sequence_parallel: bool = False,
@@ -108,6 +135,7 @@ def transformer_config(arch: Architecture, tensor_parallel_size: int = 1, sequen
         persist_layer_norm=False,
         gradient_accumulation_fusion=False,
         attention_softmax_in_fp32=True,
+        qk_layernorm=arch.qk_layernorm,
     )
 
 
@@ -125,6 +153,16 @@ class RMSNorm(torch.nn.RMSNorm):
         self.weight.sequence_parallel = config.sequence_parallel
 
 
+class HeadRMSNorm(torch.nn.RMSNorm):
+    """Qwen3's q/k norm: one RMSNorm weight [head_dim] shared by every head. Under tensor parallelism each rank
+    normalises only its heads, so the weight's gradient is partial on every rank and is summed over the
+    tensor-parallel group (``tensor_parallel_partial_grad``; Megatron's own DDP sums q/k layernorm grads too)."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **unused_megatron_options):
+        super().__init__(hidden_size, eps=eps)
+        self.weight.tensor_parallel_partial_grad = config.tensor_model_parallel_size > 1
+
+
 def block_spec(config, num_experts: int = 0):
     """The local (non-Transformer-Engine) layer spec, dense or MoE, with :class:`RMSNorm` for every norm, for
     the layers this pipeline stage builds."""
@@ -133,9 +171,14 @@ def block_spec(config, num_experts: int = 0):
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
-    layer = get_gpt_layer_local_spec(num_experts=num_experts or None, moe_grouped_gemm=False, normalization="RMSNorm")
+    layer = get_gpt_layer_local_spec(num_experts=num_experts or None, moe_grouped_gemm=False, normalization="RMSNorm",
+                                     qk_layernorm=config.qk_layernorm)
+    attention = layer.submodules.self_attention
+    if config.qk_layernorm:
+        attention = dataclasses.replace(attention, submodules=dataclasses.replace(
+            attention.submodules, q_layernorm=HeadRMSNorm, k_layernorm=HeadRMSNorm))
     layer = dataclasses.replace(layer, submodules=dataclasses.replace(
-        layer.submodules, input_layernorm=RMSNorm, pre_mlp_layernorm=RMSNorm))
+        layer.submodules, input_layernorm=RMSNorm, pre_mlp_layernorm=RMSNorm, self_attention=attention))
     return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=RMSNorm)
 
 
@@ -158,6 +201,8 @@ def build_gpt_model(arch: Architecture, config, num_experts: int = 0):
             share_embeddings_and_output_weights=arch.tie_word_embeddings,
             position_embedding_type="rope",
             rotary_base=int(arch.rope_theta),
+            rope_scaling=arch.rope_scaling_factor is not None,
+            rope_scaling_factor=arch.rope_scaling_factor or 8.0,
         )
     if torch.cuda.is_available():
         model = model.cuda()

@@ -1,4 +1,4 @@
-"""HF <-> Megatron-Core weight conversion for Llama / Qwen2 decoders, with tensor-parallel sharding.
+"""HF <-> Megatron-Core weight conversion for Llama / Qwen2 / Qwen3 decoders, with tensor-parallel sharding.
 
 Layouts (exact to ~1e-7 in fp32 against transformers; ``g`` = KV group, ``q_g`` = the query heads of group g):
 
@@ -9,6 +9,7 @@ embedding.word_embeddings.weight   [V, H]      model.embed_tokens.weight
 decoder.layers.i.input_layernorm.weight        model.layers.i.input_layernorm.weight
 decoder.layers.i.self_attention.linear_qkv     q/k/v_proj fused per KV group: [q_g; k_g; v_g] for g = 0..G-1
 decoder.layers.i.self_attention.linear_proj    model.layers.i.self_attn.o_proj.weight
+...self_attention.q_layernorm / k_layernorm    self_attn.q_norm / k_norm  [head_dim] (Qwen3)
 decoder.layers.i.pre_mlp_layernorm.weight      model.layers.i.post_attention_layernorm.weight
 decoder.layers.i.mlp.linear_fc1.weight         [gate_proj; up_proj]
 decoder.layers.i.mlp.linear_fc2.weight         model.layers.i.mlp.down_proj.weight
@@ -63,6 +64,8 @@ def attention_to_megatron(hf: Mapping[str, Tensor], i: int, arch: Architecture) 
     }
     if arch.qkv_bias:
         out[m + "self_attention.linear_qkv.bias"] = fuse_qkv(*(hf[h + f"self_attn.{x}_proj.bias"] for x in "qkv"), arch)
+    for x in "qk" if arch.qk_layernorm else "":
+        out[m + f"self_attention.{x}_layernorm.weight"] = hf[h + f"self_attn.{x}_norm.weight"]
     return out
 
 
@@ -81,6 +84,8 @@ def attention_to_hf(mc: Mapping[str, Tensor], i: int, arch: Architecture) -> HFG
     if arch.qkv_bias:
         qb, kb, vb = split_qkv(mc[m + "self_attention.linear_qkv.bias"], arch)
         out += [(h + "self_attn.q_proj.bias", qb), (h + "self_attn.k_proj.bias", kb), (h + "self_attn.v_proj.bias", vb)]
+    for x in "qk" if arch.qk_layernorm else "":
+        out.append((h + f"self_attn.{x}_norm.weight", mc[m + f"self_attention.{x}_layernorm.weight"]))
     return out
 
 
@@ -90,27 +95,39 @@ def attention_param_names(i: int, arch: Architecture) -> list[str]:
                              "self_attention.linear_proj.weight", "pre_mlp_layernorm.weight")]
     if arch.qkv_bias:
         names.append(m + "self_attention.linear_qkv.bias")
+    if arch.qk_layernorm:
+        names += [m + "self_attention.q_layernorm.weight", m + "self_attention.k_layernorm.weight"]
     return names
+
+
+def gated_mlp_to_megatron(hf: Mapping[str, Tensor], x: str, names: tuple[str, str, str], y: str) -> dict[str, Tensor]:
+    """HF SwiGLU weights under prefix ``x`` (gate, up, down ``names``) -> Megatron's fused fc1 and fc2 under ``y``."""
+    gate, up, down = names
+    return {y + "linear_fc1.weight": torch.cat([hf[f"{x}{gate}.weight"], hf[f"{x}{up}.weight"]]),
+            y + "linear_fc2.weight": hf[f"{x}{down}.weight"]}
+
+
+def gated_mlp_to_hf(mc: Mapping[str, Tensor], y: str, x: str, names: tuple[str, str, str]) -> HFGroup:
+    """Inverse of :func:`gated_mlp_to_megatron`."""
+    gate, up, down = names
+    w_gate, w_up = torch.chunk(mc[y + "linear_fc1.weight"], 2, dim=0)
+    return [(f"{x}{gate}.weight", w_gate), (f"{x}{up}.weight", w_up), (f"{x}{down}.weight", mc[y + "linear_fc2.weight"])]
+
+
+MLP_NAMES = ("gate_proj", "up_proj", "down_proj")  # HF names of a Llama/Qwen SwiGLU MLP's projections
 
 
 def hf_layer_to_megatron(hf: Mapping[str, Tensor], i: int, arch: Architecture) -> dict[str, Tensor]:
     """Full Megatron tensors of dense decoder layer ``i`` from HF tensors."""
-    h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
     out = attention_to_megatron(hf, i, arch)
-    out[m + "mlp.linear_fc1.weight"] = torch.cat([hf[h + "mlp.gate_proj.weight"], hf[h + "mlp.up_proj.weight"]])
-    out[m + "mlp.linear_fc2.weight"] = hf[h + "mlp.down_proj.weight"]
+    out.update(gated_mlp_to_megatron(hf, f"model.layers.{i}.mlp.", MLP_NAMES, f"decoder.layers.{i}.mlp."))
     return out
 
 
 def megatron_layer_to_hf(mc: Mapping[str, Tensor], i: int, arch: Architecture) -> HFGroup:
     """HF tensors of dense decoder layer ``i`` from full Megatron tensors (inverse of :func:`hf_layer_to_megatron`)."""
-    h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
-    gate, up = torch.chunk(mc[m + "mlp.linear_fc1.weight"], 2, dim=0)
-    return attention_to_hf(mc, i, arch) + [
-        (h + "mlp.gate_proj.weight", gate),
-        (h + "mlp.up_proj.weight", up),
-        (h + "mlp.down_proj.weight", mc[m + "mlp.linear_fc2.weight"]),
-    ]
+    return attention_to_hf(mc, i, arch) + gated_mlp_to_hf(mc, f"decoder.layers.{i}.mlp.", f"model.layers.{i}.mlp.",
+                                                          MLP_NAMES)
 
 
 def layer_param_names(i: int, arch: Architecture) -> list[str]:

@@ -1,17 +1,28 @@
-"""Mixture-of-Experts for the Megatron policy: Mixtral-style HF models <-> Megatron-Core MoE layers.
+"""Mixture-of-Experts for the Megatron policy: Mixtral, Qwen2-MoE and Qwen3-MoE HF models <-> Megatron-Core MoE
+layers.
 
-Why Mixtral's layout: it is the simplest MoE family vLLM serves (on the CPU too), and its block is the dense
-Llama block with the MLP replaced by a router and SwiGLU experts, so everything but the MLP reuses
-:mod:`rlkit.policy.megatron.convert`. Mixtral routes by softmax over all experts, keeps the top k and
-renormalises them; Megatron's default router (top k of the logits, softmax over those k) is the same
-function. Verified against transformers in fp32 (~1e-7).
+Each block is the dense block (attention, with Qwen3's q/k norms for Qwen3-MoE) with the MLP replaced by a
+router and SwiGLU experts, so everything but the MLP reuses :mod:`rlkit.policy.megatron.convert`. Every knob
+is a native Megatron-Core option:
+
+* routing: Mixtral and Qwen3-MoE (``norm_topk_prob: true``) take the softmax over all experts, keep the top k
+  and renormalise them, which is Megatron's default router (top k of the logits, softmax over those k);
+  Qwen2-MoE (``norm_topk_prob: false``) keeps the top k of the full softmax unrenormalised, which is
+  ``moe_router_pre_softmax``;
+* Qwen2-MoE's shared expert, added to every token's routed output and scaled by a sigmoid gate, is
+  ``moe_shared_expert_intermediate_size`` with ``moe_shared_expert_gate``.
+
+Verified against transformers in fp32 (~1e-7).
 
 =============================================  ================================================================
-Megatron (local spec, SequentialMLP experts)   HF (Mixtral checkpoint names)
+Megatron (local spec, SequentialMLP experts)   HF checkpoint names (Mixtral: ``block_sparse_moe.``, w1/w3/w2;
+                                               Qwen: ``mlp.``, gate_proj/up_proj/down_proj)
 =============================================  ================================================================
-decoder.layers.i.mlp.router.weight  [E, H]     model.layers.i.block_sparse_moe.gate.weight
-...mlp.experts.local_experts.e.linear_fc1      [experts.e.w1 (gate); experts.e.w3 (up)]  (block_sparse_moe.)
-...mlp.experts.local_experts.e.linear_fc2      experts.e.w2 (down)
+decoder.layers.i.mlp.router.weight  [E, H]     ...gate.weight
+...mlp.experts.local_experts.e.linear_fc1      [experts.e.(w1|gate_proj); experts.e.(w3|up_proj)]
+...mlp.experts.local_experts.e.linear_fc2      experts.e.(w2|down_proj)
+...mlp.shared_experts.linear_fc1 / fc2         mlp.shared_expert.[gate_proj; up_proj] / down_proj (Qwen2-MoE)
+...mlp.shared_experts.gate_weight  [1, H]      mlp.shared_expert_gate.weight (Qwen2-MoE)
 everything else                                as the dense model (see convert.py)
 =============================================  ================================================================
 
@@ -22,11 +33,11 @@ with ``moe_aux_loss_coeff=0`` (no auxiliary loss pulling against the RL objectiv
 
 Expert parallelism (``expert_model_parallel_size``) splits the experts over ranks (see
 :class:`MegatronMoEPolicy`); the all-gather token dispatcher brings every token to the rank holding its
-experts. Deliberate simplifications: no tensor parallelism inside MoE layers (Megatron trains them only with
-sequence parallelism, which needs Transformer Engine's norms), no shared experts (Qwen2-MoE),
-experts run one after another (no grouped GEMM). One stand-in: megatron-core 0.16.1 without Transformer
-Engine names an undefined ``te_general_gemm`` in the router's linear, so :func:`apply_moe_fallbacks`
-defines it as None, which selects the plain ``torch.mm`` path the code already has.
+experts. Refused with the reason: Qwen-MoE models with dense layers between the MoE ones
+(``decoder_sparse_step`` > 1 or ``mlp_only_layers``). Deliberate simplification: experts run one after
+another (no grouped GEMM). One stand-in: megatron-core 0.16.1 without Transformer Engine names an undefined
+``te_general_gemm`` in the router's linear, so :func:`apply_moe_fallbacks` defines it as None, which selects
+the plain ``torch.mm`` path the code already has.
 """
 
 from __future__ import annotations
@@ -40,6 +51,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from rlkit.config.components import MegatronConfig
+from rlkit.errors import ModelError
+from rlkit.models.folder import num_experts_of
 from rlkit.policy.megatron import convert, parallel
 from rlkit.policy.megatron.build import Architecture, build_gpt_model, transformer_config
 from rlkit.policy.megatron.policy import MegatronPolicy
@@ -47,8 +60,8 @@ from rlkit.weights import HFGroup
 
 
 def is_moe(hf_config: Mapping) -> bool:
-    """True for a Mixtral-style Mixture-of-Experts HF config."""
-    return bool(hf_config.get("num_local_experts"))
+    """True for a Mixture-of-Experts HF config (Mixtral, Qwen2-MoE, Qwen3-MoE)."""
+    return num_experts_of(dict(hf_config)) > 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,11 +70,32 @@ class MoEArchitecture(Architecture):
 
     num_experts: int = 0
     top_k: int = 2
+    norm_topk_prob: bool = True  # renormalise the kept experts' probabilities (False: Qwen2-MoE's default)
+    shared_expert_size: int = 0  # Qwen2-MoE: the width of the shared expert (gated by a sigmoid); 0: none
+
+    @property
+    def hf_prefix(self) -> str:
+        """Where a layer's MLP lives in the HF checkpoint."""
+        return "block_sparse_moe." if self.family == "mixtral" else "mlp."
+
+    @property
+    def hf_expert_names(self) -> tuple[str, str, str]:
+        """HF names of an expert's gate, up and down projections."""
+        return ("w1", "w3", "w2") if self.family == "mixtral" else ("gate_proj", "up_proj", "down_proj")
 
     @classmethod
     def from_hf_config(cls, cfg: dict) -> "MoEArchitecture":
-        dense = Architecture.from_hf_config(cfg)
-        return cls(**dataclasses.asdict(dense), num_experts=cfg["num_local_experts"], top_k=cfg["num_experts_per_tok"])
+        dense = dataclasses.asdict(Architecture.from_hf_config(cfg))
+        if dense["family"] == "mixtral":
+            return cls(**dense, num_experts=num_experts_of(cfg), top_k=cfg["num_experts_per_tok"])
+        if cfg.get("decoder_sparse_step", 1) != 1 or cfg.get("mlp_only_layers"):
+            raise ModelError(f"a {dense['family']} model with dense layers between its MoE layers (decoder_sparse_step="
+                             f"{cfg.get('decoder_sparse_step')}, mlp_only_layers={cfg.get('mlp_only_layers')}) is not "
+                             "supported; rlkit maps models whose every layer is an MoE layer")
+        dense["ffn_hidden_size"] = cfg["moe_intermediate_size"]
+        return cls(**dense, num_experts=num_experts_of(cfg), top_k=cfg["num_experts_per_tok"],
+                   norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
+                   shared_expert_size=cfg.get("shared_expert_intermediate_size") or 0)
 
 
 def apply_moe_fallbacks() -> None:
@@ -85,6 +119,9 @@ def build_moe_gpt_model(arch: MoEArchitecture, tensor_parallel_size: int, pipeli
         moe_router_load_balancing_type=mc.moe_router_load_balancing_type,
         moe_aux_loss_coeff=mc.moe_aux_loss_coeff,
         moe_token_dispatcher_type="allgather",
+        moe_router_pre_softmax=not arch.norm_topk_prob,
+        moe_shared_expert_intermediate_size=arch.shared_expert_size or None,
+        moe_shared_expert_gate=arch.shared_expert_size > 0,
         moe_grouped_gemm=False,
         expert_model_parallel_size=mc.expert_model_parallel_size,
         expert_tensor_parallel_size=mc.expert_tensor_parallel_size,
@@ -99,13 +136,14 @@ def build_moe_gpt_model(arch: MoEArchitecture, tensor_parallel_size: int, pipeli
 
 # ---- conversion (full tensors) ---------------------------------------------------------------------
 def hf_layer_to_megatron(hf: Mapping[str, Tensor], i: int, arch: MoEArchitecture) -> dict[str, Tensor]:
-    h, m = f"model.layers.{i}.block_sparse_moe.", f"decoder.layers.{i}.mlp."
+    h, m = f"model.layers.{i}.{arch.hf_prefix}", f"decoder.layers.{i}.mlp."
     out = convert.attention_to_megatron(hf, i, arch)
     out[m + "router.weight"] = hf[h + "gate.weight"]
     for e in range(arch.num_experts):
-        x, y = f"{h}experts.{e}.", f"{m}experts.local_experts.{e}."
-        out[y + "linear_fc1.weight"] = torch.cat([hf[x + "w1.weight"], hf[x + "w3.weight"]])
-        out[y + "linear_fc2.weight"] = hf[x + "w2.weight"]
+        out.update(convert.gated_mlp_to_megatron(hf, f"{h}experts.{e}.", arch.hf_expert_names, f"{m}experts.local_experts.{e}."))
+    if arch.shared_expert_size:
+        out.update(convert.gated_mlp_to_megatron(hf, h + "shared_expert.", arch.hf_expert_names, m + "shared_experts."))
+        out[m + "shared_experts.gate_weight"] = hf[h + "shared_expert_gate.weight"]
     return out
 
 
@@ -114,17 +152,21 @@ def layer_param_names(i: int, arch: MoEArchitecture) -> list[str]:
     names = convert.attention_param_names(i, arch) + [m + "router.weight"]
     for e in range(arch.num_experts):
         names += [f"{m}experts.local_experts.{e}.linear_fc1.weight", f"{m}experts.local_experts.{e}.linear_fc2.weight"]
+    if arch.shared_expert_size:
+        names += [m + "shared_experts.linear_fc1.weight", m + "shared_experts.linear_fc2.weight",
+                  m + "shared_experts.gate_weight"]
     return names
 
 
 def megatron_layer_to_hf(mc: Mapping[str, Tensor], i: int, arch: MoEArchitecture) -> HFGroup:
-    """HF tensors of decoder layer ``i`` (attention, router and every expert: one group, whole fused tensors)."""
-    h, m = f"model.layers.{i}.block_sparse_moe.", f"decoder.layers.{i}.mlp."
+    """HF tensors of decoder layer ``i`` (attention, router, every expert, the shared expert: one group)."""
+    h, m = f"model.layers.{i}.{arch.hf_prefix}", f"decoder.layers.{i}.mlp."
     out = convert.attention_to_hf(mc, i, arch) + [(h + "gate.weight", mc[m + "router.weight"])]
     for e in range(arch.num_experts):
-        x, y = f"{h}experts.{e}.", f"{m}experts.local_experts.{e}."
-        w1, w3 = torch.chunk(mc[y + "linear_fc1.weight"], 2, dim=0)
-        out += [(x + "w1.weight", w1), (x + "w3.weight", w3), (x + "w2.weight", mc[y + "linear_fc2.weight"])]
+        out += convert.gated_mlp_to_hf(mc, f"{m}experts.local_experts.{e}.", f"{h}experts.{e}.", arch.hf_expert_names)
+    if arch.shared_expert_size:
+        out += convert.gated_mlp_to_hf(mc, m + "shared_experts.", h + "shared_expert.", arch.hf_expert_names)
+        out.append((h + "shared_expert_gate.weight", mc[m + "shared_experts.gate_weight"]))
     return out
 
 

@@ -266,9 +266,9 @@ class MegatronPolicy(InProcessPolicy):
         return pipeline.broadcast_from_last_stage(sums), len(micros)
 
     def _reduce_grads(self) -> None:
-        """Sum gradients where ranks hold the same weights: sequence-parallel norms over TP, a tied embedding
+        """Sum gradients where ranks hold the same weights: partial ones over TP, a tied embedding
         over its first and last pipeline stages, everything over the (expert-)data-parallel group."""
-        self._sum_sequence_parallel_grads()
+        self._sum_tensor_parallel_partial_grads()
         self._sum_tied_embedding_grads()
         for p in self.model.parameters():
             group = parallel.grad_reduce_group(p)
@@ -284,14 +284,14 @@ class MegatronPolicy(InProcessPolicy):
             return
         sum_grad_over(self.model.shared_embedding_or_output_weight(), parallel_state.get_embedding_group())
 
-    def _sum_sequence_parallel_grads(self) -> None:
-        """Under sequence parallelism each tensor-parallel rank's norms (and MoE router) saw only its chunk of
-        the sequence: sum their gradients over the tensor-parallel group (Megatron marks them
-        ``sequence_parallel``)."""
-        if not self.layout.sequence_parallel:
-            return
+    def _sum_tensor_parallel_partial_grads(self) -> None:
+        """Sum over the tensor-parallel group the gradients each rank holds only a part of: under sequence
+        parallelism the norms (and MoE router) that saw one chunk of the sequence (Megatron marks them
+        ``sequence_parallel``), and Qwen3's q/k norms, which saw only this rank's heads
+        (``tensor_parallel_partial_grad``)."""
         for p in self.model.parameters():
-            if p.requires_grad and getattr(p, "sequence_parallel", False):
+            chunked = self.layout.sequence_parallel and getattr(p, "sequence_parallel", False)
+            if p.requires_grad and (chunked or getattr(p, "tensor_parallel_partial_grad", False)):
                 sum_grad_over(p, parallel.tp_group())
 
     def close(self) -> None:
