@@ -211,6 +211,8 @@ class Session:
         return batch
 
     def sampling(self, seed: Optional[int] = None) -> SamplingSettings:
+        """The sampling settings a rollout uses now (``policy.generation.*``), seeded per step from ``seed``
+        and the step count unless ``seed`` is given, so a rollout re-run within a step samples the same."""
         g = self.config.policy.generation
         return SamplingSettings(g.temperature, g.top_p, g.top_k, g.max_new_tokens, g.stop_strings,
                                 seed=step_seed(self.config.seed, self.step_count) if seed is None else seed)
@@ -253,11 +255,16 @@ class Session:
         return self._keep(batch if batch.rewards is not None else self._score(batch))
 
     def advantages(self, batch: Optional[Trajectories] = None) -> Trajectories:
+        """Per-token advantages ``[B, T]`` from the rewards by ``grpo.advantage_estimator`` (group mean and
+        std for GRPO; reinforce_baseline's running mean is the session's ``baseline``)."""
         g = self.config.grpo
         return self._keep(stages.advantages(self._latest(batch, "advantages"), g.advantage_estimator,
                                             g.advantage_params(), self.baseline))
 
     def logprobs(self, batch: Optional[Trajectories] = None) -> Trajectories:
+        """The trainer's logprobs of the sampled tokens (``prev_logprobs`` ``[B, T]``), the reference policy's
+        when the loss needs them (KL), the entropy, and the generator/trainer mismatch (warns past
+        ``grpo.mismatch_warning_threshold``)."""
         needs_reference = getattr(self.loss_fn, "needs_reference", True)
         return self._keep(stages.logprobs(self._latest(batch, "logprobs"), self.policy, needs_reference,
                                           self.config.grpo.mismatch_warning_threshold))
@@ -381,6 +388,8 @@ class Session:
         return metrics
 
     def request_stop(self) -> None:
+        """Ask ``run()`` to end after the step it is in (what the dashboard's stop button calls); no step is cut
+        in half. The next ``run()`` starts without the request."""
         self.run_state.stop_requested = True
 
     def evaluate(self, num_prompts: Optional[int] = None, greedy: Optional[bool] = None) -> stages.EvalResult:

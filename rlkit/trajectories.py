@@ -52,26 +52,32 @@ class Trajectories:
     # ---- shape facts -------------------------------------------------------------------------------
     @property
     def batch_size(self) -> int:
+        """B: samples in the batch (prompts x group size)."""
         return self.input_ids.shape[0]
 
     @property
     def num_prompts(self) -> int:
+        """Prompts in the batch (B / group size)."""
         return self.batch_size // self.group_size
 
     @property
     def completion_lengths(self) -> Tensor:  # [B] int64
+        """Completion tokens per sample (the loss mask's count)."""
         return self.loss_mask.sum(dim=1)
 
     @property
     def prompt_lengths(self) -> Tensor:  # [B] int64
+        """Prompt tokens per sample (attended, not in the loss)."""
         return (self.attention_mask & ~self.loss_mask).sum(dim=1)
 
     @property
     def truncated(self) -> Tensor:  # [B] bool
+        """Samples cut at ``max_new_tokens`` (finish reason ``length``)."""
         return torch.tensor([r == "length" for r in self.finish_reasons])
 
     @property
     def row_of_sample(self) -> tuple[dict[str, Any], ...]:  # [B] the dataset row behind each sample
+        """The dataset row (prompt, answer...) of each sample; empty when the batch carries no rows."""
         return tuple(self.rows[i // self.group_size] for i in range(self.batch_size)) if self.rows else ()
 
     # ---- guards and slicing ------------------------------------------------------------------------

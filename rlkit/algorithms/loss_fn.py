@@ -95,9 +95,11 @@ class LossParams:
         return out + [f"{key}={getattr(self, key)!r}: {fix}" for bad, key, fix in checks if bad]
 
     def policy_params(self) -> PolicyLossParams:
+        """The settings the policy-loss functions read (clip ranges), as their own dataclass."""
         return PolicyLossParams(**{f.name: getattr(self, f.name) for f in fields(PolicyLossParams)})
 
     def correction_params(self) -> CorrectionParams:
+        """The settings the off-policy corrections read (TIS cap, sequence-mask bounds)."""
         return CorrectionParams(**{f.name: getattr(self, f.name) for f in fields(CorrectionParams)})
 
 

@@ -77,6 +77,8 @@ class ColocatedConfig(Section):
 
 
 class GenerationConfig(Section):
+    """The generator: backend, sampling settings, refit bucket size, vLLM engine settings, placement."""
+
     backend: Literal["vllm", "hf"] = "vllm"
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
@@ -95,6 +97,9 @@ def default_model_folder(model_preset: Optional[str], model_family: str) -> str:
 
 
 class PolicyConfig(Section):
+    """The trained model: its folder (or the preset to make there), batch sizes, optimizer, parallel layout,
+    and the generation engine that samples from it."""
+
     # an HF model folder (make one with `rlkit make-model`); default: models/<model_preset>-<model_family>
     model_name: Optional[str] = None
     model_preset: Optional[str] = None  # if set and model_name does not exist, create this tiny preset there

@@ -26,6 +26,8 @@ class AsyncGRPOConfig(Section):
 
 
 class GRPOConfig(Section):
+    """The RL loop: prompts and samples per step, advantages, epochs, DAPO's dynamic sampling, async GRPO."""
+
     num_prompts_per_step: int = Field(16, ge=1)
     num_generations_per_prompt: int = Field(8, ge=1)
     max_num_steps: int = Field(100, ge=0)
@@ -46,6 +48,7 @@ class GRPOConfig(Section):
     async_grpo: AsyncGRPOConfig = AsyncGRPOConfig()
 
     def advantage_params(self) -> AdvantageParams:
+        """The settings the advantage estimators read, as their own dataclass."""
         return AdvantageParams(
             normalize_rewards=self.normalize_rewards,
             use_leave_one_out_baseline=self.use_leave_one_out_baseline,
@@ -95,6 +98,8 @@ class CheckpointConfig(Section):
 
 
 class RunConfig(Section):
+    """A whole run: one section per component (``config.policy.optimizer.lr``); YAML keys are the same dotted."""
+
     name: str = "run"
     seed: int = 0
     policy: PolicyConfig = PolicyConfig()

@@ -16,6 +16,8 @@ from torch import Tensor
 
 @dataclass(frozen=True)
 class SamplingSettings:
+    """How a generator samples one call's completions (``Session.sampling()`` builds them from the config)."""
+
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: Optional[int] = None

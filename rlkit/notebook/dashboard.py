@@ -85,6 +85,7 @@ class Dashboard:
     # ---- what is shown --------------------------------------------------------------------------------
     @property
     def history(self) -> list:
+        """The session's step metrics, oldest first (a copy: the plots read it while a run appends)."""
         return list(getattr(self.session, "history", []))
 
     def charts_html(self) -> str:
@@ -102,6 +103,7 @@ class Dashboard:
                 + "".join(f"<div>{p}</div>" for p in panels) + "</div>")
 
     def header_html(self) -> str:
+        """The status line: latest step, policy version, reward, seconds per step, and a stop in progress."""
         history = self.history
         s = self.session
         if not history:
@@ -115,6 +117,7 @@ class Dashboard:
         return f"<div style='font-family:monospace'><b>rlkit dashboard</b> · {status}</div>"
 
     def samples_html(self) -> str:
+        """A table of the latest batch's first samples (prompt, completion, reward, advantage)."""
         batch = getattr(self.session, "batch", None)
         if batch is None:
             return ""

@@ -179,6 +179,13 @@ class TokenView:
         return "\n".join(out)
 
 
+def undecodable_token(token_id: int) -> str:
+    """How a token id the tokenizer has no text for is shown: the replacement mark and the id (``\ufffd117``).
+    Models pad the vocabulary past the tokenizer's (the nano model has 128 ids for 103 tokens), and an
+    untrained one samples those ids."""
+    return f"\ufffd{token_id}"
+
+
 def token_view(batch: Any, color: Union[str, Any] = "advantages", tokenizer: Any = None, rows: int = 8,
                label: Optional[str] = None) -> TokenView:
     """See :meth:`rlkit.trajectories.Trajectories.show`."""
@@ -215,7 +222,8 @@ def token_view(batch: Any, color: Union[str, Any] = "advantages", tokenizer: Any
     for i in range(min(rows, batch.batch_size)):
         positions = mask[i].nonzero().flatten().tolist()
         ids = batch.input_ids[i, positions].tolist()
-        texts = tok.convert_ids_to_tokens(ids)
+        texts = [undecodable_token(tid) if text is None else text
+                 for tid, text in zip(ids, tok.convert_ids_to_tokens(ids))]
         tokens = []
         for p, tid, text in zip(positions, ids, texts):
             v = float(values[i, p])

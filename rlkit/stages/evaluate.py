@@ -16,6 +16,8 @@ from rlkit.trajectories import Trajectories
 
 @dataclass(frozen=True)
 class EvalResult:
+    """Held-out accuracy of one policy version, with the scored completions to look at."""
+
     accuracy: float  # fraction of prompts with reward >= 1 (exact match on the shipped tasks)
     mean_reward: float
     num_prompts: int

@@ -12,6 +12,8 @@ from rlkit.trajectories import Trajectories
 
 @dataclass(frozen=True)
 class StepMetrics:
+    """One RL step's metrics by NeMo-RL-style name (``metrics["rollout/reward_mean"]``); see the module docstring."""
+
     step: int  # RL steps completed, this one included
     policy_version: int  # optimizer steps the policy has taken after this step
     values: dict[str, float] = field(default_factory=dict)
@@ -20,6 +22,7 @@ class StepMetrics:
         return self.values[key]
 
     def get(self, key: str, default: float | None = None) -> float | None:
+        """The metric ``key``, or ``default`` when this step did not record it."""
         return self.values.get(key, default)
 
     def __repr__(self) -> str:

@@ -22,6 +22,8 @@ from rlkit.trajectories import LossCounts, Trajectories
 
 @dataclass(frozen=True)
 class SFTResult:
+    """The loss of every SFT step and the time they took."""
+
     losses: tuple[float, ...]  # per step, token-mean negative log-likelihood of the responses
     seconds: float
 

@@ -19,6 +19,8 @@ from rlkit.weights import HFGroup, WeightSource, bucket_groups
 
 @dataclass(frozen=True)
 class RefitReport:
+    """What a refit moved into the generator, how fast, and which policy version the generator now holds."""
+
     seconds: float
     bytes_moved: int
     num_tensors: int
@@ -27,6 +29,7 @@ class RefitReport:
 
     @property
     def gigabytes_per_second(self) -> float:
+        """Bytes moved per second of the refit, in GB/s."""
         return self.bytes_moved / max(self.seconds, 1e-9) / 1e9
 
     def __repr__(self) -> str:

@@ -64,6 +64,17 @@ def test_token_view_colours_each_completion_token():
     assert "clipped" in custom._repr_html_()
 
 
+def test_token_view_shows_an_undecodable_token_as_a_replacement_mark_with_its_id():
+    b = scored_batch()
+    first = int(b.loss_mask[0].nonzero()[0])
+    b = b.with_(input_ids=b.input_ids.clone().index_put_((torch.tensor([0]), torch.tensor([first])),
+                                                          torch.tensor(117)))  # past the char tokenizer's 103
+    view = b.show(rows=1)
+    assert view.rows[0][3][0][0] == "\ufffd117"
+    assert "None" not in view._repr_html_() and "None" not in repr(view)
+    assert ">\ufffd117</span>" in view._repr_html_()
+
+
 def test_token_view_guards_missing_fields():
     b = random_batch()
     with pytest.raises(StageOrderError, match=r"logprobs\(\)"):
