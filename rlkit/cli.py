@@ -64,8 +64,10 @@ def cmd_make_model(args: argparse.Namespace) -> int:
     from rlkit.models import make_model
     from rlkit.models.factory import count_parameters
 
-    path = make_model(args.folder, args.preset, args.family, seed=args.seed, tie_word_embeddings=args.tie)
-    print(f"{path}: {args.family} preset {args.preset!r}, {count_parameters(path) / 1e6:.2f}M parameters")
+    path = make_model(args.folder, args.preset, args.family, seed=args.seed, tokenizer=args.tokenizer,
+                      tie_word_embeddings=args.tie)
+    print(f"{path}: {args.family} preset {args.preset!r}, {args.tokenizer} tokenizer, "
+          f"{count_parameters(path) / 1e6:.2f}M parameters")
     return 0
 
 
@@ -106,6 +108,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="nano | tiny | small | medium (dense); nano-moe | tiny-moe (Mixture-of-Experts, --family mixtral)")
     p.add_argument("--family", default="llama", choices=MODEL_FAMILIES)
     p.add_argument("--tie", action="store_true", help="tie input and output embeddings")
+    p.add_argument("--tokenizer", default="char", choices=("char", "bpe"),
+                   help="char: one token per character (the quickstart's); bpe: byte-level BPE with a ChatML "
+                        "template and two EOS ids, like Qwen's (512-token vocabulary)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(fn=cmd_make_model)
 

@@ -2,8 +2,9 @@
 vLLM is not installed.
 
 Logprobs come from the processed scores (after temperature and top-k/top-p), the same convention as the
-vLLM generator's ``processed_logprobs``. Prompts are left-padded for batching; completions stop at EOS or
-a stop string. Slower than vLLM at scale, fine for tiny models.
+vLLM generator's ``processed_logprobs``. Prompts are left-padded for batching; completions stop at any EOS
+id (the list in ``generation_config.json``, as vLLM reads it, plus the tokenizer's) or a stop string.
+Slower than vLLM at scale, fine for tiny models.
 """
 
 from __future__ import annotations
@@ -27,11 +28,14 @@ class HFGenerator:
         self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).eval()
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.seed = seed
+        listed = self.model.generation_config.eos_token_id
+        listed = [listed] if isinstance(listed, int) else list(listed or [])
+        self.eos_token_ids = list(dict.fromkeys([self.tokenizer.eos_token_id] + listed))  # the tokenizer's first
 
     @torch.no_grad()
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingSettings) -> Generation:
         tok = self.tokenizer
-        pad, eos = tok.pad_token_id, tok.eos_token_id
+        pad, eos = tok.pad_token_id, self.eos_token_ids
         width = max(len(p) for p in prompt_token_ids)
         rows = [p for p in prompt_token_ids for _ in range(n)]
         ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in rows])
@@ -59,9 +63,9 @@ class HFGenerator:
         samples = []
         for i in range(new.shape[0]):
             seq = new[i].tolist()
-            length = seq.index(eos) + 1 if eos in seq else len(seq)
+            length = next((t + 1 for t, token in enumerate(seq) if token in eos), len(seq))
             text = tok.decode(seq[:length], skip_special_tokens=True)
-            stopped = eos in seq[:length] or any(s in text for s in sampling.stop_strings)
+            stopped = (length > 0 and seq[length - 1] in eos) or any(s in text for s in sampling.stop_strings)
             for s in sampling.stop_strings:
                 text = text.split(s)[0]
             samples.append((seq[:length], token_lp[i, :length].tolist(), text, "stop" if stopped else "length"))

@@ -7,15 +7,21 @@ Python class, because vLLM loads only tokenizers that `AutoTokenizer` can build 
 
 The chat template renders ``<|bos|><|user|>{content}<|end|><|assistant|>``; the assistant's reply ends with
 ``<|end|>``, which is also the EOS token, so generation stops where a turn ends.
+
+:func:`save_tokenizer` writes either this tokenizer or the byte-level BPE of :mod:`rlkit.models.bpe` into a
+model folder (``make_model(..., tokenizer="bpe")``).
 """
 
 from __future__ import annotations
 
 import string
 from pathlib import Path
+from typing import Literal
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
+
+from rlkit.errors import ModelError
 
 SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|end|>", "<|unk|>", "<|system|>", "<|user|>", "<|assistant|>")
 CHARACTERS = tuple(string.digits + string.ascii_letters + string.punctuation + " \n")
@@ -57,3 +63,28 @@ def save_char_tokenizer(folder: str | Path) -> PreTrainedTokenizerFast:
     tok = build_char_tokenizer()
     tok.save_pretrained(str(folder))
     return tok
+
+
+TokenizerKind = Literal["char", "bpe"]
+
+
+def tokenizer_vocab_size(kind: TokenizerKind) -> int:
+    """Rows a model's embedding needs for ``kind`` (a multiple of 128, like the presets' vocabularies)."""
+    from rlkit.models.bpe import BPE_VOCAB_SIZE
+
+    sizes = {"char": 128, "bpe": BPE_VOCAB_SIZE}
+    if kind not in sizes:
+        raise ModelError(f"unknown tokenizer {kind!r}; choose 'char' (one token per character, the quickstart's) "
+                         "or 'bpe' (byte-level BPE with a ChatML template, like Qwen's)")
+    return sizes[kind]
+
+
+def save_tokenizer(folder: str | Path, kind: TokenizerKind = "char") -> PreTrainedTokenizerFast:
+    """Write the ``kind`` tokenizer's files into a model folder (after the model's own files: the BPE one
+    replaces ``generation_config.json`` to list both of its EOS ids)."""
+    tokenizer_vocab_size(kind)  # an unknown kind is refused before anything is written
+    if kind == "bpe":
+        from rlkit.models.bpe import save_bpe_tokenizer
+
+        return save_bpe_tokenizer(folder)
+    return save_char_tokenizer(folder)

@@ -1,0 +1,127 @@
+"""A byte-level BPE tokenizer with a ChatML chat template, made offline for the test models.
+
+Why: the character tokenizer (:mod:`rlkit.models.tokenizer`) maps one character to one token, so it never
+exercises what a real checkpoint's tokenizer does to an RL loop: several characters per token, one character
+split over several tokens (multi-byte UTF-8), a chat template with a system turn, and several end-of-sequence
+ids in ``generation_config.json`` (Qwen's ``<|im_end|>`` and ``<|endoftext|>``). No hub is reachable here, so
+the tokenizer is trained with the ``tokenizers`` library on a small built-in corpus and saved as a standard HF
+tokenizer folder (``tokenizer.json`` + ``tokenizer_config.json``) that transformers and vLLM load as they load
+Qwen's.
+
+The layout follows Qwen2/Qwen3: special tokens ``<|endoftext|>`` (id 0, also the pad token), ``<|im_start|>``
+(1) and ``<|im_end|>`` (2, the tokenizer's EOS, ending every turn); ``generation_config.json`` lists both
+``<|im_end|>`` and ``<|endoftext|>`` as EOS ids, so generation stops on either. Ids 0/1/2 are the pad/bos/eos
+ids :func:`rlkit.models.factory.hf_config` writes into ``config.json``. The 256 byte symbols are always in the
+vocabulary, so any text encodes (no unknown token) and decodes back byte for byte.
+
+The template marks the assistant's reply and its ``<|im_end|>`` with ``{% generation %}``, so transformers'
+``return_assistant_tokens_mask`` gives an independent check of rlkit's loss masks.
+
+The normalizer (NFC) and pre-tokenizer (Qwen2's split regex, then bytes) are Qwen2's exactly: transformers
+rebuilds that pipeline around the stored vocabulary whenever it loads a tokenizer into a Qwen-family folder
+(``Qwen2Tokenizer``), and a Llama folder keeps ``tokenizer.json`` as written, so both load one tokenizer.
+
+Deliberate simplifications: no tool-call or thinking markup in the template; training is deterministic for a
+given corpus but the vocabulary is not any released tokenizer's.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)  # ids 0, 1, 2
+EOS_TOKENS = (IM_END, ENDOFTEXT)  # generation stops on either; the first is the tokenizer's eos_token
+BPE_VOCAB_SIZE = 512  # 256 bytes + 3 specials + 253 merges: a multiple of 128, so the tiny models stay tiny
+# Qwen2's pre-tokenizer split (digits one by one; newlines grouped), the one transformers' Qwen2Tokenizer builds
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+               r"|\s+(?!\S)|\s+")
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages %}"
+    "{{- '<|im_start|>' + message['role'] + '\n' }}"
+    "{%- if message['role'] == 'assistant' %}"
+    "{% generation %}{{- message['content'] + '<|im_end|>' }}{% endgeneration %}{{- '\n' }}"
+    "{%- else %}"
+    "{{- message['content'] + '<|im_end|>' + '\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"
+)
+
+# Text in several scripts; frequent characters (é, π, ×) get merged into one token, characters seen once
+# (the last line) stay split into their UTF-8 bytes, so both cases occur in tests.
+_UTF8_LINES = (
+    "Le café coûte 3 € et le thé 2 €. Déjà payé ? Très bien, élève !",
+    "π ≈ 3.14159, 2 × 3 = 6, 6 ÷ 2 = 3, √16 = 4, 90° is a right angle, ½ + ½ = 1.",
+    "Straße, Größe, über, schön: für die Prüfung üben wir Mathematik.",
+    "Привет, мир! Сколько будет два плюс два? Четыре.",
+    "数学の問題を解きましょう。答えは四です。",
+    "Unicode once: Ω ∑ 語 🙂 👍🏽 ∞",
+)
+_NAMES = ("Natalia", "Weng", "Betty", "Julie", "James", "Albert", "Ken", "Alexis", "Tina", "Mark")
+_ITEMS = ("clips", "apples", "books", "cookies", "marbles", "pages", "dollars", "eggs", "pencils", "cards")
+
+
+def training_corpus(seed: int = 0) -> list[str]:
+    """The built-in corpus: arithmetic, GSM8K-style word problems with boxed answers, chat phrases, and
+    multi-byte UTF-8 text. Deterministic for a given ``seed``."""
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(400):
+        a, b = rng.randrange(1000), rng.randrange(1000)
+        lines.append(f"{a}+{b}={a + b}")
+    for _ in range(200):
+        name, item = rng.choice(_NAMES), rng.choice(_ITEMS)
+        x, y = rng.randrange(2, 60), rng.randrange(2, 60)
+        lines.append(f"{name} has {x} {item} and buys {y} more. How many {item} does {name} have now? "
+                     f"{name} has {x} + {y} = {x + y} {item}. The answer is \\boxed{{{x + y}}}.")
+    lines += ["Solve the problem step by step. Put the final answer in \\boxed{}.",
+              "You are a helpful assistant.", "Let's think step by step."] * 20
+    lines += list(_UTF8_LINES[:-1]) * 8 + [_UTF8_LINES[-1]]
+    return lines
+
+
+def build_bpe_tokenizer(vocab_size: int = BPE_VOCAB_SIZE, seed: int = 0) -> PreTrainedTokenizerFast:
+    """Train the byte-level BPE on :func:`training_corpus` and wrap it with its chat template."""
+    core = Tokenizer(models.BPE())
+    core.normalizer = normalizers.NFC()
+    core.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        continuing_subword_prefix="",  # as Qwen2Tokenizer stores them, so a loaded copy equals this one
+        end_of_word_suffix="",
+        special_tokens=[AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    core.train_from_iterator(training_corpus(seed), trainer=trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token=IM_END, pad_token=ENDOFTEXT,
+                                  additional_special_tokens=[IM_START])
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def save_bpe_tokenizer(folder: str | Path) -> PreTrainedTokenizerFast:
+    """Write the tokenizer files and ``generation_config.json`` (both EOS ids) into ``folder``.
+
+    Written after the model's ``save_pretrained``, whose ``generation_config.json`` holds a single EOS id.
+    """
+    folder = Path(folder)
+    tok = build_bpe_tokenizer()
+    tok.save_pretrained(str(folder))
+    ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    generation = {"bos_token_id": ids[IM_START], "eos_token_id": [ids[t] for t in EOS_TOKENS],
+                  "pad_token_id": ids[ENDOFTEXT]}
+    (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+    return tok
