@@ -152,6 +152,11 @@ class VllmGenerator:
         self.llm.reset_prefix_cache()
 
     def close(self) -> None:
+        """Shut the engine down now rather than whenever the ``LLM`` is garbage collected: its shutdown
+        destroys the process groups (vLLM's and the default one), and run late it would destroy the groups
+        of the session built next. Safe twice."""
+        if self.llm is not None:
+            self.llm.llm_engine.engine_core.shutdown()
         self.llm = None
 
     def __repr__(self) -> str:

@@ -28,7 +28,7 @@ from rlkit.config.components import PolicyConfig
 from rlkit.errors import ModelError
 from rlkit.policy.in_process import InProcessPolicy
 from rlkit.policy.megatron.build import Architecture
-from rlkit.policy.megatron.parallel import ensure_process_group
+from rlkit.policy.megatron.parallel import acquire_process_group
 from rlkit.weights import HFGroup
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
@@ -52,7 +52,8 @@ class DTensorPolicy(InProcessPolicy):
         if self.arch.family == "mixtral":
             raise ModelError("the DTensor backend does not train Mixture-of-Experts models yet (transformers holds the "
                              "experts fused, under other names than the checkpoint's); use policy.megatron_cfg")
-        ensure_process_group()
+        acquire_process_group()
+        self._holds_process_group = True
         self.dp_rank, self.dp_size = dist.get_rank(), dist.get_world_size()
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self.mesh = init_device_mesh(self.device.type, (self.dp_size,), mesh_dim_names=("dp",))

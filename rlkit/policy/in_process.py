@@ -111,6 +111,7 @@ class InProcessPolicy:
     cfg: PolicyConfig
     model: Optional[torch.nn.Module]
     device: torch.device
+    _holds_process_group = False  # a subclass that acquired the default group sets it; close() releases it
 
     def _start_training(self) -> None:
         """Optimizer, schedule, version 0 and the reference: the state right after the model is loaded."""
@@ -305,7 +306,13 @@ class InProcessPolicy:
         load_policy_state(self, Path(folder))
 
     def close(self) -> None:
-        """Release the model, optimizer and reference (the process group stays for whatever comes next)."""
+        """Release the model, optimizer and reference, and this policy's hold on the default process group
+        (destroyed with its last holder if rlkit created it: :mod:`rlkit.policy.megatron.parallel`)."""
+        from rlkit.policy.megatron.parallel import release_process_group
+
         self.model = None
         self.optimizer = None
         self.reference_state = None
+        if self._holds_process_group:
+            self._holds_process_group = False
+            release_process_group()

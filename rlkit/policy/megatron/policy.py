@@ -55,6 +55,7 @@ class MegatronPolicy(InProcessPolicy):
         mc = cfg.megatron_cfg
         self.layout = parallel.ParallelLayout(**mc.model_dump(include=set(parallel.ParallelLayout.__dataclass_fields__)))
         parallel.init_parallel(self.layout, seed)
+        self._holds_process_group = True
         self.tp_rank, self.tp_size = parallel.tp_rank_and_size()
         self.pp_rank, self.pp_size = pipeline.pp_rank_and_size()
         self.device = parallel.device()  # the model's; batches and results stay where the caller keeps them
@@ -295,7 +296,8 @@ class MegatronPolicy(InProcessPolicy):
                 sum_grad_over(p, parallel.tp_group())
 
     def close(self) -> None:
-        """Release the model and Megatron's global parallel state (a new policy can be built after)."""
+        """Release the model, Megatron's global parallel state and the default group (a new policy can be
+        built after)."""
         super().close()
         parallel.destroy_parallel()
 
