@@ -3,6 +3,7 @@
     rlkit train quickstart                         # SFT warm start, then GRPO; writes runs/quickstart/
     rlkit train my.yaml grpo.max_num_steps=50      # any preset or YAML file, with dotted overrides
     rlkit train my.yaml checkpointing.enabled=true --resume   # continue from the newest checkpoint
+    rlkit train my.yaml checkpointing.enabled=true --resume-from 40   # continue from the step-40 checkpoint
     rlkit sweep quickstart loss_fn.ratio_clip_max=0.2,0.28 seed=0,1,2   # grid x seeds, table and plot
     rlkit make-model models/tiny --preset tiny     # an HF-format tiny model folder
     rlkit demo                                     # the component demo: generate, score, train, refit
@@ -32,7 +33,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from rlkit.experiment import run_experiment
 
     config = load_config(args.config, args.overrides)
-    summary = run_experiment(config, progress=not args.quiet, resume=args.resume)
+    summary = run_experiment(config, progress=not args.quiet, resume=args.resume, resume_from=args.resume_from)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -91,8 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--output", required=True, help="folder for the fine-tuned HF model")
         else:
             p.add_argument("--resume", action="store_true",
-                           help="continue from the newest checkpoint of this run (checkpointing.checkpoint_dir, "
-                                "default <log_dir>/<name>/checkpoints); starts afresh if there is none")
+                           help="continue from the newest checkpoint of this run that reads whole "
+                                "(checkpointing.checkpoint_dir, default <log_dir>/<name>/checkpoints); starts "
+                                "afresh if there is none")
+            p.add_argument("--resume-from", metavar="PATH|STEP", default=None,
+                           help="continue from this checkpoint: a step number of this run's checkpoints, or a "
+                                "checkpoint folder; newer checkpoints of the run are kept aside, not deleted")
         p.set_defaults(fn=fn)
 
     p = sub.add_parser("sweep", help="run a grid of overrides (x seeds) and compare")

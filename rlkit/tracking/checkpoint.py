@@ -16,7 +16,9 @@ checkpoint loadable. Everything is written into a hidden sibling folder, each fi
 renamed into place (a rename within a directory is atomic on POSIX). Overwriting an existing folder takes
 two renames (old aside, new in); a crash between them leaves the old one as ``.<name>.old-*``, which
 :func:`load_session` falls back to. Periodic checkpoints never overwrite: each step has its own folder,
-and pruning renames a folder away before deleting it, so a half-deleted folder never looks valid.
+and pruning renames a folder away before deleting it, so a half-deleted folder never looks valid. A resume
+takes the newest checkpoint that reads whole (:func:`resumable_checkpoint`, which warns about each damaged
+newer one) or the one the user chose (:func:`chosen_checkpoint`).
 
 Why no pickle: a checkpoint may come from someone else; safetensors and JSON cannot execute code.
 
@@ -226,14 +228,18 @@ def read_checkpoint_state(path: str | Path) -> dict[str, Any]:
     folder = resolve_checkpoint(path)
     try:
         state = json.loads((folder / "state.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # ValueError: bad JSON or not UTF-8
         raise CheckpointError(f"{folder}/state.json is unreadable ({e}); use an earlier checkpoint") from e
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{folder}/state.json holds no JSON object; use an earlier checkpoint")
     if state.get("format") != FORMAT or state.get("format_version", 0) > FORMAT_VERSION:
         raise CheckpointError(f"{folder} is not an rlkit checkpoint of format version <= {FORMAT_VERSION}")
     if state["format_version"] < FORMAT_VERSION:
         raise CheckpointError(f"{folder} was written by an older rlkit (checkpoint format {state['format_version']}, "
                               f"this one reads {FORMAT_VERSION}: the policy state is now a distributed checkpoint); "
                               "resume it with the rlkit that wrote it, or export its weights there and start from them")
+    if not isinstance(state.get("files"), dict):
+        raise CheckpointError(f"{folder}/state.json lists no files; use an earlier checkpoint")
     for name, size in state["files"].items():
         if name != "state.json" and (not (folder / name).is_file() or (folder / name).stat().st_size != size):
             raise CheckpointError(f"{folder}/{name} is missing or truncated; use an earlier checkpoint")
@@ -292,6 +298,63 @@ def list_checkpoints(folder: str | Path) -> list[Path]:
 def latest_checkpoint(folder: str | Path) -> Optional[Path]:
     found = list_checkpoints(folder)
     return found[-1] if found else None
+
+
+def resumable_checkpoint(folder: str | Path) -> Optional[Path]:
+    """The newest checkpoint in ``folder`` that reads whole (:func:`read_checkpoint_state`); None if there is none.
+
+    Why fall back: a checkpoint damaged after it was written (a disk error, a copy cut short) must not block a
+    resume when the one before it is good. Each newer one that is skipped is named, with its problem, in a
+    warning; when every checkpoint is damaged, CheckpointError lists them all (nothing is started afresh).
+    """
+    problems = []
+    for candidate in reversed(list_checkpoints(folder)):
+        try:
+            read_checkpoint_state(candidate)
+        except CheckpointError as e:
+            problems.append(f"{candidate.name}: {e}")
+            continue
+        if problems:
+            warnings.warn(f"resuming from {candidate}, the newest checkpoint that reads whole; skipped newer "
+                          f"one(s): {'; '.join(problems)}", stacklevel=2)
+        return candidate
+    if problems:
+        raise CheckpointError(f"no checkpoint in {folder} reads whole, so the run cannot resume: "
+                              f"{'; '.join(problems)}. Fix: restore one from a copy, or start the run afresh "
+                              "under another name")
+    return None
+
+
+def chosen_checkpoint(folder: str | Path, choice: str | int | Path) -> Path:
+    """The checkpoint ``choice`` names: a step number of the ``step_*`` checkpoints in ``folder``, or a path to
+    a checkpoint folder (a digit-only string is a step; write ``./5`` for a folder named 5). It must read
+    whole: an explicit choice never falls back to another checkpoint."""
+    folder = Path(folder)
+    is_step = isinstance(choice, int) or str(choice).isdigit()
+    path = folder / f"step_{int(choice):06d}" if is_step else Path(choice)
+    if not (path / "state.json").is_file():
+        found = ", ".join(f"{p.name} (step {int(p.name[5:])})" for p in list_checkpoints(folder)) or "none"
+        raise CheckpointError(f"resume from {str(choice)!r}: there is no checkpoint at {path}. This run's "
+                              f"checkpoints in {folder}: {found}. Fix: pick one of those (a step number or "
+                              "a checkpoint folder)")
+    return Path(read_checkpoint_state(path)["folder"])
+
+
+def set_aside_newer(folder: str | Path, step: int) -> list[Path]:
+    """Rename the ``step_*`` checkpoints in ``folder`` newer than ``step`` to ``step_<N>.superseded-<time>``.
+
+    Why: a run resumed from an earlier checkpoint starts a new line of steps; the old line's checkpoints would
+    otherwise be taken for its own by the next ``--resume`` and by pruning. They are kept, not deleted, under
+    a name that neither reads as a checkpoint of the run nor gets pruned. Returns the new paths."""
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    moved = []
+    for path in Path(folder).iterdir() if Path(folder).is_dir() else ():
+        m = STEP_DIR.match(path.name)
+        if m and int(m.group(1)) > step:
+            target = path.with_name(f"{path.name}.superseded-{stamp}")
+            os.rename(path, target)
+            moved.append(target)
+    return sorted(moved)
 
 
 def prune_checkpoints(folder: str | Path, keep_last: int) -> list[Path]:

@@ -1,0 +1,78 @@
+"""A run's records (``config.yaml``, ``metrics.jsonl``, ``tables.jsonl``, ``summary.json``), replaced only once
+the run has started.
+
+Why: a run that fails to start (a broken model folder, a corrupt checkpoint, a fault while the engines come up)
+must leave the records of the run it would have replaced exactly as they were. So :func:`start_records` is
+called after the session is built and its checkpoint loaded, and writes each new file beside the old one
+under a hidden temporary name (fsynced) before renaming it over the old one; a rename is atomic on POSIX.
+The new records of a fresh start: this config, empty logs; of a resumed run: this config, the logs cut back
+to the lines of the steps up to its checkpoint (a run killed after that checkpoint logged steps it will
+log again).
+
+What a start removes: only ``summary.json``, the summary of the run this one supersedes (left in place it
+would describe the new logs). Nothing else in the folder is touched, whatever the folder is.
+
+Deliberate simplification: the files are renamed one after another, so a crash in that instant (no work
+happens between the renames) can leave some of them new and some old.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+from typing import Optional
+
+LOGS = ("metrics.jsonl", "tables.jsonl")
+
+
+def _lines_through(path: Path, step: int) -> str:
+    """The lines of a JSONL log with ``"step" <= step``; a line a killed writer left half-written is dropped."""
+    if not path.is_file():
+        return ""
+    kept = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line + "\n")
+        except (ValueError, KeyError, TypeError):
+            continue
+    return "".join(kept)
+
+
+def _write_beside(path: Path, text: str) -> Path:
+    tmp = path.with_name(f".{path.name}.new-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    return tmp
+
+
+def start_records(run_dir: str | Path, config_yaml: str, resumed_step: Optional[int] = None) -> None:
+    """Make ``run_dir``'s records those of a run that starts now (``resumed_step`` None) or that continues
+    from its checkpoint of step ``resumed_step``. Call it once the run has started (see the module docstring).
+    """
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    new = {"config.yaml": config_yaml}
+    for name in LOGS:
+        if (run_dir / name).exists() or name == "metrics.jsonl":
+            new[name] = "" if resumed_step is None else _lines_through(run_dir / name, resumed_step)
+    staged: dict[str, Path] = {}
+    try:
+        for name, text in new.items():
+            staged[name] = _write_beside(run_dir / name, text)
+        for name, tmp in staged.items():
+            os.replace(tmp, run_dir / name)
+    except BaseException:
+        for tmp in staged.values():
+            tmp.unlink(missing_ok=True)
+        raise
+    (run_dir / "summary.json").unlink(missing_ok=True)
+    fd = os.open(run_dir, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

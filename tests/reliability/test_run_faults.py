@@ -1,0 +1,137 @@
+"""Faults around a run's folder: a failed start or a failed resume leaves it byte-identical (sha256 of every
+file); a damaged newest checkpoint is passed over for the newest one that reads whole; ``--resume-from``
+picks a checkpoint, and a missing one is an error that lists the run's checkpoints.
+
+One real run (the nano model after a little SFT, so that steps learn; 4 GRPO steps, checkpoints at steps 0, 2 and 4) is made once; each test damages a
+copy of its folder. The resumed runs are compared with it metric by metric (CPU fp32, same process:
+bit-identical in practice; tolerance rel 1e-6 / abs 1e-7 as in tests/tracking/test_resume.py).
+"""
+
+import hashlib
+import json
+import shutil
+from types import SimpleNamespace
+
+import pytest
+
+from rlkit.cli import main
+from rlkit.config.loading import config_to_yaml, load_config
+from rlkit.errors import CheckpointError, ModelError
+from rlkit.experiment import run_experiment
+from tests.tracking.conftest import deterministic, tiny_config, warm_model  # noqa: F401 (a fixture)
+
+CHECKPOINTS = ["step_000000", "step_000002", "step_000004"]
+
+
+def digests(folder):
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def metric_lines(folder):
+    return [deterministic(json.loads(line)) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def finished_run(warm_model, tmp_path_factory):
+    base = tmp_path_factory.mktemp("faults")
+    model = shutil.copytree(warm_model, base / "model")
+    cfg = tiny_config(model, base / "runs", "name=run", "checkpointing.enabled=true", "checkpointing.save_period=2",
+                      "checkpointing.keep_last=3")
+    summary = run_experiment(cfg, progress=False)
+    folder = base / "runs" / "run"
+    assert sorted(p.name for p in (folder / "checkpoints").iterdir()) == CHECKPOINTS
+    metrics = metric_lines(folder)
+    assert any(line.get("train/grad_norm", 0) > 0 for line in metrics[3:])  # the steps after step 2 learn
+    return SimpleNamespace(cfg=cfg, model=model, folder=folder, summary=summary, metrics=metrics)
+
+
+def copy_run(finished_run, tmp_path, **overrides):
+    """A copy of the finished run's folder under ``tmp_path/runs``, and its config pointed there."""
+    folder = shutil.copytree(finished_run.folder, tmp_path / "runs" / "run")
+    cfg = load_config(finished_run.cfg.model_dump(mode="json"), {"logger.log_dir": str(tmp_path / "runs"), **overrides})
+    return folder, cfg
+
+
+def truncate(path, by=64):
+    path.write_bytes(path.read_bytes()[:-by])
+
+
+def a_shard(checkpoint):
+    return sorted((checkpoint / "policy").rglob("*.safetensors"))[0]
+
+
+def test_a_failed_start_over_an_existing_run_leaves_its_folder_byte_identical(finished_run, tmp_path):
+    model = shutil.copytree(finished_run.model, tmp_path / "model")
+    folder, cfg = copy_run(finished_run, tmp_path, **{"policy.model_name": str(model), "checkpointing.enabled": False})
+    truncate(model / "model.safetensors")  # damaged after the config was validated (e.g. a copy still running)
+    before = digests(folder)
+    with pytest.raises(ModelError, match="is unreadable"):
+        run_experiment(cfg, progress=False)
+    assert digests(folder) == before
+
+
+def test_a_fresh_start_over_checkpoints_of_the_same_run_is_refused_and_changes_nothing(finished_run, tmp_path):
+    folder, cfg = copy_run(finished_run, tmp_path)
+    before = digests(folder)
+    with pytest.raises(CheckpointError, match=r"already holds checkpoints .*\(step_000000, step_000002, step_000004\)"):
+        run_experiment(cfg, progress=False)
+    assert digests(folder) == before
+
+
+def test_a_resume_with_no_whole_checkpoint_fails_and_leaves_the_folder_byte_identical(finished_run, tmp_path):
+    folder, cfg = copy_run(finished_run, tmp_path)
+    (folder / "checkpoints" / "step_000004" / "state.json").write_text('{"format": "rlkit-che')  # cut short
+    for name in CHECKPOINTS[:2]:
+        truncate(a_shard(folder / "checkpoints" / name))
+    before = digests(folder)
+    with pytest.raises(CheckpointError) as info:
+        run_experiment(cfg, progress=False, resume=True)
+    assert digests(folder) == before
+    message = str(info.value)
+    assert "no checkpoint in" in message and "step_000004: " in message and "state.json is unreadable" in message
+    assert "step_000002: " in message and "step_000000: " in message and "missing or truncated" in message
+
+
+def test_resume_passes_over_a_damaged_newest_checkpoint_to_the_newest_whole_one(finished_run, tmp_path):
+    folder, cfg = copy_run(finished_run, tmp_path)
+    damaged = folder / "checkpoints" / "step_000004"
+    truncate(a_shard(damaged))
+    damaged_digests = digests(damaged)
+    with pytest.warns(UserWarning, match=r"resuming from .*step_000002.*skipped newer one\(s\): step_000004: .*"
+                                         r"missing or truncated"):
+        summary = run_experiment(cfg, progress=False, resume=True)
+    assert summary["resumed_from_step"] == 2 and summary["rl_steps"] == 4
+    got = metric_lines(folder)
+    assert [line["step"] for line in got] == [0, 1, 2, 3, 4, 4]
+    for line, want in zip(got, finished_run.metrics):
+        assert line == pytest.approx(want, rel=1e-6, abs=1e-7)
+    # the damaged checkpoint is kept aside, not deleted; the resumed run wrote a whole step_000004 of its own
+    aside = [p for p in (folder / "checkpoints").iterdir() if p.name.startswith("step_000004.superseded-")]
+    assert len(aside) == 1 and digests(aside[0]) == damaged_digests
+    from rlkit.tracking.checkpoint import read_checkpoint_state
+    assert read_checkpoint_state(damaged)["run_state"]["step"] == 4
+
+
+def test_resume_from_a_chosen_step_and_a_missing_one_lists_the_checkpoints(finished_run, tmp_path, capsys):
+    folder, cfg = copy_run(finished_run, tmp_path, **{"grpo.max_num_steps": 3})
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(config_to_yaml(cfg))
+    before = digests(folder)
+    assert main(["train", str(config_path), "--quiet", "--resume-from", "3"]) == 2
+    err = capsys.readouterr().err
+    assert "resume from '3': there is no checkpoint at" in err
+    assert "step_000000 (step 0), step_000002 (step 2), step_000004 (step 4)" in err
+    assert digests(folder) == before
+
+    assert main(["train", str(config_path), "--quiet", "--resume-from", "2"]) == 0
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["resumed_from_step"] == 2 and summary["rl_steps"] == 3
+    got = metric_lines(folder)
+    assert [line["step"] for line in got] == [0, 1, 2, 3, 3]
+    for line, want in zip(got[:4], finished_run.metrics):  # steps 0-3 as the first run logged them
+        assert line == pytest.approx(want, rel=1e-6, abs=1e-7)
+    names = sorted(p.name for p in (folder / "checkpoints").iterdir())
+    assert names[:3] == ["step_000000", "step_000002", "step_000003"]
+    assert len(names) == 4 and names[3].startswith("step_000004.superseded-")  # the old line's, kept
+    assert "max_num_steps: 3" in (folder / "config.yaml").read_text()
