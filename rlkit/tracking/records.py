@@ -12,8 +12,9 @@ log again).
 What a start removes: only ``summary.json``, the summary of the run this one supersedes (left in place it
 would describe the new logs). Nothing else in the folder is touched, whatever the folder is.
 
-Deliberate simplification: the files are renamed one after another, so a crash in that instant (no work
-happens between the renames) can leave some of them new and some old.
+Deliberate simplifications: the files are renamed one after another, so a crash in that instant (no work
+happens between the renames) can leave some of them new and some old; a crash between writing a new file and
+renaming it leaves it as a hidden ``.<name>.new-<pid>-*`` file, which nothing reads.
 """
 
 from __future__ import annotations
