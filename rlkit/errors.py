@@ -24,6 +24,10 @@ class StageOrderError(RLKitError, RuntimeError):
     """A stage was called before the stage that produces its input."""
 
 
+class SessionClosedError(RLKitError, RuntimeError):
+    """A stage or method of a Session called after its ``close()``: its engines are released."""
+
+
 class ModelError(RLKitError, ValueError):
     """A model folder, architecture or tokenizer that rlkit cannot use as asked."""
 

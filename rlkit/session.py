@@ -26,10 +26,12 @@ from rlkit.algorithms import RLLoss
 from rlkit.config.changes import Change, changes_needed, refusals
 from rlkit.config.loading import load_config
 from rlkit.config.run import RunConfig
+from rlkit.errors import SessionClosedError
 from rlkit.generation.base import SamplingSettings
 from rlkit.run_state import RunState
 from rlkit.stages.async_rollouts import updates_per_step
 from rlkit.stages.metrics import StepMetrics, step_metrics
+from rlkit.stages.reuse import warn_if_reused
 from rlkit.stages.rollout_sources import RolloutSource, rollout_source, step_seed, warn_if_off_policy
 from rlkit.trajectories import Trajectories
 
@@ -99,6 +101,7 @@ class Session:
         run (``reset()``), and the model, generator, data, environment and ``grpo.async_grpo`` need a new
         Session: such changes raise ConfigError naming every key, and nothing is changed. It prints what
         changed (``key: old -> new``) and what each change needed (live, new rollout source, new loss...)."""
+        self._refuse_if_closed("configure")
         new, changes = self._changes(overrides, {Change.LIVE, Change.ROLLOUTS, Change.LOSS, Change.OPTIMIZER},
                                      "configure()")
         old, self.config = self.config, new
@@ -149,6 +152,7 @@ class Session:
     def restore_run_state(self, state: Mapping[str, Any]) -> None:
         """Continue the run ``RunState.state_dict()`` saved (a checkpoint does this): the run state is replaced,
         the rollout source restarted at the restored step, and the generator refit."""
+        self._refuse_if_closed("restore_run_state")
         run = RunState.fresh(self.config, self.dataset)
         run.load_state_dict(state)
         self._start_run(run)
@@ -167,6 +171,7 @@ class Session:
         sampler at the start of the seed's order, a new baseline, no latest results) and so is the rollout
         source; the loss is rebuilt from the config, unless you supplied one (it is kept, see ``configure``);
         the RNGs are seeded as at construction. Listeners (a dashboard) stay attached."""
+        self._refuse_if_closed("reset")
         from rlkit.policy.megatron.policy import load_hf_state
 
         new, changes = self._changes(config, set(Change) - {Change.SESSION}, "reset()")
@@ -195,6 +200,7 @@ class Session:
     @property
     def stale(self) -> bool:
         """True when the generator holds older weights than the policy (call ``refit()``)."""
+        self._refuse_if_closed("stale")
         return self.generator_version != self.policy.version
 
     def _latest(self, batch: Optional[Trajectories], stage: str) -> Trajectories:
@@ -213,6 +219,7 @@ class Session:
     def sampling(self, seed: Optional[int] = None) -> SamplingSettings:
         """The sampling settings a rollout uses now (``policy.generation.*``), seeded per step from ``seed``
         and the step count unless ``seed`` is given, so a rollout re-run within a step samples the same."""
+        self._refuse_if_closed("sampling")
         g = self.config.policy.generation
         return SamplingSettings(g.temperature, g.top_p, g.top_k, g.max_new_tokens, g.stop_strings,
                                 seed=step_seed(self.config.seed, self.step_count) if seed is None else seed)
@@ -239,24 +246,30 @@ class Session:
         """This step's batch from the rollout source the config chose (plain: not scored; dynamic sampling:
         scored; async GRPO: the producer's next ready batch, ``seed`` unused), see
         :mod:`rlkit.stages.rollout_sources`. Within a step it is the same batch again. ``rows``: G samples of
-        exactly these prompts instead, not scored, whatever the source."""
+        exactly these prompts instead, not scored, whatever the source. The batch is marked with the step it is
+        for (``rollout_step``), so that ``train()`` can tell a batch of an earlier step."""
+        self._refuse_if_closed("rollout")
         if rows is None:
-            return self._keep(self.rollouts.batch(self.run_state, self.sampling(seed).seed, self.generator_version,
-                                                  self.policy.version))
-        warn_if_off_policy(self.generator_version, self.policy.version)
-        with self.rollouts.exclusive():  # async GRPO's producer may be sampling
-            return self._keep(self._sample(rows, self.sampling(seed).seed, self.generator_version))
+            batch = self.rollouts.batch(self.run_state, self.sampling(seed).seed, self.generator_version,
+                                        self.policy.version)
+        else:
+            warn_if_off_policy(self.generator_version, self.policy.version)
+            with self.rollouts.exclusive():  # async GRPO's producer may be sampling
+                batch = self._sample(rows, self.sampling(seed).seed, self.generator_version)
+        return self._keep(batch.with_(rollout_step=self.step_count))
 
     def score(self, batch: Optional[Trajectories] = None) -> Trajectories:
         """Rewards from the environment for a batch that has none yet. A batch that has them (dynamic sampling
         scores its candidates to choose among them) is kept as it is: scoring again would cost an environment
         pass and, with a random reward, undo the choice; ``stages.score(batch, session.env)`` rescores."""
+        self._refuse_if_closed("score")
         batch = self._latest(batch, "score")
         return self._keep(batch if batch.rewards is not None else self._score(batch))
 
     def advantages(self, batch: Optional[Trajectories] = None) -> Trajectories:
         """Per-token advantages ``[B, T]`` from the rewards by ``grpo.advantage_estimator`` (group mean and
         std for GRPO; reinforce_baseline's running mean is the session's ``baseline``)."""
+        self._refuse_if_closed("advantages")
         g = self.config.grpo
         return self._keep(stages.advantages(self._latest(batch, "advantages"), g.advantage_estimator,
                                             g.advantage_params(), self.baseline))
@@ -265,21 +278,28 @@ class Session:
         """The trainer's logprobs of the sampled tokens (``prev_logprobs`` ``[B, T]``), the reference policy's
         when the loss needs them (KL), the entropy, and the generator/trainer mismatch (warns past
         ``grpo.mismatch_warning_threshold``)."""
+        self._refuse_if_closed("logprobs")
         needs_reference = getattr(self.loss_fn, "needs_reference", True)
         return self._keep(stages.logprobs(self._latest(batch, "logprobs"), self.policy, needs_reference,
                                           self.config.grpo.mismatch_warning_threshold))
 
     def loss(self, batch: Optional[Trajectories] = None) -> stages.LossReport:
         """The loss and metrics on the batch under the current weights; no step is taken."""
+        self._refuse_if_closed("loss")
         return stages.loss(self._latest(batch, "loss"), self.policy, self.loss_fn)
 
-    def train(self, batch: Optional[Trajectories] = None) -> StepMetrics:
+    def train(self, batch: Optional[Trajectories] = None, allow_reuse: bool = False) -> StepMetrics:
         """Loss and optimizer step(s) on the batch; completes the RL step and records its metrics.
 
         Interrupted (Ctrl-C, Jupyter's stop) after an update took effect, the step is still recorded (step
         count, history with ``train/interrupted`` = 1, next step's prompts) before the interrupt propagates;
-        interrupted before any update, nothing is recorded and the same call can simply be repeated."""
+        interrupted before any update, nothing is recorded and the same call can simply be repeated.
+        A batch of an earlier step (one trained on already, too) warns unless ``allow_reuse``
+        (:mod:`rlkit.stages.reuse`)."""
+        self._refuse_if_closed("train")
         batch = self._latest(batch, "train")
+        if not allow_reuse:
+            warn_if_reused(batch, self.step_count)
         version_before = self.policy.version
         try:
             result = stages.train(batch, self.policy, self.loss_fn, self.config.grpo.num_epochs,
@@ -301,6 +321,7 @@ class Session:
 
     def refit(self) -> Any:
         """Push the policy's weights into the generator. Interrupted midway, the generator stays stale."""
+        self._refuse_if_closed("refit")
         self.generator_version = -1  # unknown mixture until the sync completes
         with self.rollouts.exclusive():
             report = stages.refit(self.policy, self.generator, self.weight_sync)
@@ -311,6 +332,7 @@ class Session:
 
     def step(self) -> StepMetrics:
         """One whole RL step: rollout, score, logprobs, advantages, train, refit."""
+        self._refuse_if_closed("step")
         t0 = time.perf_counter()
         if self.stale:
             self.refit()
@@ -394,6 +416,7 @@ class Session:
 
     def evaluate(self, num_prompts: Optional[int] = None, greedy: Optional[bool] = None) -> stages.EvalResult:
         """Held-out accuracy of the current policy (refits the generator first if it is stale)."""
+        self._refuse_if_closed("evaluate")
         if self.stale:
             self.refit()
         n = num_prompts or self.config.eval.num_prompts
@@ -415,6 +438,7 @@ class Session:
         leaves the generator stale, as ``train()`` does. Interrupted, SFT keeps the steps it took and the
         generator stays stale; ``step()`` and ``evaluate()`` refit first.
         """
+        self._refuse_if_closed("sft")
         from tqdm.auto import tqdm
 
         from rlkit.data import PromptSampler
@@ -440,12 +464,14 @@ class Session:
     def dashboard(self) -> Any:
         """A live widget (plots of reward, KL, entropy, clipping, lengths, stage times; latest samples;
         a stop button) that updates during ``run()``. Falls back to text without ipywidgets."""
+        self._refuse_if_closed("dashboard")
         from rlkit.notebook.dashboard import Dashboard
 
         return Dashboard(self)
 
     def save(self, path: str | Path) -> Path:
         """Write a checkpoint (weights, optimizer, scheduler, RNG, data position, step, config) atomically."""
+        self._refuse_if_closed("save")
         from rlkit.tracking.checkpoint import save_session
 
         return save_session(self, path)
@@ -458,8 +484,20 @@ class Session:
         return load_session(cls, path, **kwargs)
 
     # ---- lifecycle -------------------------------------------------------------------------------
+    closed = False  # True from close() on: every stage and method then raises SessionClosedError
+
+    def _refuse_if_closed(self, method: str) -> None:
+        """A clear error for ``method`` on a closed session, instead of an AttributeError on None deep inside a
+        stage. Called inline, not as a decorator: a wrapper's frame would shift every warning's stacklevel."""
+        if self.closed:
+            raise SessionClosedError(
+                f"this session is closed: session.{method}() needs the engines close() released. Create a new "
+                "one with Session.from_config(...), or Session.load(path) to continue from a checkpoint")
+
     def close(self) -> None:
-        """Release the generator, the policy and Megatron's global state; a new Session can follow."""
+        """Release the generator, the policy, their process groups and Megatron's global state; a new Session
+        can follow. Safe twice."""
+        self.closed = True
         for part in ("rollouts", "generator", "weight_sync", "policy", "env"):
             component = getattr(self, part, None)
             if component is not None and hasattr(component, "close"):

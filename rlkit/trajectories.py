@@ -48,6 +48,7 @@ class Trajectories:
     ref_logprobs: Optional[Tensor] = None  # [B, T] float32, frozen reference policy, from logprobs()
     entropy: Optional[Tensor] = None  # [B, T] float32, trainer's per-token entropy, from logprobs()
     info: dict[str, Any] = field(default_factory=dict)  # small per-batch facts (timings, counts)
+    rollout_step: Optional[int] = None  # steps completed when Session.rollout() made it; None: made elsewhere
 
     # ---- shape facts -------------------------------------------------------------------------------
     @property

@@ -113,7 +113,7 @@ def test_interrupt_during_gradient_accumulation_changes_nothing(session):
     session.train(batch)
     after_retry = snapshot(session.policy)
     restore(session.policy, before)
-    session.train(batch)
+    session.train(batch, allow_reuse=True)  # the same update again, as the reference
     assert_same_state(snapshot(session.policy), after_retry)
     assert session.stale
     session.refit()
@@ -140,7 +140,7 @@ def test_interrupt_during_the_optimizer_update_is_deferred_until_the_step_is_who
     assert recorded["train/interrupted"] == 1.0 and recorded["rollout/reward_mean"] == float(batch.rewards.mean())
 
     restore(session.policy, before)  # reference: the same step without an interrupt
-    session.train(batch)
+    session.train(batch, allow_reuse=True)
     assert_same_state(interrupted, snapshot(session.policy))  # the interrupted update was applied whole
 
     metrics = session.step()  # the next call works: it refits the stale generator first

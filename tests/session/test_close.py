@@ -41,3 +41,36 @@ def test_two_sessions_leave_no_threads_or_files_behind(tmp_path):
     assert second["threads"] <= first["threads"], (first, second)
     assert second["python_threads"] <= first["python_threads"], (first, second)
     assert second["fds"] <= first["fds"], (first, second)
+
+
+def every_public_call(session, checkpoint) -> dict[str, object]:
+    """One call of each public stage and method that needs the engines (arguments valid on an open session).
+    ``run()`` is not here yet: it reads ``session.policy`` before its first ``step()``."""
+    return {
+        "rollout": lambda: session.rollout(), "score": lambda: session.score(),
+        "advantages": lambda: session.advantages(), "logprobs": lambda: session.logprobs(),
+        "loss": lambda: session.loss(), "train": lambda: session.train(), "refit": lambda: session.refit(),
+        "step": lambda: session.step(),
+        "evaluate": lambda: session.evaluate(), "sft": lambda: session.sft(1, progress=False),
+        "reset": lambda: session.reset(), "configure": lambda: session.configure(["grpo.val_period=0"]),
+        "restore_run_state": lambda: session.restore_run_state(session.run_state.state_dict()),
+        "sampling": lambda: session.sampling(), "stale": lambda: session.stale,
+        "dashboard": lambda: session.dashboard(), "save": lambda: session.save(checkpoint),
+    }
+
+
+def test_a_closed_session_refuses_every_stage_with_a_clear_error(tmp_path):
+    from rlkit.errors import RLKitError, SessionClosedError
+
+    session = rlkit.Session.from_config("quickstart", tiny_overrides(tmp_path))
+    session.close()
+    session.close()  # closing twice is harmless
+    assert session.closed and "closed" in repr(session)
+    for name, call in every_public_call(session, tmp_path / "checkpoint").items():
+        with pytest.raises(SessionClosedError) as caught:
+            call()
+        message = str(caught.value)
+        assert message.startswith(f"this session is closed: session.{name}()"), (name, message)
+        assert "Session.from_config(" in message, message
+        assert isinstance(caught.value, RLKitError) and isinstance(caught.value, RuntimeError)
+    assert not (tmp_path / "checkpoint").exists()  # save() refused before writing anything
