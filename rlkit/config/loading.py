@@ -2,7 +2,9 @@
 
 Every problem is collected and raised together as one :class:`rlkit.errors.ConfigError`, before any model
 or engine starts: unknown keys (with the nearest known key), wrong types, and impossible combinations.
-A YAML file may name ``base: <preset or path>`` to start from another config.
+A YAML file may name ``base: <preset or path>`` to start from another config. A value written ``???`` (the
+mark NeMo-RL's Hydra/OmegaConf configs use) is one the user must give, e.g. the model folder of a preset
+meant for the user's own checkpoint; left unset it is reported by key with the other problems.
 """
 
 from __future__ import annotations
@@ -151,9 +153,28 @@ def describe(error: dict, prefix: tuple = ()) -> str:
     return f"{key}: {error['msg']} (got {value!r})"
 
 
+REQUIRED = "???"
+
+
+def _take_required(raw: Mapping[str, Any], prefix: str = "") -> tuple[dict, list[str]]:
+    """``raw`` without its ``???`` values, and their dotted keys."""
+    out, keys = {}, []
+    for key, value in raw.items():
+        if isinstance(value, Mapping):
+            out[key], inner = _take_required(value, f"{prefix}{key}.")
+            keys += inner
+        elif isinstance(value, str) and value.strip() == REQUIRED:
+            keys.append(f"{prefix}{key}")
+        else:
+            out[key] = value
+    return out, keys
+
+
 def validate(raw: Mapping[str, Any]) -> RunConfig:
     """Validate section by section so that every problem is reported at once, then check combinations."""
-    problems: list[str] = []
+    raw, required = _take_required(raw)
+    problems: list[str] = [f"{key}: this config leaves it for you to set (it says {REQUIRED}). Fix: give it, "
+                           f"e.g. `{key}=...` after the config on the command line" for key in required]
     sections: dict[str, Any] = {}
     fields = RunConfig.model_fields
     for key, value in raw.items():
@@ -172,7 +193,8 @@ def validate(raw: Mapping[str, Any]) -> RunConfig:
         except ConfigError as e:
             problems.extend(f"{key}.{p}" if not p.startswith(key) else p for p in e.problems)
     if problems:
-        problems += cross_section_problems(sections, partial=True)
+        if not required:  # combinations with an unset value would report it again, less clearly
+            problems += cross_section_problems(sections, partial=True)
         raise ConfigError(problems)
     config = RunConfig(**sections)
     problems = cross_section_problems(config.__dict__, partial=False)

@@ -1,4 +1,5 @@
-"""Prompt data: datasets (generated or from files), chat-template rendering, resumable sampling, SFT batches."""
+"""Prompt data: datasets (generated, from files, or by name via datasets.load_dataset), chat-template rendering,
+resumable sampling, SFT batches."""
 
 from rlkit.data.prompts import DataParams, load_prompt_dataset, render_prompt_texts, render_prompts
 from rlkit.data.sampler import PromptSampler

@@ -1,6 +1,6 @@
-"""Prompt datasets: a generated task or a local file, as an HF ``DatasetDict`` with train and validation.
+"""Prompt datasets: a generated task, a local file or a dataset by name, as an HF ``DatasetDict``.
 
-Two sources, one result (``DatasetDict`` with ``"train"`` and ``"validation"``, each with a ``"prompt"``
+Three sources, one result (``DatasetDict`` with ``"train"`` and ``"validation"``, each with a ``"prompt"``
 column plus whatever else the rows hold, e.g. ``"answer"``):
 
 - a generated task (``DataParams(task="arithmetic", digits=3, ...)``), made in process from the seed, so the
@@ -9,15 +9,18 @@ column plus whatever else the rows hold, e.g. ``"answer"``):
   by construction (train may repeat a prompt, which matters only for tiny ``digits``);
 - a local JSONL or parquet file (``DataParams(path=...)``), its prompt column named by ``prompt_key`` (renamed
   to ``"prompt"``), with validation either from ``validation_path`` or a ``validation_fraction`` of the
-  file's distinct prompts, so that duplicated rows cannot leak a validation prompt into train.
+  file's distinct prompts, so that duplicated rows cannot leak a validation prompt into train;
+- a dataset by name (``DataParams(dataset_name="openai/gsm8k", dataset_config="main", prompt_key="question")``)
+  through ``datasets.load_dataset``: a hub id online, a local folder of parquet/JSONL files offline
+  (:mod:`rlkit.data.named`); train is ``split``, validation is ``validation_split`` or a
+  ``validation_fraction`` of train's distinct prompts, as for a file.
 
 ``render_prompts`` applies the tokenizer's chat template, which is where the system prompt goes. Given the
 tokenizer and the longest prompt a rollout can take, ``load_prompt_dataset`` drops (or refuses) prompts that
 are too long when it loads them (:mod:`rlkit.data.lengths`); files are read by :mod:`rlkit.data.files`, whose
 errors name the file and the row.
 
-Deliberate simplifications: no remote datasets (``datasets.load_dataset("org/name")`` then
-``Dataset.to_json`` gives a file this module reads); one prompt column of plain text, not a message list.
+Deliberate simplifications: one prompt column of plain text, not a message list.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from datasets import Dataset, DatasetDict
 
 from rlkit.data.files import JSON_SUFFIXES, PARQUET_SUFFIXES, PromptFile, read_prompt_file
 from rlkit.data.lengths import OverlongPrompts, overlong_rows
+from rlkit.data.named import AnswerFormat, load_named_splits, map_answers, map_columns
 from rlkit.envs.arithmetic import count_arithmetic_prompts, iter_arithmetic_rows
 from rlkit.errors import ConfigError, ModelError
 
@@ -45,7 +49,7 @@ Fit = Callable[[PromptFile, str], PromptFile]  # a file or split and its name ->
 
 @dataclass(frozen=True)
 class DataParams:
-    """Where prompts come from. Set ``task`` (generated) or ``path`` (a local file), not both."""
+    """Where prompts come from. Set one of ``task`` (generated), ``path`` (a local file) or ``dataset_name``."""
 
     __pydantic_config__ = {"extra": "forbid"}  # as a section of the run config: unknown keys are errors
 
@@ -55,7 +59,13 @@ class DataParams:
     num_validation: int = 100  # generated validation rows (distinct prompts)
     path: Optional[str] = None  # local .jsonl / .json / .parquet file
     validation_path: Optional[str] = None  # a separate validation file; else validation_fraction of path
-    prompt_key: str = "prompt"  # the file's prompt column
+    prompt_key: str = "prompt"  # the file's or dataset's prompt column (renamed to "prompt")
+    answer_key: Optional[str] = None  # its answer column, renamed to "answer" (what envs and SFT read); None: as is
+    answer_format: AnswerFormat = "plain"  # gsm8k: keep the text after the last '####' of each answer
+    dataset_name: Optional[str] = None  # datasets.load_dataset: a hub id, or a local folder of parquet/JSONL files
+    dataset_config: Optional[str] = None  # the dataset's configuration (load_dataset's name, e.g. "main" for gsm8k)
+    split: str = "train"  # the dataset's split the train prompts come from
+    validation_split: Optional[str] = None  # the dataset's held-out split; else validation_fraction of split
     validation_fraction: float = 0.1  # share of the file's distinct prompts held out for validation
     seed: int = 0
     system_prompt: Optional[str] = None  # passed to render_prompts by the rollout stage
@@ -65,9 +75,12 @@ class DataParams:
     def problems(self) -> list[str]:
         """Every problem with these params, each with its dotted key, the reason and the fix."""
         out = []
-        if (self.task is None) == (self.path is None):
-            out.append("data.task / data.path: set exactly one: task='arithmetic' to generate prompts, "
-                       "or path='file.jsonl' to read them")
+        sources = [k for k in ("task", "path", "dataset_name") if getattr(self, k) is not None]
+        if len(sources) != 1:
+            out.append(f"data.task / data.path / data.dataset_name: set exactly one (got {sources or 'none'}): "
+                       "task='arithmetic' to generate prompts, path='file.jsonl' to read a file, or "
+                       "dataset_name='org/name' (or a local folder) to load a dataset")
+        out += self._dataset_problems()
         if self.task is not None and self.task != "arithmetic":
             out.append(f"data.task: unknown task {self.task!r}; the generated task is 'arithmetic'")
         if self.task is not None:
@@ -83,7 +96,8 @@ class DataParams:
         if self.overlong_prompts not in ("filter", "error"):
             out.append(f"data.overlong_prompts: must be 'filter' (drop with a warning) or 'error', got "
                        f"{self.overlong_prompts!r}")
-        if self.path is not None and self.validation_path is None and not 0 < self.validation_fraction < 1:
+        held_out = self.validation_path if self.path is not None else self.validation_split
+        if self.task is None and held_out is None and not 0 < self.validation_fraction < 1:
             out.append(f"data.validation_fraction: must be in (0, 1), got {self.validation_fraction}; "
                        "or set data.validation_path")
         for key in ("path", "validation_path"):
@@ -93,6 +107,23 @@ class DataParams:
             elif value is not None and not Path(value).is_file():
                 out.append(f"data.{key}: no such file {value!r}; check the path (relative paths start at "
                            f"{Path.cwd()})")
+        return out
+
+    def _dataset_problems(self) -> list[str]:
+        """Keys that only ``dataset_name`` reads, and a name that is plainly a local path that is not there."""
+        if self.dataset_name is None:
+            return [f"data.{k}: only read with data.dataset_name (a dataset's split)"
+                    for k in ("validation_split", "dataset_config") if getattr(self, k) is not None]
+        out = []
+        if self.validation_path is not None:
+            out.append("data.validation_path: a file's held-out prompts; with data.dataset_name use "
+                       "data.validation_split")
+        if self.validation_split == self.split:
+            out.append(f"data.validation_split={self.split!r}: the same split as data.split would validate on the "
+                       "training prompts; name another split, or leave it unset to hold out data.validation_fraction")
+        name = self.dataset_name
+        if name.startswith((".", "/", "~")) and not Path(name).expanduser().exists():
+            out.append(f"data.dataset_name: no such folder {name!r} (relative paths start at {Path.cwd()})")
         return out
 
     @classmethod
@@ -129,10 +160,13 @@ def load_prompt_dataset(source: Union[DataParams, Mapping[str, Any], str, Path],
     if problems:
         raise ConfigError(problems)
     fit = _length_fit(params, tokenizer, max_prompt_tokens)
-    splits = _generate(params, fit) if params.task is not None else _from_files(params, fit)
+    if params.task is not None:
+        splits = _generate(params, fit)
+    else:
+        splits = _from_files(params, fit) if params.path is not None else _from_dataset(params, fit)
     fixes = {
-        "train": "add rows to the file, or lower data.validation_fraction",
-        "validation": "give data.validation_path rows, or raise data.validation_fraction",
+        "train": "add rows to the file (or the dataset's data.split), or lower data.validation_fraction",
+        "validation": "give data.validation_path (or data.validation_split) rows, or raise data.validation_fraction",
     }
     for name, split in splits.items():
         if len(split) == 0:
@@ -172,15 +206,37 @@ def _generate(p: DataParams, fit: Fit) -> DatasetDict:
 
 
 def _from_files(p: DataParams, fit: Fit) -> DatasetDict:
-    train = fit(read_prompt_file(p.path, p.prompt_key, "data.path"), repr(p.path)).dataset
-    if p.validation_path is not None:
-        validation = fit(read_prompt_file(p.validation_path, p.prompt_key, "data.validation_path"),
-                         repr(p.validation_path)).dataset
-        overlap = set(train["prompt"]) & set(validation["prompt"])
-        if overlap:
-            warnings.warn(f"{len(overlap)} validation prompt(s) also appear in the train file {p.path!r}; "
-                          "validation scores will be optimistic", stacklevel=3)
-        return DatasetDict(train=train, validation=validation)
+    def read(path: str, key: str) -> Dataset:
+        file = read_prompt_file(path, p.prompt_key, key)
+        data = map_answers(map_columns(file.dataset, "prompt", p.answer_key, repr(path)), p.answer_format, repr(path))
+        return fit(PromptFile(data, file.labels), repr(path)).dataset
+
+    train = read(p.path, "data.path")
+    if p.validation_path is None:
+        return _hold_out(train, p)
+    return _with_validation(train, read(p.validation_path, "data.validation_path"), f"the train file {p.path!r}")
+
+
+def _from_dataset(p: DataParams, fit: Fit) -> DatasetDict:
+    splits = load_named_splits(p)
+    source = lambda split: f"dataset {p.dataset_name!r} split {split!r}"  # noqa: E731
+    train = fit(splits[p.split], source(p.split)).dataset
+    if p.validation_split is None:
+        return _hold_out(train, p)
+    return _with_validation(train, fit(splits[p.validation_split], source(p.validation_split)).dataset,
+                            source(p.split))
+
+
+def _with_validation(train: Dataset, validation: Dataset, train_source: str) -> DatasetDict:
+    overlap = set(train["prompt"]) & set(validation["prompt"])
+    if overlap:
+        warnings.warn(f"{len(overlap)} validation prompt(s) also appear in {train_source}; "
+                      "validation scores will be optimistic", stacklevel=4)
+    return DatasetDict(train=train, validation=validation)
+
+
+def _hold_out(train: Dataset, p: DataParams) -> DatasetDict:
+    """A ``validation_fraction`` of train's distinct prompts, every row of each held out together."""
     prompts = list(dict.fromkeys(train["prompt"]))  # distinct, in file order
     random.Random(p.seed).shuffle(prompts)
     held_out = set(prompts[: round(len(prompts) * p.validation_fraction)])

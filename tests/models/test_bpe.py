@@ -36,7 +36,7 @@ def tok(bpe_folder):
 
 def gpt2_byte_symbols() -> dict[str, int]:
     """Symbol -> byte, GPT-2's table: printable bytes stand for themselves, the rest map from U+0100 on."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
     symbols, extra = {}, 0
     for b in range(256):
         if b in printable:
@@ -114,8 +114,8 @@ def test_sft_loss_mask_covers_exactly_the_assistant_tokens(tok):
     rows = [{"prompt": "What is 7×6?", "answer": "42 ✓"}, {"prompt": "Say café", "answer": " café 🙂"}]
     batch = build_sft_batch(tok, rows, system_prompt="You are a helpful assistant.")
     for i, row in enumerate(rows):
-        chat = [{"role": "system", "content": "You are a helpful assistant."}, {"role": "user", "content": row["prompt"]},
-                {"role": "assistant", "content": row["answer"]}]
+        chat = [{"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": row["prompt"]}, {"role": "assistant", "content": row["answer"]}]
         ref = tok.apply_chat_template(chat, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
         ids, mask = ref["input_ids"][:-1], ref["assistant_masks"][:-1]  # the template's trailing "\n" ends the turn
         n = int(batch.attention_mask[i].sum())
