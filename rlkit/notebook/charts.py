@@ -43,8 +43,9 @@ def _axis_label(v: float, lo: float, hi: float) -> str:
 
 
 def line_chart(title: str, xs: Sequence[float], series: Mapping[str, Sequence[float]],
-               width: int = 260, height: int = 140) -> str:
-    """One panel: ``series`` (label -> y values aligned with ``xs``; NaN = missing) as lines.
+               width: int = 260, height: int = 140, note: str = "") -> str:
+    """One panel: ``series`` (label -> y values aligned with ``xs``; NaN = missing) as lines. ``note``, if
+    given, is written across the plot in grey (why a flat line is flat).
 
     The ``<svg>`` carries ``data-title`` and ``data-points`` (points of the first series) for tests.
     """
@@ -71,9 +72,9 @@ def line_chart(title: str, xs: Sequence[float], series: Mapping[str, Sequence[fl
     if xs:
         parts.append(f"<text x='{left}' y='{height - 4}'>{_num(x_lo)}</text>")
         parts.append(f"<text x='{width - right}' y='{height - 4}' text-anchor='end'>step {_num(x_hi)}</text>")
-    if not finite:
-        parts.append(f"<text x='{(left + width - right) / 2}' y='{(top + height - bottom) / 2}' "
-                     "text-anchor='middle' fill='#999'>no data yet</text>")
+    if not finite or note:
+        parts.append(f"<text class='rlkit-chart-note' x='{(left + width - right) / 2}' y='{(top + height - bottom) / 2 - 4}' "
+                     f"text-anchor='middle' fill='#999'>{html.escape(note or 'no data yet')}</text>")
     first_points = 0
     latest = []
     for k, (label, ys) in enumerate(series.items()):
@@ -99,12 +100,18 @@ def line_chart(title: str, xs: Sequence[float], series: Mapping[str, Sequence[fl
 
 def stacked_bars(title: str, xs: Sequence[float], parts: Mapping[str, Sequence[float]],
                  width: int = 788, height: int = 130) -> str:
-    """Stacked bars per x (e.g. seconds per stage per step), with a legend of each part's last value."""
+    """Stacked bars per x (e.g. seconds per stage per step), with a legend of each part's last value.
+
+    The axis runs from 0 to the tallest bar shown, and says which one that is: its top is the dashed line the
+    maximum is written against, so the scale is always reached by a bar you can see. No bars, no scale.
+    """
     left, right, top, bottom = 54, 8, 18, 18
     n = len(xs)
     keep = list(range(max(0, n - 120), n))  # the last 120 steps: bars need room
     totals = [sum(max(float(parts[k][i] or 0.0), 0.0) for k in parts) for i in keep]
-    hi = max(totals) if totals and max(totals) > 0 else 1.0
+    hi = max(totals) if totals and max(totals) > 0 else 0.0
+    tallest = keep[totals.index(hi)] if hi > 0 else None
+    hi = hi or 1.0
     slot = (width - left - right) / max(len(keep), 1)
     bars = []
     for j, i in enumerate(keep):
@@ -126,9 +133,23 @@ def stacked_bars(title: str, xs: Sequence[float], parts: Mapping[str, Sequence[f
             f"width='{width}' height='{height - bottom + 6 + 13 * max(len(rows), 1)}' font-family='monospace' "
             "font-size='10' xmlns='http://www.w3.org/2000/svg'>"
             f"<text x='{left}' y='12' font-weight='bold'>{html.escape(title)}</text>"
-            f"<text x='{left - 3}' y='{top + 8}' text-anchor='end'>{_num(hi)}s</text>"
-            f"<text x='{left - 3}' y='{height - bottom}' text-anchor='end'>0</text>"
+            f"{_bar_scale(tallest, xs, hi, left, width - right, top, height - bottom)}"
             f"{''.join(bars)}{legend}</svg>")
+
+
+def _bar_scale(tallest: int | None, xs: Sequence[float], hi: float, x0: float, x1: float, top: float,
+               base: float) -> str:
+    """The bars' scale: 0 at the base, the tallest bar's value on a dashed line at its top (``tallest``: its
+    index in ``xs``, None when there are no bars: "no data yet" instead of a scale)."""
+    if tallest is None:
+        return (f"<text x='{(x0 + x1) / 2}' y='{(top + base) / 2}' text-anchor='middle' fill='#999'>"
+                "no data yet</text>")
+    return (f"<line class='rlkit-chart-max' x1='{x0}' y1='{top}' x2='{x1}' y2='{top}' stroke='#bbb' "
+            f"stroke-dasharray='3,3'/>"
+            f"<text x='{x0 - 3}' y='{top}' dominant-baseline='middle' text-anchor='end'>{_num(hi)}s</text>"
+            f"<text x='{x1}' y='12' text-anchor='end' fill='#888'>tallest: step {_num(xs[tallest])}, "
+            f"{_num(hi)} s</text>"
+            f"<text x='{x0 - 3}' y='{base}' text-anchor='end'>0</text>")
 
 
 def sparkline(values: Sequence[float], width: int = 24) -> str:

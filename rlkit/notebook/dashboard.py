@@ -15,6 +15,11 @@ kernel's stop button (a KeyboardInterrupt, which the session survives) is the wa
 Without ipywidgets the dashboard degrades to text: a summary with sparklines that is updated in place
 (``display(..., display_id=True)``) in a notebook, or printed once per step elsewhere.
 
+In a notebook the dashboard also follows the cells (IPython's ``pre_run_cell`` / ``post_run_cell`` events): a
+stop request reads "stop requested" only while a cell runs; once ``run()`` has returned, the header says at which
+step it stopped and the button is ready again. Panels that sit at 0 for a known reason say so (no KL penalty:
+no reference pass; one update per rollout: the ratio is 1, nothing is clipped).
+
 Deliberate simplifications: the charts are plain SVG strings (see :mod:`rlkit.notebook.charts`), redrawn
 whole after each step; the dashboard reads ``session.history``, so steps taken by hand (``session.train``)
 show after the next ``run()`` step or a call to :meth:`Dashboard.refresh`.
@@ -55,6 +60,35 @@ def _labels(keys: tuple[str, ...]) -> list[str]:
     return [n[cut:] for n in names] if cut else names
 
 
+def step_seconds(m: Any) -> float:
+    """Seconds the step took: ``timing/step_total`` when ``step()`` measured it, else the sum of the stage
+    timings the step recorded (a step taken cell by cell has no total); NaN when there are none."""
+    total = m.values.get("timing/step_total")
+    if total is not None:
+        return float(total)
+    stages = [m.values[f"timing/{s}"] for s in STAGES if f"timing/{s}" in m.values]
+    return float(sum(stages)) if stages else math.nan
+
+
+def flat_panel_notes(session: Any) -> dict[str, str]:
+    """Why a panel sits at 0, when the session's settings say so: KL is only measured with a reference pass
+    (the loss asks for one when ``loss_fn.reference_policy_kl_penalty`` > 0 or KL is folded into the reward);
+    with one optimizer update per rollout the importance ratio is exactly 1 (the trainer's logprobs are taken
+    with the weights it then updates), so nothing is clipped."""
+    from rlkit.stages.async_rollouts import updates_per_step
+
+    notes = {}
+    loss_fn, config = getattr(session, "loss_fn", None), getattr(session, "config", None)
+    if loss_fn is not None and getattr(loss_fn, "needs_reference", True) is False:
+        notes["KL to reference"] = "KL penalty 0: not measured"
+    if config is not None:
+        g = config.grpo
+        if updates_per_step(g.num_prompts_per_step * g.num_generations_per_prompt,
+                            config.policy.train_global_batch_size, g.num_epochs) == 1:
+            notes["clipped fraction"] = "on-policy: ratio 1"
+    return notes
+
+
 def _in_ipython_kernel() -> bool:
     try:
         from IPython import get_ipython
@@ -73,6 +107,9 @@ class Dashboard:
         self.widget = None  # the ipywidgets.VBox, or None in text mode
         self._handle = None  # display handle of the text view (text mode, in a notebook)
         self._parts: dict[str, Any] = {}
+        self._cell_running: Any = None  # True/False while IPython reports cells; None: not known (no IPython)
+        self._stopped_after: Any = None  # the step a stop request ended the last run() after (until a new run)
+        self._events = _follow_cells(self)
         try:
             import ipywidgets
         except ImportError:
@@ -93,10 +130,12 @@ class Dashboard:
         history = self.history
         xs = [m.step for m in history]
         panels = []
+        notes = flat_panel_notes(self.session)
         for title, keys in PANELS:
             series = {label: _series(history, k) for label, k in zip(_labels(keys), keys)}
             series = {k: v for i, (k, v) in enumerate(series.items()) if i == 0 or any(not math.isnan(y) for y in v)}
-            panels.append(line_chart(title, xs, series))
+            note = notes.get(title, "") if _all_zero(series) else ""
+            panels.append(line_chart(title, xs, series, note=note))
         stages = {s: [0.0 if math.isnan(v) else v for v in _series(history, f"timing/{s}")] for s in STAGES}
         panels.append(stacked_bars("seconds per stage", xs, {k: v for k, v in stages.items() if any(v)}))
         return ("<div style='display:flex;flex-wrap:wrap;gap:4px'>"
@@ -110,10 +149,13 @@ class Dashboard:
             status = "no steps yet: run session.run(n) and this updates after every step"
         else:
             m = history[-1]
-            status = (f"step {m.step} · policy version {m.policy_version} · reward {m.get('rollout/reward_mean', math.nan):.3f}"
-                      f" · {m.get('timing/step_total', math.nan):.2f} s/step")
-        if getattr(s, "stop_requested", False):
+            status = f"step {m.step} · policy version {m.policy_version} · reward {m.get('rollout/reward_mean', math.nan):.3f}"
+            if not math.isnan(step_seconds(m)):
+                status += f" · {step_seconds(m):.2f} s/step"
+        if self._stopping():
             status += " · <b>stop requested</b>: run() ends after the current step"
+        elif self._stopped_after is not None:
+            status += f" · run() stopped after step {self._stopped_after}, as you asked"
         return f"<div style='font-family:monospace'><b>rlkit dashboard</b> · {status}</div>"
 
     def samples_html(self) -> str:
@@ -126,11 +168,13 @@ class Dashboard:
     def text(self) -> str:
         """The text view: latest value and a sparkline per metric, plus seconds per stage."""
         history = self.history
-        lines = [f"rlkit dashboard: {len(history)} step(s)" + (" (stop requested)" if getattr(self.session, "stop_requested", False) else "")]
+        lines = [f"rlkit dashboard: {len(history)} step(s)" + (" (stop requested)" if self._stopping() else "")]
+        notes = flat_panel_notes(self.session)
         for title, keys in PANELS:
             values = _series(history, keys[0])
             last = next((v for v in reversed(values) if not math.isnan(v)), math.nan)
-            lines.append(f"  {title:<28}{last:>10.4g}  {sparkline(values)}")
+            note = f"  ({notes[title]})" if title in notes and _all_zero({title: values}) else ""
+            lines.append(f"  {title:<28}{last:>10.4g}  {sparkline(values)}{note}")
         if history:
             times = [f"{s}={history[-1].values[f'timing/{s}']:.3f}s" for s in STAGES if f"timing/{s}" in history[-1].values]
             lines.append("  seconds per stage: " + " ".join(times))
@@ -148,6 +192,8 @@ class Dashboard:
     # ---- updating ------------------------------------------------------------------------------------------
     def update(self, metrics: Any = None) -> None:
         """Called by ``run()`` after every step (``metrics`` is that step's StepMetrics)."""
+        if metrics is not None:  # run() ends after this step if a stop is requested; else a run is going on
+            self._stopped_after = metrics.step if getattr(self.session, "stop_requested", False) else None
         self.refresh()
         if self.widget is None and self._handle is None and not _in_ipython_kernel():
             print(self.text_line())
@@ -159,12 +205,30 @@ class Dashboard:
             p["header"].value = self.header_html()
             p["charts"].value = self.charts_html()
             p["samples"].value = self.samples_html()
-            stopping = bool(getattr(self.session, "stop_requested", False))
+            stopping = self._stopping()
             if p["stop"].disabled != stopping:  # touch the button only on a change (a click may be setting it)
                 p["stop"].disabled = stopping
                 p["stop"].description = "Stopping after this step" if stopping else "Stop after this step"
         elif self._handle is not None:
             self._handle.update(_TextView(self.text()))
+
+    def _stopping(self) -> bool:
+        """A stop was requested and has not ended a run yet, which may still be executing (no cell is known
+        to have ended since)."""
+        return (bool(getattr(self.session, "stop_requested", False)) and self._stopped_after is None
+                and self._cell_running is not False)
+
+    def _cell_started(self, *info: Any) -> None:
+        """IPython's ``pre_run_cell``: a cell (perhaps ``run()``) starts, so a click may have a run to stop."""
+        self._cell_running = True
+
+    def _cell_finished(self, *result: Any) -> None:
+        """IPython's ``post_run_cell``: ``run()`` has returned (or was never running), so a stop request is
+        no longer pending: the header says where the run stopped and the button is ready again."""
+        self._cell_running = False
+        if getattr(self.session, "stop_requested", False) and self._stopped_after is None and self.history:
+            self._stopped_after = self.history[-1].step  # clicked after the last redraw of the run
+        self.refresh()
 
     def stop(self) -> None:
         """What the button does: ask ``run()`` to end after the current step."""
@@ -174,7 +238,12 @@ class Dashboard:
     def _on_click(self, button: Any) -> None:
         # May run on a kernel subshell thread while run() executes on the main thread: set the flag, the
         # button's look and the header line (run() may end before the main thread redraws again).
+        if self._cell_running is False:  # no cell executes, so no run() to stop (and the next one clears it)
+            self._parts["header"].value = self.header_html().replace(
+                "</div>", " · nothing is running: the button stops a running session.run()</div>")
+            return
         self.session.request_stop()
+        self._stopped_after = None
         button.disabled = True
         button.description = "Stopping after this step"
         self._parts["header"].value = self.header_html()
@@ -184,6 +253,10 @@ class Dashboard:
         listeners = getattr(self.session, "listeners", [])
         if self.update in listeners:
             listeners.remove(self.update)
+        if self._events is not None:
+            self._events.unregister("pre_run_cell", self._cell_started)
+            self._events.unregister("post_run_cell", self._cell_finished)
+            self._events = None
         if self.widget is not None:
             self.widget.close()
 
@@ -216,6 +289,29 @@ class Dashboard:
 
     def __repr__(self) -> str:
         return self.text()
+
+
+def _all_zero(series: dict[str, list[float]]) -> bool:
+    """Every measured value of the panel is 0 (and there is at least one)."""
+    values = [v for ys in series.values() for v in ys if not math.isnan(v)]
+    return bool(values) and all(v == 0 for v in values)
+
+
+def _follow_cells(dashboard: Dashboard) -> Any:
+    """Register the dashboard for IPython's cell events when it lives in an IPython shell; returns the shell's
+    event manager (None elsewhere, where the dashboard cannot tell when ``run()`` returns)."""
+    import sys
+
+    if "IPython" not in sys.modules:
+        return None
+    from IPython import get_ipython
+
+    shell = get_ipython()
+    if shell is None:
+        return None
+    shell.events.register("pre_run_cell", dashboard._cell_started)
+    shell.events.register("post_run_cell", dashboard._cell_finished)
+    return shell.events
 
 
 def _handle_clicks_where_the_frontend_sends_them(button: Any) -> None:

@@ -158,3 +158,122 @@ def test_stop_clicks_keep_the_subshell_the_frontend_chose():
     _handle_clicks_where_the_frontend_sends_them(SimpleNamespace(comm=comm))
     assert comm._reply_subshell_for({"method": "custom"}, "subshell-1") == "subshell-1"
     _handle_clicks_where_the_frontend_sends_them(SimpleNamespace(comm=object()))  # other kernels: nothing to do
+
+
+def test_a_step_taken_cell_by_cell_shows_its_seconds_not_nan():
+    session = StandInSession()
+    dash = Dashboard(session)
+    session.history.append(StepMetrics(1, 1, {"rollout/reward_mean": 0.0, "timing/rollout": 0.25, "timing/train": 0.5}))
+    dash.refresh()  # train() by hand records no timing/step_total
+    header = dash._parts["header"].value
+    assert "0.75 s/step" in header and "nan" not in header
+    session.finish_step(2)
+    assert "0.20 s/step" in dash._parts["header"].value  # step()'s own total when there is one
+
+
+def test_stop_banner_and_greyed_button_end_when_the_run_returns():
+    session = StandInSession()
+    dash = Dashboard(session)
+    dash._cell_started()  # IPython: the cell with run() starts
+    session.finish_step(1)
+    dash._parts["stop"].click()
+    assert "stop requested" in dash._parts["header"].value and dash._parts["stop"].disabled
+    session.finish_step(2)  # the step the click let finish; run() returns after it
+    assert "run() stopped after step 2, as you asked" in dash._parts["header"].value
+    dash._cell_finished()  # IPython: the cell is done, so run() has returned
+    header, button = dash._parts["header"].value, dash._parts["stop"]
+    assert "stop requested" not in header and "run() stopped after step 2, as you asked" in header
+    assert not button.disabled and button.description == "Stop after this step"
+    dash._cell_started()  # another cell: the note stays until a new run() draws a step
+    session.stop_requested = False  # what the next run() does when it starts
+    session.finish_step(3)
+    assert "stopped after" not in dash._parts["header"].value and "stop requested" not in dash._parts["header"].value
+
+
+def test_a_click_after_the_last_redraw_still_ends_as_stopped_and_an_idle_click_stops_nothing():
+    session = StandInSession()
+    dash = Dashboard(session)
+    dash._cell_started()
+    session.finish_step(1)
+    dash._parts["stop"].click()  # after the run's last redraw (e.g. while another listener runs)
+    dash._cell_finished()
+    assert "run() stopped after step 1, as you asked" in dash._parts["header"].value
+    assert not dash._parts["stop"].disabled
+    session.stop_requested = False  # the next run() starts without the request
+    dash._parts["stop"].click()  # no cell runs: nothing to stop
+    assert not session.stop_requested and not dash._parts["stop"].disabled
+    assert "nothing is running" in dash._parts["header"].value
+
+
+def panel(charts: str, title: str) -> str:
+    return re.search(rf"<svg[^>]*data-title='{re.escape(title)}'.*?</svg>", charts).group(0)
+
+
+def test_flat_kl_and_clipping_panels_say_why():
+    from rlkit.algorithms import LossParams, RLLoss
+    from rlkit.config.loading import load_config
+
+    session = StandInSession()
+    session.loss_fn, session.config = RLLoss(), load_config("quickstart")  # no KL penalty; 1 update per rollout
+    dash = Dashboard(session)
+    session.finish_step(1)
+    session.history[-1].values["train/kl"] = 0.0
+    charts = dash.charts_html()
+    assert "KL penalty 0: not measured" in panel(charts, "KL to reference")
+    assert "on-policy: ratio 1" in panel(charts, "clipped fraction")
+    assert "(KL penalty 0: not measured)" in dash.text()
+
+    session.loss_fn = RLLoss(LossParams(reference_policy_kl_penalty=0.01))
+    session.config = load_config("quickstart", {"grpo.num_epochs": 2})
+    charts = dash.charts_html()
+    assert "rlkit-chart-note" not in panel(charts, "KL to reference")
+    assert "rlkit-chart-note" not in panel(charts, "clipped fraction")
+
+
+def test_seconds_per_stage_scale_is_the_tallest_bar_shown():
+    session = StandInSession()
+    dash = Dashboard(session)
+    empty = panel(dash.charts_html(), "seconds per stage")
+    assert "no data yet" in empty and "rlkit-chart-max" not in empty and "s</text>" not in empty
+    for step in range(1, 4):
+        session.finish_step(step)
+    session.history[1].values["timing/train"] = 0.9  # step 2: 0.05 + 0.9 + 0.01 = 0.96 s
+    bars = panel(dash.charts_html(), "seconds per stage")
+    assert ">0.96s</text>" in bars and "tallest: step 2, 0.96 s" in bars
+    line_y = float(re.search(r"class='rlkit-chart-max' x1='[^']*' y1='([^']*)'", bars).group(1))
+    tops = [float(y) for y in re.findall(r"<rect x='[^']*' y='([^']*)'", bars)]
+    assert min(tops) == line_y  # the dashed maximum line is the top of a drawn bar
+
+
+STOP_NOTE_CELLS = [
+    "from types import SimpleNamespace\nfrom rlkit.notebook.dashboard import Dashboard\n"
+    "from rlkit.stages.metrics import StepMetrics\n"
+    "session = SimpleNamespace(history=[], listeners=[], batch=None, stop_requested=False)\n"
+    "session.request_stop = lambda: setattr(session, 'stop_requested', True)\n"
+    "dashboard = Dashboard(session)",
+    "session.history.append(StepMetrics(1, 1, {'rollout/reward_mean': 0.5}))  # run() ends a step ...\n"
+    "for listener in session.listeners:\n    listener(session.history[-1])\n"
+    "dashboard._parts['stop'].click()  # ... the stop click lands after its redraw, and run() returns",
+    "print(repr(dashboard._parts['header'].value), dashboard._parts['stop'].disabled)",
+]
+
+
+def test_in_a_real_kernel_the_end_of_the_cell_ends_the_stop_banner(tmp_path):
+    """IPython's post_run_cell reaches the dashboard: after the cell, no "stop requested", the button is ready."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    from tests.tutorials.notebooks import KERNEL_NAME, jupyter_path_env, write_kernelspec
+
+    write_kernelspec(tmp_path / "jupyter")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in STOP_NOTE_CELLS])
+    saved = dict(os.environ)
+    os.environ.update(jupyter_path_env(tmp_path / "jupyter"))
+    try:
+        NotebookClient(nb, timeout=120, kernel_name=KERNEL_NAME, resources={"metadata": {"path": str(tmp_path)}}).execute()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    printed = "".join(o.get("text", "") for o in nb.cells[2].outputs if o.output_type == "stream")
+    assert "run() stopped after step 1, as you asked" in printed and "stop requested" not in printed
+    assert printed.strip().endswith("False")  # the button is enabled again

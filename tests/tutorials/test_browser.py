@@ -6,7 +6,8 @@ no browser is downloaded). Screenshots land in ``test-output/browser/``.
 1. Tutorial 01 runs top to bottom from JupyterLab's "Run All Cells"; the dashboard widget is in the DOM with
    every step plotted, and no cell shows an error.
 2. The dashboard's stop button, clicked while ``run()`` is executing, ends the run after the current step
-   (JupyterLab sends widget messages on a kernel subshell, so the click is handled mid-cell).
+   (JupyterLab sends widget messages on a kernel subshell, so the click is handled mid-cell); once ``run()``
+   has returned, the header says where it stopped and the button is ready again.
 """
 
 from __future__ import annotations
@@ -216,6 +217,11 @@ def test_stop_button_ends_a_running_run_after_the_current_step(lab, browser):
     steps = int(ended.text_content().split("after")[1].split()[0])
     dashboard.screenshot(path=str(OUTPUT / "stop_button_dashboard.png"))
     assert 3 <= steps < 400, steps  # stopped by the click, long before the 400 asked for
-    assert "stop requested" in dashboard.locator(".rlkit-dashboard-header").text_content()
-    assert dashboard.locator("button.rlkit-dashboard-stop").is_disabled()
+    # run() has returned: the header says where it stopped (no "stop requested" left), the button is ready again
+    header = dashboard.locator(".rlkit-dashboard-header")
+    page.wait_for_function("() => / as you asked/.test(document.querySelector('.rlkit-dashboard-header').textContent)",
+                           timeout=30_000)
+    assert f"run() stopped after step {steps}, as you asked" in header.text_content(), header.text_content()
+    assert "stop requested" not in header.text_content()
+    assert dashboard.locator("button.rlkit-dashboard-stop").is_enabled()
     page.close()
