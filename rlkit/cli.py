@@ -18,7 +18,7 @@ import sys
 
 
 # rlkit.models.factory.ModelFamily, spelled out so that `rlkit --help` does not import torch (a test keeps them equal)
-MODEL_FAMILIES = ("llama", "qwen2", "mixtral")
+MODEL_FAMILIES = ("llama", "llama3", "qwen2", "qwen3", "mixtral", "qwen2-moe", "qwen3-moe")
 
 
 def _offline_defaults() -> None:
@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("make-model", help="create a tiny HF-format model folder")
     p.add_argument("folder")
     p.add_argument("--preset", default="tiny",
-                   help="nano | tiny | small | medium (dense); nano-moe | tiny-moe (Mixture-of-Experts, --family mixtral)")
+                   help="nano | tiny | small | medium (dense); nano-moe | tiny-moe (Mixture-of-Experts: --family mixtral, qwen2-moe or qwen3-moe)")
     p.add_argument("--family", default="llama", choices=MODEL_FAMILIES)
     p.add_argument("--tie", action="store_true", help="tie input and output embeddings")
     p.add_argument("--tokenizer", default="char", choices=("char", "bpe"),
@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_make_model)
 
     p = sub.add_parser("demo", help="component demo: generate, score with the policy, train, refit, generate")
-    p.add_argument("--preset", default="tiny", help="a dense preset, or nano-moe | tiny-moe with --family mixtral")
+    p.add_argument("--preset", default="tiny", help="a dense preset, or nano-moe | tiny-moe with an MoE --family")
     p.add_argument("--family", default="qwen2", choices=MODEL_FAMILIES)
     p.set_defaults(fn=cmd_demo)
     return parser

@@ -103,7 +103,8 @@ class PolicyConfig(Section):
     # an HF model folder (make one with `rlkit make-model`); default: models/<model_preset>-<model_family>
     model_name: Optional[str] = None
     model_preset: Optional[str] = None  # if set and model_name does not exist, create this tiny preset there
-    model_family: Literal["llama", "qwen2", "mixtral"] = "llama"  # family of the created preset (MoE: mixtral)
+    # family of the created preset (MoE presets: mixtral, qwen2-moe, qwen3-moe)
+    model_family: Literal["llama", "llama3", "qwen2", "qwen3", "mixtral", "qwen2-moe", "qwen3-moe"] = "llama"
     precision: Literal["float32"] = "float32"
     train_global_batch_size: Optional[int] = Field(None, ge=1)  # default: every sample of the step
     train_micro_batch_size: int = Field(8, ge=1)

@@ -1,0 +1,212 @@
+"""The model families added for real checkpoints: Llama 3.x (llama3 RoPE scaling), Qwen3 (q/k norms), Qwen3-MoE
+and Qwen2-MoE (Qwen expert names, unrenormalised top-k, the gated shared expert).
+
+Per family, against independent references (fp32): HF -> Megatron logits vs transformers' own model (max abs
+1e-4), export round trip exact, vLLM's sampled-token logprobs vs the policy after a train step + refit (max
+1e-3, mean 1e-4), and one parallel layout (TP=2 dense, EP=2 MoE) equal to one process (1e-5). Each new knob
+has a negative control: the same logits check with the knob ignored or mis-mapped fails by > 100x the bound.
+"""
+
+import dataclasses
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rlkit.config.components import GenerationConfig, MegatronConfig, OptimizerConfig, PolicyConfig
+from rlkit.errors import ModelError
+from rlkit.policy.factory import in_process_policy
+from rlkit.policy.megatron import build, moe
+from rlkit.policy.megatron.policy import load_hf_state
+from tests.helpers import pg_token_mean_loss, random_batch
+
+TOL = 1e-4
+FAMILIES = [("llama3", "nano"), ("qwen3", "nano"), ("qwen3-moe", "nano-moe"), ("qwen2-moe", "nano-moe")]
+
+
+@pytest.fixture(scope="module")
+def folder(model_factory):
+    return lambda family, preset, **overrides: model_factory(preset, family, seed=1, **overrides)
+
+
+def logits_error(path, policy=None) -> float:
+    """Max abs difference of the Megatron policy's logits from transformers' on the same folder, over 400
+    positions: far enough that Llama 3's scaling of the slow RoPE frequencies shows (at 48 positions, ignoring
+    it moves the logits by only 5e-5)."""
+    ids = torch.randint(3, 100, (2, 400), generator=torch.Generator().manual_seed(0))
+    hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    own = policy is None
+    policy = policy or in_process_policy(PolicyConfig(model_name=str(path)))
+    try:
+        policy.model.eval()
+        with torch.no_grad():
+            return (hf(ids).logits - policy._logits(ids)).abs().max().item()
+    finally:
+        if own:
+            policy.close()
+
+
+@pytest.mark.parametrize("family,preset", FAMILIES)
+def test_logits_match_transformers_and_export_round_trips(folder, family, preset):
+    path = folder(family, preset)
+    policy = in_process_policy(PolicyConfig(model_name=str(path)))
+    try:
+        assert isinstance(policy, moe.MegatronMoEPolicy) == preset.endswith("moe")
+        assert logits_error(path, policy) < TOL
+        original, exported = load_hf_state(path), policy.hf_state_dict()
+        assert set(exported) == set(original) and all(torch.equal(exported[k], original[k]) for k in original)
+    finally:
+        policy.close()
+
+
+def test_the_families_use_their_knobs(folder):
+    a = build.Architecture.from_hf_folder(folder("llama3", "nano"))
+    assert a.rope_scaling_factor == 8.0 and not a.qk_layernorm
+    assert build.Architecture.from_hf_folder(folder("qwen3", "nano")).qk_layernorm
+    q2 = moe.MoEArchitecture.from_hf_folder(folder("qwen2-moe", "nano-moe"))
+    assert q2.shared_expert_size > 0 and not q2.norm_topk_prob and q2.qkv_bias
+    q3 = moe.MoEArchitecture.from_hf_folder(folder("qwen3-moe", "nano-moe"))
+    assert q3.shared_expert_size == 0 and q3.norm_topk_prob and q3.qk_layernorm
+
+
+def sharp_attention_copy(path, tmp_path, scale=6.0):
+    """A copy of the model folder with q and k scaled up: a random tiny model attends almost uniformly, which
+    hides how positions are encoded; sharper attention makes the RoPE frequencies matter to the logits."""
+    import shutil
+
+    from safetensors.torch import save_file
+
+    copy = tmp_path / "sharp"
+    shutil.copytree(path, copy)
+    weights = load_hf_state(path)
+    for name in weights:
+        if name.endswith(("q_proj.weight", "k_proj.weight")):
+            weights[name] = weights[name] * scale
+    save_file(weights, str(copy / "model.safetensors"), metadata={"format": "pt"})
+    return copy
+
+
+@pytest.mark.parametrize("control", ["rope_scaling_ignored", "qk_norms_swapped", "shared_expert_gate_dropped",
+                                     "topk_renormalised"])
+def test_each_knob_has_a_negative_control(folder, monkeypatch, tmp_path, control):
+    if control == "rope_scaling_ignored":
+        path = sharp_attention_copy(folder("llama3", "nano"), tmp_path)
+        assert logits_error(path) < TOL
+        monkeypatch.setattr(build, "_llama3_rope_factor", lambda rope: None)
+    elif control == "qk_norms_swapped":
+        path = folder("qwen3", "nano")
+
+        def swapped_attention(hf, i, arch, _real=moe.convert.attention_to_megatron):
+            out = _real(hf, i, arch)
+            q, k = (f"decoder.layers.{i}.self_attention.{x}_layernorm.weight" for x in "qk")
+            out[q], out[k] = out[k], out[q]
+            return out
+
+        monkeypatch.setattr(moe.convert, "attention_to_megatron", swapped_attention)
+    else:
+        path = folder("qwen2-moe", "nano-moe")
+        real_build = moe.build_moe_gpt_model
+
+        def build_wrong(arch, *args, **kwargs):
+            if control == "topk_renormalised":  # Mixtral's routing instead of Qwen2-MoE's
+                return real_build(dataclasses.replace(arch, norm_topk_prob=True), *args, **kwargs)
+            model = real_build(arch, *args, **kwargs)
+            for layer in model.decoder.layers:  # the shared expert's output unscaled by its sigmoid gate
+                layer.mlp.shared_experts.use_shared_expert_gate = False
+            return model
+
+        monkeypatch.setattr(moe, "build_moe_gpt_model", build_wrong)
+    assert logits_error(path) > 100 * TOL
+
+
+def test_unsupported_rope_scalings_are_refused_with_the_reason():
+    base = dict(architectures=["LlamaForCausalLM"], hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                intermediate_size=96, vocab_size=128, max_position_embeddings=131072, rms_norm_eps=1e-6)
+    with pytest.raises(ModelError, match="'yarn' is not supported"):
+        build.Architecture.from_hf_config(dict(base, rope_parameters={"rope_type": "yarn", "factor": 4.0}))
+    llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 2.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 8192}
+    with pytest.raises(ModelError, match="low_freq_factor"):
+        build.Architecture.from_hf_config(dict(base, rope_parameters=llama3))
+    with pytest.raises(ModelError, match="sliding-window"):
+        build.Architecture.from_hf_config(dict(base, use_sliding_window=True))
+
+
+@pytest.mark.parametrize("family,preset", FAMILIES)
+def test_vllm_agrees_with_the_policy_after_a_step_and_refit(folder, family, preset):
+    from rlkit.generation.base import SamplingSettings
+    from rlkit.generation.vllm import VllmGenerator
+    from rlkit.models.tokenizer import build_char_tokenizer
+    from rlkit.stages.batching import trajectories_from_generation
+    from rlkit.weight_sync import ColocatedWeightSync
+
+    path = folder(family, preset)
+    tok = build_char_tokenizer()
+    texts = [tok.apply_chat_template([{"role": "user", "content": f"{a}+{3 * a}="}], add_generation_prompt=True,
+                                     tokenize=False) for a in range(6)]
+    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    policy = in_process_policy(PolicyConfig(model_name=str(path), optimizer=OptimizerConfig(lr=1e-2)))
+    generator = VllmGenerator(path, GenerationConfig(), max_model_len=128, seed=0)
+    try:
+        def mismatch(seed):
+            batch = trajectories_from_generation(
+                generator.generate(ids, 4, SamplingSettings(max_new_tokens=24, seed=seed)), 0, texts)
+            diff = (policy.logprobs(batch.input_ids, batch.attention_mask).logprobs - batch.generator_logprobs).abs()
+            return diff[batch.loss_mask], batch
+
+        diff, batch = mismatch(1)
+        assert diff.max() < 1e-3 and diff.mean() < 1e-4 and batch.loss_mask.sum() > 100
+        adv = torch.randn(batch.batch_size, 1, generator=torch.Generator().manual_seed(0)) * batch.loss_mask
+        policy.train_step(batch.with_(advantages=adv), pg_token_mean_loss)
+        assert mismatch(2)[0].max() > 1e-2  # the generator still holds the old weights
+        ColocatedWeightSync().sync(policy, generator)
+        diff, _ = mismatch(3)
+        assert diff.max() < 1e-3 and diff.mean() < 1e-4
+    finally:
+        generator.close()
+        policy.close()
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    ray = pytest.importorskip("ray")
+    from rlkit.policy.workers import start_ray
+
+    started = start_ray(num_cpus=2)
+    yield
+    if started:
+        ray.shutdown()
+
+
+@pytest.mark.parametrize("family,preset", FAMILIES)
+def test_one_parallel_layout_matches_one_process(folder, ray_cluster, family, preset):
+    """TP=2 for the dense families (Qwen3's q/k norm gradients summed over the ranks), EP=2 for the MoE ones."""
+    from rlkit.policy.workers import RayPolicyGroup
+
+    dense = {} if preset.endswith("moe") else {"num_key_value_heads": 2}  # TP=2 splits whole KV groups
+    cfg = PolicyConfig(model_name=str(folder(family, preset, **dense)), train_micro_batch_size=4,
+                       optimizer=OptimizerConfig(lr=1e-3))
+    batch = random_batch(b=8, t=24)
+    solo = in_process_policy(cfg)
+    try:
+        logprobs = solo.logprobs(batch.input_ids, batch.attention_mask).logprobs
+        step = solo.train_step(batch, pg_token_mean_loss)
+        after = solo.hf_state_dict()
+        before = load_hf_state(cfg.model_name)
+    finally:
+        solo.close()
+    layout = (MegatronConfig(expert_model_parallel_size=2) if preset.endswith("moe")
+              else MegatronConfig(tensor_model_parallel_size=2))
+    group = RayPolicyGroup(cfg.model_copy(update={"megatron_cfg": layout}), world_size=2)
+    try:
+        assert (group.logprobs(batch.input_ids, batch.attention_mask).logprobs - logprobs).abs().max() < 1e-5
+        got = group.train_step(batch, pg_token_mean_loss)
+        assert abs(got.grad_norm - step.grad_norm) < 1e-5 * step.grad_norm
+        weights = group.hf_state_dict()
+        assert max((weights[k] - after[k]).abs().max().item() for k in after) < 1e-5
+        assert max((after[k] - before[k]).abs().max().item() for k in after) > 1e-3  # the step moved them
+        if family.startswith("qwen3"):  # the q/k norms moved too, and equally in both
+            norm = "model.layers.0.self_attn.q_norm.weight"
+            assert (after[norm] - before[norm]).abs().max() > 1e-5
+    finally:
+        group.close()
