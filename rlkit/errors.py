@@ -4,6 +4,13 @@
 class RLKitError(Exception):
     """Base class of every error rlkit raises on purpose."""
 
+    def _render_traceback_(self) -> list[str]:
+        """IPython's hook: show the message, not rlkit's internal traceback (``%xmode verbose`` shows it);
+        see :mod:`rlkit.notebook.ipython`."""
+        from rlkit.notebook.ipython import render_error
+
+        return render_error(self)
+
 
 class ConfigError(RLKitError, ValueError):
     """One or more configuration problems, all reported together before anything heavy starts."""
