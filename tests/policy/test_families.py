@@ -78,7 +78,7 @@ def sharp_attention_copy(path, tmp_path, scale=6.0):
 
     copy = tmp_path / "sharp"
     shutil.copytree(path, copy)
-    weights = load_hf_state(path)
+    weights = dict(load_hf_state(path))
     for name in weights:
         if name.endswith(("q_proj.weight", "k_proj.weight")):
             weights[name] = weights[name] * scale

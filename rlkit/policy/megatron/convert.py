@@ -25,7 +25,7 @@ up are split separately, not the fused tensor. Conversion works on full tensors;
 
 from __future__ import annotations
 
-from typing import Callable, Iterator, Mapping, Optional
+from typing import Callable, Iterable, Iterator, Mapping, Optional
 
 import torch
 from torch import Tensor
@@ -135,18 +135,20 @@ def layer_param_names(i: int, arch: Architecture) -> list[str]:
     return attention_param_names(i, arch) + [m + "mlp.linear_fc1.weight", m + "mlp.linear_fc2.weight"]
 
 
-def hf_to_megatron(hf: Mapping[str, Tensor], arch: Architecture,
-                   layer_to_megatron: Optional[Callable] = None) -> dict[str, Tensor]:
-    """All full Megatron tensors from an HF state dict; ``layer_to_megatron`` maps one decoder layer
-    (default: the dense :func:`hf_layer_to_megatron`; the MoE module passes its own)."""
+def hf_to_megatron_groups(hf: Mapping[str, Tensor], arch: Architecture, layer_to_megatron: Optional[Callable] = None,
+                          layers: Optional[Iterable[int]] = None) -> Iterator[dict[str, Tensor]]:
+    """Full Megatron tensors from HF tensors, one group at a time (embedding, each decoder layer, final norm and
+    head), so a loader holds one layer's conversion at once. ``layer_to_megatron`` maps one decoder layer
+    (default: the dense :func:`hf_layer_to_megatron`; the MoE module passes its own); ``layers`` limits the
+    decoder layers converted (a pipeline stage's)."""
     layer_to_megatron = layer_to_megatron or hf_layer_to_megatron
-    out = {"embedding.word_embeddings.weight": hf["model.embed_tokens.weight"]}
-    for i in range(arch.num_layers):
-        out.update(layer_to_megatron(hf, i, arch))
-    out["decoder.final_layernorm.weight"] = hf["model.norm.weight"]
+    yield {"embedding.word_embeddings.weight": hf["model.embed_tokens.weight"]}
+    for i in range(arch.num_layers) if layers is None else layers:
+        yield layer_to_megatron(hf, i, arch)
+    last = {"decoder.final_layernorm.weight": hf["model.norm.weight"]}
     if not arch.tie_word_embeddings:
-        out["output_layer.weight"] = hf["lm_head.weight"]
-    return out
+        last["output_layer.weight"] = hf["lm_head.weight"]
+    yield last
 
 
 def megatron_to_hf_groups(full: Callable[[str], Tensor], arch: Architecture, layer_names: Optional[Callable] = None,

@@ -197,8 +197,8 @@ class MegatronMoEPolicy(MegatronPolicy):
             return name
         return _with_expert(name, match, self.ep_rank * self.experts_per_rank + int(match.group(1)))
 
-    def _hf_to_megatron(self, hf: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        return convert.hf_to_megatron(hf, self.arch, hf_layer_to_megatron)
+    def _hf_to_megatron_groups(self, hf: Mapping[str, Tensor], layers: list[int]) -> Iterator[dict[str, Tensor]]:
+        return convert.hf_to_megatron_groups(hf, self.arch, hf_layer_to_megatron, layers)
 
     def _megatron_to_hf_groups(self, full: Callable[[str], Tensor]) -> Iterator[HFGroup]:
         self._gathered_experts.clear()

@@ -17,10 +17,10 @@ in places), fp32 weights. Without pipeline parallelism microbatches run one afte
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Optional
-
-import dataclasses
 
 import torch
 import torch.distributed as dist
@@ -36,14 +36,14 @@ from rlkit.trajectories import LossCounts, Trajectories
 from rlkit.weights import HFGroup
 
 
-def load_hf_state(folder: str | Path) -> dict[str, Tensor]:
-    """Every tensor of the safetensors files in an HF model folder."""
-    from safetensors.torch import load_file
+def load_hf_state(folder: str | Path) -> Mapping[str, Tensor]:
+    """The tensors of an HF model folder's safetensors files (one or several shards), read lazily."""
+    from rlkit.models.safetensors_folder import SafetensorsFolder
 
-    state: dict[str, Tensor] = {}
-    for file in sorted(Path(folder).glob("*.safetensors")):
-        state.update(load_file(str(file)))
-    return state
+    return SafetensorsFolder(folder)
+
+
+_LAYER_NAME = re.compile(r"^decoder\.layers\.(\d+)\.")
 
 
 class MegatronPolicy(InProcessPolicy):
@@ -80,8 +80,8 @@ class MegatronPolicy(InProcessPolicy):
     def _params_by_global_name(self) -> dict[str, Tensor]:
         return {self._global_name(n): p for n, p in self.model.named_parameters()}
 
-    def _hf_to_megatron(self, hf: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        return convert.hf_to_megatron(hf, self.arch)
+    def _hf_to_megatron_groups(self, hf: Mapping[str, Tensor], layers: list[int]) -> Iterator[dict[str, Tensor]]:
+        return convert.hf_to_megatron_groups(hf, self.arch, layers=layers)
 
     def _megatron_to_hf_groups(self, full: Callable[[str], Tensor]) -> Iterator[HFGroup]:
         return convert.megatron_to_hf_groups(full, self.arch)
@@ -92,20 +92,34 @@ class MegatronPolicy(InProcessPolicy):
 
     def load_hf_state(self, hf: Mapping[str, Tensor]) -> None:
         """Load HF-named full tensors; this rank keeps its pipeline stage's parameters and its tensor-parallel
-        shard of each. Strict on names and shapes."""
-        full = self._hf_to_megatron(hf)
-        if self.arch.tie_word_embeddings and self.pp_size > 1:  # the last stage's copy of the tied embedding
-            full["output_layer.weight"] = full["embedding.word_embeddings.weight"]
+        shard of each. One group (a layer) is converted at a time, so with a lazy ``hf`` (:func:`load_hf_state`)
+        the whole model is never held twice. Strict on names and shapes: a first pass on meta tensors checks
+        every name and shape before anything is copied."""
+        from rlkit.models.safetensors_folder import as_meta
+
         params = self._params_by_global_name()
-        missing = sorted(set(params) - set(full))
+        layers = sorted({int(m.group(1)) for n in params if (m := _LAYER_NAME.match(n))})
+        self._copy_from(self._hf_to_megatron_groups(as_meta(hf), layers), params, check_only=True)
+        with torch.no_grad():
+            self._copy_from(self._hf_to_megatron_groups(hf, layers), params, check_only=False)
+
+    def _copy_from(self, groups: Iterator[dict[str, Tensor]], params: Mapping[str, Tensor], check_only: bool) -> None:
+        """Copy each group's tensors (sharded for this rank) into ``params``; every parameter must be covered."""
+        covered = set()
+        for full in groups:
+            if self.arch.tie_word_embeddings and self.pp_size > 1 and "embedding.word_embeddings.weight" in full:
+                full["output_layer.weight"] = full["embedding.word_embeddings.weight"]  # the last stage's copy
+            for name in full.keys() & params.keys():
+                piece = convert.shard(name, full[name], *self._shard_rank_and_size(name))
+                if piece.shape != params[name].shape:
+                    raise ValueError(f"{name}: HF weights give shape {tuple(piece.shape)}, model has "
+                                     f"{tuple(params[name].shape)}")
+                if not check_only:
+                    params[name].copy_(piece)
+                covered.add(name)
+        missing = sorted(set(params) - covered)
         if missing:
             raise KeyError(f"no HF weights for Megatron parameters {missing[:5]}")
-        with torch.no_grad():
-            for name, param in params.items():
-                piece = convert.shard(name, full[name], *self._shard_rank_and_size(name))
-                if piece.shape != param.shape:
-                    raise ValueError(f"{name}: HF weights give shape {tuple(piece.shape)}, model has {tuple(param.shape)}")
-                param.copy_(piece)
 
     def _full_tensor(self, name: str, params: Mapping[str, Tensor], group=None) -> Tensor:
         """Parameter ``name`` gathered over its tensor-parallel ``group`` (default: Megatron's TP group)."""
