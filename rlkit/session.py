@@ -356,6 +356,7 @@ class Session:
         prompts are consumed, nothing is applied, its metrics carry ``train/skipped_steps`` (the count so far)
         and go to the listeners like any step's. After ``grpo.max_consecutive_skipped_steps`` skipped steps in a
         row it raises SkippedStepsError; the steps taken are in ``history``."""
+        self._refuse_if_closed("run")
         from tqdm.auto import tqdm
 
         from rlkit.stages.skipped_steps import SKIPPED, refused_update, skipped_in_a_row, too_many_skipped

@@ -44,13 +44,12 @@ def test_two_sessions_leave_no_threads_or_files_behind(tmp_path):
 
 
 def every_public_call(session, checkpoint) -> dict[str, object]:
-    """One call of each public stage and method that needs the engines (arguments valid on an open session).
-    ``run()`` is not here yet: it reads ``session.policy`` before its first ``step()``."""
+    """One call of each public stage and method that needs the engines (arguments valid on an open session)."""
     return {
         "rollout": lambda: session.rollout(), "score": lambda: session.score(),
         "advantages": lambda: session.advantages(), "logprobs": lambda: session.logprobs(),
         "loss": lambda: session.loss(), "train": lambda: session.train(), "refit": lambda: session.refit(),
-        "step": lambda: session.step(),
+        "step": lambda: session.step(), "run": lambda: session.run(1, progress=False),
         "evaluate": lambda: session.evaluate(), "sft": lambda: session.sft(1, progress=False),
         "reset": lambda: session.reset(), "configure": lambda: session.configure(["grpo.val_period=0"]),
         "restore_run_state": lambda: session.restore_run_state(session.run_state.state_dict()),
