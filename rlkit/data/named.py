@@ -43,17 +43,21 @@ def load_named_splits(p: Any) -> dict[str, PromptFile]:
     if p.validation_split is not None:
         wanted["data.validation_split"] = p.validation_split
     splits, problems = _load(p.dataset_name, p.dataset_config, wanted)
+    out = {}
     for key, name in wanted.items():
         if name in splits and len(splits[name]) == 0:
             problems.append(_empty(key, name, p.dataset_name))
+        elif name in splits:  # columns are checked on every split that loaded, so one error says everything
+            source = f"dataset {p.dataset_name!r} split {name!r}"
+            try:
+                dataset = map_answers(map_columns(splits[name], p.prompt_key, p.answer_key, source),
+                                      p.answer_format, source)
+            except DataError as error:
+                problems += [q for q in error.problems if q not in problems]
+                continue
+            out[name] = PromptFile(dataset, tuple(f"row {i}" for i in range(len(dataset))))
     if problems:
         raise DataError(problems)
-    out = {}
-    for name in wanted.values():
-        source = f"dataset {p.dataset_name!r} split {name!r}"
-        dataset = map_columns(splits[name], p.prompt_key, p.answer_key, source)
-        dataset = map_answers(dataset, p.answer_format, source)
-        out[name] = PromptFile(dataset, tuple(f"row {i}" for i in range(len(dataset))))
     return out
 
 

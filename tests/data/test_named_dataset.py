@@ -69,6 +69,9 @@ def test_missing_columns_are_one_error_naming_each_column(jsonl_folder):
     assert prompt.startswith("data.prompt_key='problem'") and "split 'train' has no column 'problem'" in prompt
     assert "['question', 'answer', 'id']" in prompt
     assert answer.startswith("data.answer_key='solution'") and "no column 'solution'" in answer
+    with pytest.raises(DataError) as info:  # a wrong split and a wrong column: both in the one error
+        load_prompt_dataset({"dataset_name": str(jsonl_folder), "prompt_key": "problem", "validation_split": "dev"})
+    assert [p.split(":")[0] for p in info.value.problems] == ["data.validation_split='dev'", "data.prompt_key='problem'"]
 
 
 def test_a_missing_or_empty_split_is_one_error_naming_the_split(jsonl_folder, tmp_path):
