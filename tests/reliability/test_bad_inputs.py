@@ -123,3 +123,19 @@ def test_reward_failing_on_every_sample_names_the_function_and_the_exception():
     )
     msg = raised(RewardError, score, batch, RewardFunctionEnvironment(my_reward))
     assert "'my_reward'" in msg and "NameError: name 'answr' is not defined" in msg
+
+
+# ---- stage order ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("missing,stage", [("advantages", "advantages()"), ("prev_logprobs", "logprobs()")])
+def test_a_stage_before_its_input_names_the_stage_to_run_first(missing, stage):
+    """train() on a batch that lacks what an earlier stage fills (a closed session's refusals are in
+    tests/session/test_close.py: that one needs a session)."""
+    from rlkit.errors import StageOrderError
+    from rlkit.stages import train
+    from tests.helpers import pg_token_mean_loss, random_batch
+
+    batch = random_batch(b=4, t=12)
+    batch = batch.with_(prev_logprobs=torch.zeros(4, 12)) if missing == "advantages" else batch
+    batch = batch.with_(advantages=None) if missing == "advantages" else batch
+    msg = raised(StageOrderError, train, batch, policy=None, loss_fn=pg_token_mean_loss)
+    assert missing in msg and stage in msg
