@@ -27,3 +27,25 @@ def pg_token_mean_loss(logprobs, batch: Trajectories, counts: LossCounts):
     per_token = -batch.advantages * logprobs * batch.loss_mask
     loss = per_token.sum() / counts.valid_tokens
     return loss, {"loss": loss.detach()}
+
+
+def arithmetic_prompts(n: int = 6) -> tuple[list[str], list[list[int]]]:
+    """``n`` chat-templated addition prompts for the character tokenizer: their texts and token ids."""
+    from rlkit.models.tokenizer import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    texts = [tok.apply_chat_template([{"role": "user", "content": f"{a}+{3 * a}="}], add_generation_prompt=True,
+                                     tokenize=False) for a in range(n)]
+    return texts, [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+
+
+def generator_policy_mismatch(generator, policy, texts, ids, seed: int):
+    """|policy logprob - generator logprob| over the completion tokens of 4 samples per prompt sampled with
+    ``seed``, and the sampled batch."""
+    from rlkit.generation.base import SamplingSettings
+    from rlkit.stages.batching import trajectories_from_generation
+
+    batch = trajectories_from_generation(generator.generate(ids, 4, SamplingSettings(max_new_tokens=24, seed=seed)),
+                                         0, texts)
+    diff = (policy.logprobs(batch.input_ids, batch.attention_mask).logprobs - batch.generator_logprobs).abs()
+    return diff[batch.loss_mask], batch

@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 
 from rlkit.errors import ModelError
-from rlkit.models.folder import check_weight_files, num_experts_of, read_json_object  # noqa: F401 (re-export)
+from rlkit.models.folder import check_weight_files, read_json_object
 from rlkit.models.tokenizer import TokenizerKind, save_tokenizer, tokenizer_vocab_size
 
 ModelFamily = Literal["llama", "llama3", "qwen2", "qwen3", "mixtral", "qwen2-moe", "qwen3-moe"]

@@ -31,14 +31,6 @@ def model_cfg(model_factory):
                         optimizer=OptimizerConfig(lr=1e-3), scheduler=SchedulerConfig(warmup_steps=3))
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    from rlkit.policy.workers import start_ray
-
-    started = start_ray(num_cpus=2)
-    yield
-    if started:
-        ray.shutdown()
 
 
 def build(backend, cfg):

@@ -18,7 +18,7 @@ from rlkit.errors import ModelError
 from rlkit.policy.factory import in_process_policy
 from rlkit.policy.megatron import build, moe
 from rlkit.policy.megatron.policy import load_hf_state
-from tests.helpers import pg_token_mean_loss, random_batch
+from tests.helpers import arithmetic_prompts, generator_policy_mismatch, pg_token_mean_loss, random_batch
 
 TOL = 1e-4
 FAMILIES = [("llama3", "nano"), ("qwen3", "nano"), ("qwen3-moe", "nano-moe"), ("qwen2-moe", "nano-moe")]
@@ -134,25 +134,16 @@ def test_unsupported_rope_scalings_are_refused_with_the_reason():
 
 @pytest.mark.parametrize("family,preset", FAMILIES)
 def test_vllm_agrees_with_the_policy_after_a_step_and_refit(folder, family, preset):
-    from rlkit.generation.base import SamplingSettings
     from rlkit.generation.vllm import VllmGenerator
-    from rlkit.models.tokenizer import build_char_tokenizer
-    from rlkit.stages.batching import trajectories_from_generation
     from rlkit.weight_sync import ColocatedWeightSync
 
     path = folder(family, preset)
-    tok = build_char_tokenizer()
-    texts = [tok.apply_chat_template([{"role": "user", "content": f"{a}+{3 * a}="}], add_generation_prompt=True,
-                                     tokenize=False) for a in range(6)]
-    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    texts, ids = arithmetic_prompts()
     policy = in_process_policy(PolicyConfig(model_name=str(path), optimizer=OptimizerConfig(lr=1e-2)))
     generator = VllmGenerator(path, GenerationConfig(), max_model_len=128, seed=0)
     try:
         def mismatch(seed):
-            batch = trajectories_from_generation(
-                generator.generate(ids, 4, SamplingSettings(max_new_tokens=24, seed=seed)), 0, texts)
-            diff = (policy.logprobs(batch.input_ids, batch.attention_mask).logprobs - batch.generator_logprobs).abs()
-            return diff[batch.loss_mask], batch
+            return generator_policy_mismatch(generator, policy, texts, ids, seed)
 
         diff, batch = mismatch(1)
         assert diff.max() < 1e-3 and diff.mean() < 1e-4 and batch.loss_mask.sum() > 100
@@ -167,15 +158,6 @@ def test_vllm_agrees_with_the_policy_after_a_step_and_refit(folder, family, pres
         policy.close()
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = pytest.importorskip("ray")
-    from rlkit.policy.workers import start_ray
-
-    started = start_ray(num_cpus=2)
-    yield
-    if started:
-        ray.shutdown()
 
 
 @pytest.mark.parametrize("family,preset", FAMILIES)

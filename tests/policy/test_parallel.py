@@ -35,14 +35,6 @@ def rank1_failing_loss(logprobs, batch, counts):
     return pg_token_mean_loss(logprobs, batch, counts)
 
 
-@pytest.fixture(scope="module")
-def ray_cluster():
-    from rlkit.policy.workers import start_ray
-
-    started = start_ray(num_cpus=2)
-    yield
-    if started:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")
