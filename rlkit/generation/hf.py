@@ -30,7 +30,8 @@ class HFGenerator:
         self.seed = seed
         listed = self.model.generation_config.eos_token_id
         listed = [listed] if isinstance(listed, int) else list(listed or [])
-        self.eos_token_ids = list(dict.fromkeys([self.tokenizer.eos_token_id] + listed))  # the tokenizer's first
+        ids = [self.tokenizer.eos_token_id] + listed  # the tokenizer's first
+        self.eos_token_ids = [i for i in dict.fromkeys(ids) if i is not None]
 
     @torch.no_grad()
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingSettings) -> Generation:
