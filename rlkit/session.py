@@ -61,19 +61,30 @@ def _run_state_field(name: str, doc: str) -> property:
 class Session:
     """Holds the components of an RL run and exposes one method per stage."""
 
-    def __init__(self, config: RunConfig, env: Any = None, loss_fn: Optional[Callable] = None):
+    def __init__(self, config: RunConfig, env: Any = None, loss_fn: Optional[Callable] = None, verbose: bool = False):
+        """Build the engines of ``config``, printing one line per engine with its time. ``verbose=True`` also
+        shows the third-party notices a quiet start holds back (:mod:`rlkit.quiet`); ``session.startup`` is
+        what the start cost (seconds per part) and the warnings it showed."""
         from transformers import AutoTokenizer
 
         from rlkit.builders import build_environment, build_generation, build_policy, ensure_model
         from rlkit.data import load_prompt_dataset
+        from rlkit.startup import StartupReport, generator_engine, policy_engine
 
         self.config = config
-        ensure_model(config)
-        self.tokenizer = AutoTokenizer.from_pretrained(config.policy.model_name)
-        self.dataset = load_prompt_dataset(config.data, self.tokenizer, config.policy.max_prompt_tokens)
-        self.env = env if env is not None else build_environment(config)
-        self.policy = build_policy(config)
-        self.generator, self.weight_sync = build_generation(config)  # the engine and what refits it, one pair
+        self.startup = start = StartupReport(verbose=verbose)
+        with start.part("model folder"):
+            ensure_model(config)
+        with start.part("tokenizer"):
+            self.tokenizer = AutoTokenizer.from_pretrained(config.policy.model_name)
+        with start.part("data"):
+            self.dataset = load_prompt_dataset(config.data, self.tokenizer, config.policy.max_prompt_tokens)
+        with start.part("environment"):
+            self.env = env if env is not None else build_environment(config)
+        with start.part("policy", engine=policy_engine(config)):
+            self.policy = build_policy(config)
+        with start.part("generator", engine=generator_engine(config)):
+            self.generator, self.weight_sync = build_generation(config)  # the engine and what refits it, one pair
         self.generator_version = self.policy.version
         self.loss_fn = loss_fn if loss_fn is not None else RLLoss(config.loss_fn, kl_in_reward=config.grpo.reward_kl_coef > 0)
         self.rollouts: Optional[RolloutSource] = None
@@ -84,8 +95,17 @@ class Session:
     def from_config(cls, source: str | Path | Mapping = "quickstart", overrides: Sequence[str] | Mapping = (),
                     **kwargs: Any) -> "Session":
         """A session from a shipped preset name, a YAML path or a mapping, with dotted overrides
-        (``["grpo.num_generations_per_prompt=8"]`` or ``{"grpo.num_generations_per_prompt": 8}``)."""
-        return cls(load_config(source, overrides), **kwargs)
+        (``["grpo.num_generations_per_prompt=8"]`` or ``{"grpo.num_generations_per_prompt": 8}``); ``kwargs``
+        go to the constructor (``env=``, ``loss_fn=``, ``verbose=True``). The config's warnings join the
+        start-up's in the session card."""
+        from rlkit.startup import StartupReport
+
+        loading = StartupReport()
+        with loading.config_loading():
+            config = load_config(source, overrides)
+        session = cls(config, **kwargs)
+        session.startup.warnings[:0] = loading.warnings
+        return session
 
     def configure(self, overrides: Sequence[str] | Mapping[str, Any] | RunConfig) -> RunConfig:
         """Change settings in place without restarting the engines, e.g.

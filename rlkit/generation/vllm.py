@@ -23,6 +23,7 @@ import torch
 from rlkit.config.components import GenerationConfig
 from rlkit.generation.base import Generation, SamplingSettings
 from rlkit.models.factory import check_head_dim, read_hf_config
+from rlkit.quiet import quieted
 
 
 class _RotaryCacheReloadNotice(logging.Filter):
@@ -71,6 +72,7 @@ class VllmGenerator:
             max_model_len=max_model_len,
             enable_prefix_caching=cfg.vllm_cfg.enable_prefix_caching,
             logprobs_mode="processed_logprobs",
+            use_tqdm_on_load=not quieted(),  # no weight-loading bar while a session starts quietly
         )
         if not on_cpu:
             kwargs["gpu_memory_utilization"] = cfg.vllm_cfg.gpu_memory_utilization

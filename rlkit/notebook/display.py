@@ -45,7 +45,17 @@ def session_facts(s: Any) -> dict[str, object]:
     }
     if getattr(s, "rollouts", None) is not None:  # the rollout source: plain, dynamic sampling, async GRPO
         facts["rollouts"] = repr(s.rollouts)
+    startup = getattr(s, "startup", None)
+    if startup is not None:
+        facts["start-up"] = startup.breakdown() + ("" if startup.verbose else
+                                                   f" ({startup.held_back} known third-party notices held back)")
     return facts
+
+
+def start_warnings(s: Any) -> list[str]:
+    """The warnings shown while the session started (rlkit's own config and data checks, anything unexpected)."""
+    startup = getattr(s, "startup", None)
+    return list(startup.warnings) if startup is not None else []
 
 
 def _backend_and_layout(cfg: Any, policy: Any) -> tuple[str, str]:
@@ -82,11 +92,21 @@ def session_summary(s: Any) -> str:
         return f"Session({f['state']})"
     keys = ("model", "backend", "parallel layout", "environment", "step", "policy version", "generator weights",
             "last reward")
-    return "Session(" + ", ".join(f"{k}={f[k]}" for k in keys) + ")"
+    shown = start_warnings(s)
+    return ("Session(" + ", ".join(f"{k}={f[k]}" for k in keys) + ")"
+            + "".join(f"\n  warning at start: {w}" for w in shown))
 
 
 def session_html(s: Any) -> str:
-    return key_values("rlkit Session", session_facts(s))
+    """The session card: rlkit's warnings from the start on top (easy to miss among cell output), then the facts."""
+    shown = start_warnings(s)
+    box = ""
+    if shown:
+        items = "".join(f"<li>{esc(w)}</li>" for w in shown)
+        box = (f"<div class='rlkit-start-warnings' style='background:#fff3cd;border:1px solid #e0b000;padding:4px 8px;"
+               f"margin-bottom:4px;font-family:monospace;font-size:12px'><b>{len(shown)} warning(s) at start</b>"
+               f"<ul style='margin:2px 0'>{items}</ul></div>")
+    return box + key_values("rlkit Session", session_facts(s))
 
 
 # ---- trajectories ------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from rlkit.notebook.dashboard import Dashboard
 from rlkit.notebook.display import TokenView
 from rlkit.run_state import RunState
 from rlkit.session import Session
+from rlkit.startup import StartupReport
 from rlkit.stages import EvalResult, LossReport, SFTResult, TrainResult
 from rlkit.stages.metrics import StepMetrics
 from rlkit.trajectories import Trajectories
@@ -22,7 +23,7 @@ from rlkit.weight_sync.colocated import RefitReport
 
 RETURNED = [Session, Trajectories, StepMetrics, TrainResult, LossReport, EvalResult, SFTResult, RefitReport,
             TokenView, Dashboard, SamplingSettings, RunState, RLLoss, LossParams, RunConfig, PolicyConfig,
-            GenerationConfig, GRPOConfig]
+            GenerationConfig, GRPOConfig, StartupReport]
 
 
 def public_members(cls):

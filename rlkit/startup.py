@@ -1,0 +1,101 @@
+"""What starting a session cost and said: seconds per part, one progress line per engine, the warnings.
+
+Why: building a session takes 10-30 s on a CPU machine (a Megatron-Core policy, a vLLM engine), and without a
+word the cell just hangs. So each engine announces itself and its time on one line::
+
+    rlkit: starting the policy (Megatron-Core) ... ready in 2.1 s
+    rlkit: starting the generator (vLLM, in this process) ... ready in 8.4 s
+
+and everything else stays quiet: every part runs in :func:`rlkit.quiet.quiet_engine_start`, which holds back the
+third-party notices rlkit knows to be harmless. Warnings that remain (rlkit's own, or anything unexpected)
+are shown as usual and kept in :attr:`StartupReport.warnings`, which the session card shows on top.
+``session.startup`` is the report; ``make bench`` prints it for the fast preset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional
+
+from rlkit.quiet import Held, quiet_engine_start, sorted_warnings
+
+
+def warning_text(w: warnings.WarningMessage) -> str:
+    """``UserWarning: message`` as the session card lists it."""
+    return f"{w.category.__name__}: {w.message}"
+
+
+@dataclass
+class StartupReport:
+    """Seconds per part of a session's start (model folder, tokenizer, data, environment, policy, generator),
+    how many known third-party notices were held back, and the warnings shown while it started."""
+
+    verbose: bool = False  # True: nothing held back
+    seconds: dict[str, float] = field(default_factory=dict)
+    held_back: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def total(self) -> float:
+        """Seconds of all parts together."""
+        return sum(self.seconds.values())
+
+    @contextlib.contextmanager
+    def part(self, name: str, engine: Optional[str] = None) -> Iterator[None]:
+        """Time the block as ``name``, quietly (unless verbose); an ``engine`` (e.g. ``"vLLM, in this process"``)
+        also gets its progress line."""
+        if engine is not None:
+            print(f"rlkit: starting the {name} ({engine}) ...", end="", flush=True)
+        t0 = time.perf_counter()
+        ok, held = False, Held()
+        try:
+            with quiet_engine_start(self.verbose) as held:
+                yield
+            ok = True
+        finally:
+            self.seconds[name] = time.perf_counter() - t0
+            self._keep(held)
+            if engine is not None:
+                print(f" ready in {self.seconds[name]:.1f} s" if ok else " failed", flush=True)
+
+    @contextlib.contextmanager
+    def config_loading(self) -> Iterator[None]:
+        """Keep the warnings shown while the config loads (rlkit's config checks warn there, e.g. about a model
+        folder that holds another model than the preset's)."""
+        held = Held()
+        try:
+            with sorted_warnings(held):
+                yield
+        finally:
+            self._keep(held)
+
+    def _keep(self, held: Held) -> None:
+        self.held_back += held.dropped
+        self.warnings += [warning_text(w) for w in held.shown]
+
+    def breakdown(self) -> str:
+        """``12.3 s: model folder 0.1 s, tokenizer 0.1 s, ...``"""
+        parts = ", ".join(f"{name} {seconds:.1f} s" for name, seconds in self.seconds.items())
+        return f"{self.total:.1f} s: {parts}"
+
+    def __repr__(self) -> str:
+        held = "" if self.verbose else f"; {self.held_back} known third-party notice(s) held back (verbose=True shows them)"
+        shown = f"; {len(self.warnings)} warning(s)" if self.warnings else ""
+        return f"StartupReport({self.breakdown()}{held}{shown})"
+
+
+def policy_engine(config: Any) -> str:
+    """The policy backend a config builds, in words (what :func:`rlkit.builders.build_policy` picks)."""
+    p = config.policy
+    backend = "DTensor (FSDP2)" if p.dtensor_cfg.enabled else "Megatron-Core"
+    return backend + (f", {p.num_workers} Ray workers" if p.num_workers > 1 or p.ray_address is not None else "")
+
+
+def generator_engine(config: Any) -> str:
+    """The generation engine a config builds, in words (what :func:`rlkit.builders.build_generation` picks)."""
+    g = config.policy.generation
+    backend = "vLLM" if g.backend == "vllm" else "transformers generate"
+    return backend + (", in this process" if g.colocated.enabled else ", in a Ray actor")
