@@ -5,7 +5,9 @@ no browser is downloaded). Screenshots land in ``test-output/browser/``.
 
 1. Tutorial 01 runs top to bottom from JupyterLab's "Run All Cells"; the dashboard widget is in the DOM with
    every step plotted, and no cell shows an error.
-2. The dashboard's stop button, clicked while ``run()`` is executing, ends the run after the current step
+2. A session-creation cell in a fresh kernel prints rlkit's two engine lines and no third-party notice (Megatron,
+   vLLM, torch, C++ output: ``THIRD_PARTY_ALLOWED`` is empty).
+3. The dashboard's stop button, clicked while ``run()`` is executing, ends the run after the current step
    (JupyterLab sends widget messages on a kernel subshell, so the click is handled mid-cell); once ``run()``
    has returned, the header says where it stopped and the button is ready again.
 """
@@ -50,8 +52,8 @@ def prepare_notebook(source: Path, target: Path) -> None:
     nbformat.write(nb, str(target))
 
 
-STOP_NOTEBOOK = [
-    "import os\nos.environ.setdefault('VLLM_LOGGING_LEVEL', 'ERROR')\nimport tempfile, rlkit\n"
+STOP_NOTEBOOK = [  # the first cell sets no logging level: a plain session start must be quiet by itself
+    "import tempfile, rlkit\n"
     "WORKDIR = tempfile.mkdtemp()\n"
     "session = rlkit.Session.from_config('quickstart', {'policy.model_name': f'{WORKDIR}/model',"
     " 'policy.model_preset': 'nano', 'sft.enabled': False, 'data.num_train': 200, 'data.num_validation': 8,"
@@ -198,6 +200,17 @@ def test_tutorial_01_runs_in_jupyterlab_and_the_dashboard_renders_with_data(lab,
     page.close()
 
 
+# Lines a session-creation cell may print besides rlkit's own: none. (rlkit.quiet lists what a quiet start holds
+# back; a line outside that list is a new third-party notice, to be judged and listed there or fixed.)
+THIRD_PARTY_ALLOWED: tuple[str, ...] = ()
+
+
+def third_party_lines(text: str) -> list[str]:
+    """Output lines of a cell that rlkit did not print (its progress lines start with ``rlkit:``)."""
+    return [line for line in text.splitlines()
+            if line.strip() and not line.startswith("rlkit: ") and not any(a in line for a in THIRD_PARTY_ALLOWED)]
+
+
 def test_stop_button_ends_a_running_run_after_the_current_step(lab, browser):
     url, _ = lab
     OUTPUT.mkdir(parents=True, exist_ok=True)
@@ -215,6 +228,12 @@ def test_stop_button_ends_a_running_run_after_the_current_step(lab, browser):
     finally:
         page.screenshot(path=str(OUTPUT / "stop_button_end.png"))
     steps = int(ended.text_content().split("after")[1].split()[0])
+    # the session-creation cell, run in a fresh kernel: rlkit's two engine lines and no third-party notice
+    start = page.locator(".jp-CodeCell").first.locator(".jp-OutputArea-output")
+    start_text = "\n".join(start.nth(i).inner_text() for i in range(start.count()))
+    assert third_party_lines(start_text) == [], start_text
+    assert [line.split(" ...")[0] for line in start_text.splitlines() if line.strip()] == [
+        "rlkit: starting the policy (Megatron-Core)", "rlkit: starting the generator (vLLM, in this process)"], start_text
     dashboard.screenshot(path=str(OUTPUT / "stop_button_dashboard.png"))
     assert 3 <= steps < 400, steps  # stopped by the click, long before the 400 asked for
     # run() has returned: the header says where it stopped (no "stop requested" left), the button is ready again
