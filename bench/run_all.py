@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPTS = ["refit_vs_memcpy.py", "step_overhead.py", "broadcast_refit.py", "async_vs_sync.py",
+SCRIPTS = ["startup.py", "refit_vs_memcpy.py", "step_overhead.py", "broadcast_refit.py", "async_vs_sync.py",
            "megatron_vs_dtensor.py", "parallel_layouts.py"]
 
 for name in SCRIPTS:

@@ -104,7 +104,8 @@ class Session:
         with loading.config_loading():
             config = load_config(source, overrides)
         session = cls(config, **kwargs)
-        session.startup.warnings[:0] = loading.warnings
+        loading.joined(session.startup)
+        session.startup = loading
         return session
 
     def configure(self, overrides: Sequence[str] | Mapping[str, Any] | RunConfig) -> RunConfig:

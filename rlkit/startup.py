@@ -30,7 +30,7 @@ def warning_text(w: warnings.WarningMessage) -> str:
 
 @dataclass
 class StartupReport:
-    """Seconds per part of a session's start (model folder, tokenizer, data, environment, policy, generator),
+    """Seconds per part of a session's start (config, model folder, tokenizer, data, environment, policy, generator),
     how many known third-party notices were held back, and the warnings shown while it started."""
 
     verbose: bool = False  # True: nothing held back
@@ -65,12 +65,20 @@ class StartupReport:
     def config_loading(self) -> Iterator[None]:
         """Keep the warnings shown while the config loads (rlkit's config checks warn there, e.g. about a model
         folder that holds another model than the preset's)."""
-        held = Held()
+        held, t0 = Held(), time.perf_counter()
         try:
             with sorted_warnings(held):
                 yield
         finally:
+            self.seconds["config"] = time.perf_counter() - t0
             self._keep(held)
+
+    def joined(self, later: "StartupReport") -> None:
+        """Put ``later``'s parts and warnings after this one's (the session's start after its config's load)."""
+        self.seconds.update(later.seconds)
+        self.held_back += later.held_back
+        self.warnings += later.warnings
+        self.verbose = later.verbose
 
     def _keep(self, held: Held) -> None:
         self.held_back += held.dropped
