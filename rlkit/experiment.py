@@ -99,12 +99,15 @@ def run_experiment(config: RunConfig, session: Any = None, progress: bool = True
         period = config.logger.sample_table_period
         total = config.grpo.max_num_steps
 
-        def on_step(metrics):
-            logger.log(metrics.values, step=metrics.step)
+        def on_step(metrics):  # timed parts of the next step's record (see Session.run)
+            with session.timed("logging"):
+                logger.log(metrics.values, step=metrics.step)
             if period and metrics.step % period == 0 and session.batch is not None:
-                logger.log_table("rollout/samples", SAMPLE_COLUMNS, sample_rows(session.batch), metrics.step)
+                with session.timed("tables"):
+                    logger.log_table("rollout/samples", SAMPLE_COLUMNS, sample_rows(session.batch), metrics.step)
             if ckpt_cfg.enabled and (metrics.step % ckpt_cfg.save_period == 0 or metrics.step == total):
-                save_periodic(session, ckpt_dir, ckpt_cfg.keep_last, {"warm_start": warm_start})
+                with session.timed("checkpoint"):
+                    save_periodic(session, ckpt_dir, ckpt_cfg.keep_last, {"warm_start": warm_start})
 
         t_rl, steps_before, stopped = time.perf_counter(), session.step_count, None
         try:

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import time
 import warnings
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, ContextManager, Mapping, Optional, Sequence
 
 from rlkit import stages
 from rlkit.algorithms import RLLoss
@@ -33,6 +34,7 @@ from rlkit.stages.async_rollouts import updates_per_step
 from rlkit.stages.metrics import StepMetrics, step_metrics
 from rlkit.stages.reuse import warn_if_reused
 from rlkit.stages.rollout_sources import RolloutSource, rollout_source, step_seed, warn_if_off_policy
+from rlkit.stages.step_clock import StepClock
 from rlkit.trajectories import Trajectories
 
 
@@ -248,14 +250,16 @@ class Session:
     # ---- what the rollout source calls -----------------------------------------------------------
     def _sample(self, rows: Sequence[dict], seed: int, generator_version: int) -> Trajectories:
         """G samples for each of ``rows`` (not scored); async GRPO's producer thread calls it too."""
-        return stages.rollout(self.generator, self.tokenizer, rows, self.config.grpo.num_generations_per_prompt,
-                              self.sampling(seed), generator_version, self.config.data.system_prompt)
+        with self.timed("rollout"):  # each of dynamic sampling's rounds
+            return stages.rollout(self.generator, self.tokenizer, rows, self.config.grpo.num_generations_per_prompt,
+                                  self.sampling(seed), generator_version, self.config.data.system_prompt)
 
     def _score(self, batch: Trajectories) -> Trajectories:
         g = self.config.grpo
-        return stages.score(batch, self.env, g.overlong_buffer_length, g.overlong_penalty,
-                            self.config.policy.generation.max_new_tokens,
-                            max_failure_fraction=self.config.env.max_reward_failure_fraction)
+        with self.timed("score"):  # dynamic sampling scores each round inside the rollout
+            return stages.score(batch, self.env, g.overlong_buffer_length, g.overlong_penalty,
+                                self.config.policy.generation.max_new_tokens,
+                                max_failure_fraction=self.config.env.max_reward_failure_fraction)
 
     def _updates_per_step(self) -> int:
         g = self.config.grpo
@@ -333,11 +337,13 @@ class Session:
 
     def _record_step(self, batch: Trajectories, train_metrics: dict[str, float], seconds: float,
                      version_before: int) -> StepMetrics:
-        timings = {k: v for k, v in batch.info.items() if k.startswith("timing/")}
-        timings["timing/train"] = seconds
-        metrics = step_metrics(self.step_count + 1, self.policy.version, batch, train_metrics, timings, version_before)
-        metrics.values.update({k: v for k, v in batch.info.items() if k.startswith("rollout/")})  # async producer's
-        self.run_state.end_step(metrics)
+        with self.timed("metrics"):
+            timings = {k: v for k, v in batch.info.items() if k.startswith("timing/")}
+            timings["timing/train"] = seconds
+            metrics = step_metrics(self.step_count + 1, self.policy.version, batch, train_metrics, timings,
+                                   version_before)
+            metrics.values.update({k: v for k, v in batch.info.items() if k.startswith("rollout/")})  # async producer's
+            self.run_state.end_step(metrics)
         return metrics
 
     def refit(self) -> Any:
@@ -351,21 +357,45 @@ class Session:
         self.run_state.last_refit = report
         return report
 
+    _clock: Optional[StepClock] = None  # the step clock of the step under way in step() or run()
+
+    def timed(self, part: str) -> ContextManager[None]:
+        """Time a block as part ``part`` of the step under way (a listener's checkpoint save); outside a
+        ``step()``/``run()``, or in another thread, it times nothing (:mod:`rlkit.stages.step_clock`)."""
+        return self._clock.part(part) if self._clock is not None else nullcontext()
+
     def step(self) -> StepMetrics:
-        """One whole RL step: rollout, score, logprobs, advantages, train, refit."""
+        """One whole RL step: rollout, score, logprobs, advantages, train, refit. Its ``timing/`` parts add up
+        to ``timing/step_total``, the rest named ``timing/other`` (:mod:`rlkit.stages.step_clock`)."""
         self._refuse_if_closed("step")
-        t0 = time.perf_counter()
-        if self.stale:
-            self.refit()
-        # logprobs before advantages: estimators that fold KL into the reward need the reference logprobs
-        batch = self.advantages(self.logprobs(self.score(self.rollout())))
-        metrics = self.train(batch)
-        report = self.refit()
-        metrics.values["timing/refit"] = report.seconds
-        metrics.values.update(self.rollouts.step_timings())
-        metrics.values["timing/step_total"] = elapsed = time.perf_counter() - t0
-        metrics.values["timing/samples_per_second"] = batch.batch_size / elapsed
-        metrics.values["timing/tokens_per_second"] = float(batch.completion_lengths.sum()) / elapsed
+        own_clock = self._clock is None  # run() keeps its own clock open over the progress bar and evaluation
+        clock = self._clock = self._clock or StepClock()
+        try:
+            if self.stale:
+                with clock.part("refit"):
+                    self.refit()
+            with clock.part("rollout"):
+                batch = self.rollout()
+            with clock.part("score"):
+                batch = self.score(batch)
+            # logprobs before advantages: estimators that fold KL into the reward need the reference logprobs
+            with clock.part("logprobs"):
+                batch = self.logprobs(batch)
+            clock.split("logprobs", "reference_logprobs", batch.info.get("timing/reference_logprobs", 0.0))
+            with clock.part("advantages"):
+                batch = self.advantages(batch)
+            with clock.part("train"):
+                metrics = self.train(batch)
+            with clock.part("refit"):
+                self.refit()
+            with clock.part("metrics"):
+                metrics.values.update(self.rollouts.step_timings())
+            clock.samples, clock.tokens = batch.batch_size, float(batch.completion_lengths.sum())
+            if own_clock:
+                clock.finish(metrics.values)
+        finally:
+            if own_clock:
+                self._clock = None
         return metrics
 
     def run(self, steps: Optional[int] = None, progress: bool = True,
@@ -385,33 +415,51 @@ class Session:
         total = self.config.grpo.max_num_steps if steps is None else steps
         self.run_state.stop_requested = False
         done = []
-        bar = tqdm(range(total), desc="GRPO", disable=not progress, leave=True)
-        for _ in bar:
-            version_before, t0 = self.policy.version, time.perf_counter()
-            try:
-                metrics = self.step()
-            except Exception as error:
-                refused = refused_update(error)
-                if refused is None:
-                    raise
-                metrics = self._skip_step(refused, version_before, t0)
-            done.append(metrics)
-            shown = {"reward": f"{metrics['rollout/reward_mean']:.3f}",
-                     "entropy": f"{metrics.get('train/approx_entropy', float('nan')):.3f}"}
-            if getattr(self.loss_fn, "needs_reference", False):
-                shown["kl"] = f"{metrics.get('train/kl', 0.0):.4f}"
-            bar.set_postfix(shown)
-            period = self.config.grpo.val_period
-            if period and self.step_count % period == 0:
-                metrics.values["validation/accuracy"] = self.evaluate().accuracy
-            for listener in ([on_step] if on_step else []) + self.listeners:
-                listener(metrics)
-            limit = self.config.grpo.max_consecutive_skipped_steps
-            if SKIPPED in metrics.values and skipped_in_a_row(self.history) >= limit:
-                raise too_many_skipped(limit, self.history, refused) from refused
-            if self.stop_requested:
-                break
+        bar = tqdm(total=total, desc="GRPO", disable=not progress, leave=True)
+        clock = self._clock = StepClock()
+        try:
+            for _ in range(total):
+                version_before, t0 = self.policy.version, time.perf_counter()
+                try:
+                    metrics = self.step()
+                except Exception as error:
+                    refused = refused_update(error)
+                    if refused is None:
+                        raise
+                    metrics = self._skip_step(refused, version_before, t0)
+                done.append(metrics)
+                with clock.part("progress"):
+                    self._show_progress(bar, metrics)
+                period = self.config.grpo.val_period
+                if period and self.step_count % period == 0:
+                    with clock.part("eval"):
+                        metrics.values["validation/accuracy"] = self.evaluate().accuracy
+                clock.finish(metrics.values)
+                # the listeners log this record, so their seconds go to the next one (timing/listeners, logging,
+                # checkpoint...); the last step's are added to its record in history when the loop ends
+                clock = self._clock = StepClock()
+                with clock.part("listeners"):
+                    for listener in ([on_step] if on_step else []) + self.listeners:
+                        listener(metrics)
+                limit = self.config.grpo.max_consecutive_skipped_steps
+                if SKIPPED in metrics.values and skipped_in_a_row(self.history) >= limit:
+                    raise too_many_skipped(limit, self.history, refused) from refused
+                if self.stop_requested:
+                    break
+        finally:
+            self._clock = None
+            bar.close()
+        if done:
+            clock.add_to(done[-1].values)
         return done
+
+    def _show_progress(self, bar: Any, metrics: StepMetrics) -> None:
+        shown = {"reward": f"{metrics['rollout/reward_mean']:.3f}",
+                 "entropy": f"{metrics.get('train/approx_entropy', float('nan')):.3f}"}
+        if getattr(self.loss_fn, "needs_reference", False):
+            shown["kl"] = f"{metrics.get('train/kl', 0.0):.4f}"
+        bar.set_postfix(shown, refresh=False)
+        bar.update(1)
 
     def _skip_step(self, error: BaseException, version_before: int, t0: float) -> StepMetrics:
         """Record the step whose update the policy refused as a skipped step: its prompts are consumed, its

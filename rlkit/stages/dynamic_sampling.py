@@ -22,9 +22,13 @@ def dynamic_sampling(sample_and_score: Callable[[int], Trajectories], num_prompt
     """``sample_and_score(try_index)`` returns a scored batch of fresh prompts; keep informative groups."""
     kept: list[Trajectories] = []
     have = dropped = tries = 0
+    timings: dict[str, float] = {}  # every round's stage seconds (timing/rollout, timing/score), summed
     while have < num_prompts and tries < max_tries:
         batch = sample_and_score(tries)
         tries += 1
+        for key, seconds in batch.info.items():
+            if key.startswith("timing/"):
+                timings[key] = timings.get(key, 0.0) + seconds
         keep = nonzero_variance_groups(batch.require("rewards", "score()"), batch.group_size)
         groups = torch.nonzero(keep).flatten()[: num_prompts - have]
         dropped += int((~keep).sum())
@@ -34,7 +38,7 @@ def dynamic_sampling(sample_and_score: Callable[[int], Trajectories], num_prompt
     if not kept:  # nothing informative at all: return the last batch so the step still runs (zero gradient)
         kept = [batch]
     out = Trajectories.concat(kept)
-    info = dict(kept[0].info, **{"dynamic_sampling/tries": tries, "dynamic_sampling/dropped_groups": dropped,
+    info = dict(kept[0].info, **timings, **{"dynamic_sampling/tries": tries, "dynamic_sampling/dropped_groups": dropped,
                                  "dynamic_sampling/kept_groups": have,
                                  "dynamic_sampling/shortfall": max(0, num_prompts - have)})
     return out.with_(info=info)
