@@ -65,7 +65,7 @@ class DTensorConfig(Section):
 
 
 class VllmConfig(Section):
-    kv_cache_space_gib: float = Field(1.0, gt=0)  # VLLM_CPU_KVCACHE_SPACE on CPU machines
+    kv_cache_space_gib: float = Field(1.0, gt=0)  # vLLM's KV cache on CPU machines (allocated: RSS)
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)  # GPU machines only
     enforce_eager: bool = True  # torch.compile adds 20-50 s of start-up on CPU for no speed
     enable_prefix_caching: bool = True

@@ -2,8 +2,10 @@
 
 Settings measured to work on CPU machines (see the project's STACK notes): the engine runs in-process
 (``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no spawn, and weights can be passed as tensors), eager mode (compiling
-adds 20-50 s of start-up and no speed), a fixed KV-cache size (``VLLM_CPU_KVCACHE_SPACE``; the automatic one
-reads NUMA meminfo and has failed), and ``OMP_NUM_THREADS`` set (else the engine drops torch to one thread).
+adds 20-50 s of start-up and no speed), a fixed KV-cache size (``kv_cache_memory_bytes`` from
+``vllm_cfg.kv_cache_space_gib``, fractions of a GiB too: the cache is allocated and zeroed, so it is resident
+memory; the automatic size reads NUMA meminfo and has failed), and ``OMP_NUM_THREADS`` set (else the engine
+drops torch to one thread).
 
 Weights are refit through vLLM's public ``collective_rpc("reload_weights", ...)`` in buckets of whole fused
 groups, then the prefix cache is reset: without that reset, later samples reuse attention state computed
@@ -41,9 +43,9 @@ def _quiet_rotary_reload_notice() -> None:
         layerwise.addFilter(_RotaryCacheReloadNotice())
 
 
-def _cpu_engine_environment(kv_cache_space_gib: float) -> None:
+def _cpu_engine_environment() -> None:
+    # no VLLM_CPU_KVCACHE_SPACE: it counts whole GiB and, when set, overrides kv_cache_memory_bytes
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_space_gib))))
     os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
@@ -58,7 +60,7 @@ class VllmGenerator:
         on_cpu = not torch.cuda.is_available()
         if on_cpu:
             check_head_dim(head_dim)  # fail here, not at the first generate call deep inside vLLM
-            _cpu_engine_environment(cfg.vllm_cfg.kv_cache_space_gib)
+            _cpu_engine_environment()
         from vllm import LLM
 
         self.cfg = cfg
@@ -76,6 +78,8 @@ class VllmGenerator:
         )
         if not on_cpu:
             kwargs["gpu_memory_utilization"] = cfg.vllm_cfg.gpu_memory_utilization
+        else:  # exact, below 1 GiB too (VLLM_CPU_KVCACHE_SPACE counts whole GiB); it is allocated and zeroed: RSS
+            kwargs["kv_cache_memory_bytes"] = int(cfg.vllm_cfg.kv_cache_space_gib * 2**30)
         self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         _quiet_rotary_reload_notice()
