@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 SCRIPTS = ["startup.py", "refit_vs_memcpy.py", "step_overhead.py", "broadcast_refit.py", "async_vs_sync.py",
-           "megatron_vs_dtensor.py", "parallel_layouts.py"]
+           "megatron_vs_dtensor.py", "parallel_layouts.py", "same_work.py", "rollout_vs_vllm.py"]
 
 for name in SCRIPTS:
     print(f"== {name}", flush=True)
