@@ -7,7 +7,6 @@ things the dashboard touches), because they are about the dashboard; the stop bu
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 
@@ -119,20 +118,9 @@ TEXT_MODE_CELLS = [
 
 def test_text_mode_updates_in_place_in_a_real_kernel(tmp_path):
     """In a notebook without ipywidgets the text view is one output, updated in place (display_id)."""
-    import nbformat
-    from nbclient import NotebookClient
+    from tests.tutorials.notebooks import run_cells
 
-    from tests.tutorials.notebooks import KERNEL_NAME, jupyter_path_env, write_kernelspec
-
-    write_kernelspec(tmp_path / "jupyter")
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in TEXT_MODE_CELLS])
-    saved = dict(os.environ)
-    os.environ.update(jupyter_path_env(tmp_path / "jupyter"))
-    try:
-        NotebookClient(nb, timeout=120, kernel_name=KERNEL_NAME, resources={"metadata": {"path": str(tmp_path)}}).execute()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    nb = run_cells(TEXT_MODE_CELLS, tmp_path, timeout=120)
     first = [o for o in nb.cells[0].outputs if o.output_type != "stream"]  # (tqdm warns about ipywidgets)
     second = [o for o in nb.cells[1].outputs if o.output_type != "stream"]
     assert len(first) == 1 and first[0].output_type == "display_data" and second == []
@@ -260,20 +248,9 @@ STOP_NOTE_CELLS = [
 
 def test_in_a_real_kernel_the_end_of_the_cell_ends_the_stop_banner(tmp_path):
     """IPython's post_run_cell reaches the dashboard: after the cell, no "stop requested", the button is ready."""
-    import nbformat
-    from nbclient import NotebookClient
+    from tests.tutorials.notebooks import run_cells
 
-    from tests.tutorials.notebooks import KERNEL_NAME, jupyter_path_env, write_kernelspec
-
-    write_kernelspec(tmp_path / "jupyter")
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in STOP_NOTE_CELLS])
-    saved = dict(os.environ)
-    os.environ.update(jupyter_path_env(tmp_path / "jupyter"))
-    try:
-        NotebookClient(nb, timeout=120, kernel_name=KERNEL_NAME, resources={"metadata": {"path": str(tmp_path)}}).execute()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    nb = run_cells(STOP_NOTE_CELLS, tmp_path, timeout=120)
     printed = "".join(o.get("text", "") for o in nb.cells[2].outputs if o.output_type == "stream")
     assert "run() stopped after step 1, as you asked" in printed and "stop requested" not in printed
     assert printed.strip().endswith("False")  # the button is enabled again

@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import os
 import re
 
-import nbformat
-from nbclient import NotebookClient
-
-from tests.tutorials.notebooks import KERNEL_NAME, jupyter_path_env, write_kernelspec
+from tests.tutorials.notebooks import run_cells as run_in_kernel
 
 BAD_CONFIG = "rlkit.load_config('quickstart', ['grpo.num_prompts_per_stp=4', 'loss_fn.policy_loss=ppo'])"
 CELLS = [
@@ -25,16 +21,7 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 def run_cells(tmp_path) -> list[dict]:
     """Each cell's error output (ename, evalue, traceback text without colours), or None."""
-    write_kernelspec(tmp_path / "jupyter")
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in CELLS])
-    saved = dict(os.environ)
-    os.environ.update(jupyter_path_env(tmp_path / "jupyter"))
-    try:
-        NotebookClient(nb, timeout=180, kernel_name=KERNEL_NAME, allow_errors=True,
-                       resources={"metadata": {"path": str(tmp_path)}}).execute()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    nb = run_in_kernel(CELLS, tmp_path, allow_errors=True)
     out = []
     for cell in nb.cells:
         errors = [o for o in cell.outputs if o.output_type == "error"]

@@ -76,3 +76,21 @@ def outputs_stripped(nb: nbformat.NotebookNode) -> bool:
 
 def jupyter_path_env(jupyter_path: Path) -> dict[str, str]:
     return {"JUPYTER_PATH": os.pathsep.join([str(jupyter_path)] + [p for p in [os.environ.get("JUPYTER_PATH")] if p])}
+
+
+def run_cells(cells: Iterable[str], workdir: Path, timeout: int = 180, allow_errors: bool = False) -> nbformat.NotebookNode:
+    """Run code ``cells`` in a fresh kernel of this venv (kernelspec written under ``workdir``); the executed
+    notebook, its outputs in ``nb.cells[i].outputs``."""
+    from nbclient import NotebookClient
+
+    write_kernelspec(workdir / "jupyter")
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
+    saved = dict(os.environ)
+    os.environ.update(jupyter_path_env(workdir / "jupyter"))
+    try:
+        NotebookClient(nb, timeout=timeout, kernel_name=KERNEL_NAME, allow_errors=allow_errors,
+                       resources={"metadata": {"path": str(workdir)}}).execute()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    return nb
