@@ -50,3 +50,16 @@ class CheckpointError(RLKitError, RuntimeError):
 class SkippedStepsError(RLKitError, FloatingPointError):
     """Too many RL steps in a row had non-finite gradients (``grpo.max_consecutive_skipped_steps``); each was
     skipped with weights unchanged, and the run stopped. A ``FloatingPointError``, as a single refused update is."""
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C or Jupyter's stop button during ``Session.run()``, after the session was left consistent: the
+    message says after which step it stopped and that the finished steps are in ``session.history``. A
+    KeyboardInterrupt, so a script still stops; in IPython it shows as that one line instead of a traceback
+    through vLLM and oneDNN (``%xmode verbose`` shows the traceback)."""
+
+    def _render_traceback_(self) -> list[str]:
+        from rlkit.notebook.ipython import render_error
+
+        return render_error(self, hint=False)
+

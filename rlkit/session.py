@@ -27,7 +27,7 @@ from rlkit.algorithms import RLLoss
 from rlkit.config.changes import Change, changes_needed, refusals
 from rlkit.config.loading import load_config
 from rlkit.config.run import RunConfig
-from rlkit.errors import SessionClosedError
+from rlkit.errors import RunInterrupted, SessionClosedError
 from rlkit.generation.base import SamplingSettings
 from rlkit.run_state import RunState
 from rlkit.stages.async_rollouts import updates_per_step
@@ -406,7 +406,12 @@ class Session:
         A step whose gradients are not finite is skipped, not fatal (:mod:`rlkit.stages.skipped_steps`): its
         prompts are consumed, nothing is applied, its metrics carry ``train/skipped_steps`` (the count so far)
         and go to the listeners like any step's. After ``grpo.max_consecutive_skipped_steps`` skipped steps in a
-        row it raises SkippedStepsError; the steps taken are in ``history``."""
+        row it raises SkippedStepsError; the steps taken are in ``history``.
+
+        Ctrl-C or Jupyter's stop button raises :class:`rlkit.errors.RunInterrupted`, one line saying after which
+        step it stopped: the interrupted step either took effect whole (and is recorded) or not at all, the
+        finished steps are in ``session.history`` (the return value is lost with the interrupt), and the next
+        ``run()`` or ``step()`` carries on from there."""
         self._refuse_if_closed("run")
         from tqdm.auto import tqdm
 
@@ -446,6 +451,10 @@ class Session:
                     raise too_many_skipped(limit, self.history, refused) from refused
                 if self.stop_requested:
                     break
+        except KeyboardInterrupt:
+            raise RunInterrupted(f"run() stopped after step {self.step_count} ({len(done)} of {total} finished in "
+                                 "this call); the session is consistent, the finished steps are in "
+                                 "session.history, and run() or step() carries on from here") from None
         finally:
             self._clock = None
             bar.close()

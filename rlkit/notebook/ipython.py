@@ -30,9 +30,10 @@ def _formatter() -> Any:
     return getattr(shell, "InteractiveTB", None)
 
 
-def render_error(error: BaseException) -> list[str]:
+def render_error(error: BaseException, hint: bool = True) -> list[str]:
     """The structured traceback IPython shows for ``error`` (a list of text blocks): the full one under
-    ``%xmode verbose``; else the exception line, the exception it was raised ``from``, and :data:`HINT`."""
+    ``%xmode verbose``; else the exception line, the exception it was raised ``from``, and (with ``hint``)
+    :data:`HINT`."""
     tb = _formatter()
     if tb is None:
         return traceback.format_exception(type(error), error, error.__traceback__)
@@ -43,5 +44,4 @@ def render_error(error: BaseException) -> list[str]:
     if cause is not None:
         lines.append("raised from:")
         lines.extend(tb.get_exception_only(type(cause), cause))
-    lines.append(HINT)
-    return lines
+    return lines + [HINT] if hint else lines
