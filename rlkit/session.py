@@ -362,7 +362,8 @@ class Session:
     def timed(self, part: str) -> ContextManager[None]:
         """Time a block as part ``part`` of the step under way (a listener's checkpoint save); outside a
         ``step()``/``run()``, or in another thread, it times nothing (:mod:`rlkit.stages.step_clock`)."""
-        return self._clock.part(part) if self._clock is not None else nullcontext()
+        clock = self._clock  # read once: async GRPO's producer thread calls this while the clock is replaced
+        return clock.part(part) if clock is not None else nullcontext()
 
     def step(self) -> StepMetrics:
         """One whole RL step: rollout, score, logprobs, advantages, train, refit. Its ``timing/`` parts add up
