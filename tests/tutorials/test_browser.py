@@ -65,6 +65,13 @@ STOP_NOTEBOOK = [  # the first cell sets no logging level: a plain session start
     "print(f'RUN ENDED after {len(history)} steps')",
 ]
 
+INTERRUPT_NOTEBOOK = [  # Jupyter's own stop button (interrupt the kernel) during run()
+    STOP_NOTEBOOK[0],
+    "import time\nsession.listeners.append(lambda metrics: print(f'STEP {metrics.step}') or time.sleep(0.5))\n"
+    "history = session.run(400, progress=False)",
+    "print(f'AFTER STOP {len(session.history)} steps; next step {session.step().step}')",
+]
+
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
@@ -81,6 +88,9 @@ def lab(tmp_path_factory):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in STOP_NOTEBOOK])
     nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": "rlkit test venv", "language": "python"}
     nbformat.write(nb, str(root / "stop_button.ipynb"))
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src) for src in INTERRUPT_NOTEBOOK])
+    nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": "rlkit test venv", "language": "python"}
+    nbformat.write(nb, str(root / "interrupt.ipynb"))
 
     port = free_port()
     env = dict(os.environ, JUPYTER_CONFIG_DIR=str(config), **jupyter_path_env(jupyter),
@@ -243,4 +253,31 @@ def test_stop_button_ends_a_running_run_after_the_current_step(lab, browser):
     assert f"run() stopped after step {steps}, as you asked" in header.text_content(), header.text_content()
     assert "stop requested" not in header.text_content()
     assert dashboard.locator("button.rlkit-dashboard-stop").is_enabled()
+    page.close()
+
+
+def test_jupyters_stop_button_during_run_shows_one_line_and_the_session_goes_on(lab, browser):
+    """The toolbar's stop button interrupts the kernel mid-run: the cell shows one line (RunInterrupted, after
+    which step), not a traceback through vLLM; the next cell, run by hand, steps on from there."""
+    url, _ = lab
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    page = open_notebook(browser, url, "interrupt.ipynb")
+    run_all(page)
+    run_cell = page.locator(".jp-CodeCell").nth(1)
+    try:
+        run_cell.locator(".jp-OutputArea-output", has_text="STEP 3").wait_for(timeout=CELL_TIMEOUT_S * 1000)
+        page.locator("[data-command='notebook:interrupt-kernel']").first.click()
+        error = run_cell.locator(".jp-OutputArea-output", has_text="RunInterrupted")
+        error.wait_for(timeout=120_000)
+    finally:
+        page.screenshot(path=str(OUTPUT / "interrupt_end.png"))
+    lines = [line for line in error.inner_text().splitlines() if line.strip()]
+    assert len(lines) == 1 and "the session is consistent" in lines[0], lines
+    steps = int(lines[0].split("after step ")[1].split()[0])
+    assert steps >= 3
+    page.locator(".jp-CodeCell").nth(2).click()  # the cell Run All skipped after the interrupt, run by hand
+    page.keyboard.press("Shift+Enter")
+    after = page.locator(".jp-OutputArea-output", has_text="AFTER STOP")
+    after.wait_for(timeout=300_000)
+    assert after.inner_text().strip() == f"AFTER STOP {steps} steps; next step {steps + 1}", after.inner_text()
     page.close()
