@@ -22,19 +22,18 @@ def trajectories_from_generation(
     ``i // G``."""
     g = generation.group_size
     b = len(generation.token_ids)
-    lengths = [len(generation.prompt_token_ids[i // g]) + len(generation.token_ids[i]) for i in range(b)]
-    t = max(lengths)
-    input_ids = torch.full((b, t), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((b, t), dtype=torch.bool)
-    loss_mask = torch.zeros((b, t), dtype=torch.bool)
-    logprobs = torch.zeros((b, t), dtype=torch.float32)
-    for i in range(b):
-        prompt, completion = generation.prompt_token_ids[i // g], generation.token_ids[i]
-        p, c = len(prompt), len(completion)
-        input_ids[i, : p + c] = torch.tensor(list(prompt) + list(completion), dtype=torch.long)
-        attention_mask[i, : p + c] = True
-        loss_mask[i, p : p + c] = True
-        logprobs[i, p : p + c] = torch.tensor(generation.logprobs[i], dtype=torch.float32)
+    prompt_lens = [len(generation.prompt_token_ids[i // g]) for i in range(b)]
+    ends = [p + len(c) for p, c in zip(prompt_lens, generation.token_ids)]
+    t = max(ends)
+    # each field built once from padded Python rows: tensor writes per sample cost ~20 us each (2.5 ms at 128
+    # samples, 4% of a tiny model's rollout)
+    input_ids = torch.tensor([[*generation.prompt_token_ids[i // g], *generation.token_ids[i]]
+                              + [pad_token_id] * (t - ends[i]) for i in range(b)], dtype=torch.long)
+    logprobs = torch.tensor([[0.0] * prompt_lens[i] + list(generation.logprobs[i]) + [0.0] * (t - ends[i])
+                             for i in range(b)], dtype=torch.float32)
+    positions = torch.arange(t)
+    attention_mask = positions < torch.tensor(ends).unsqueeze(1)
+    loss_mask = attention_mask & (positions >= torch.tensor(prompt_lens).unsqueeze(1))
     return Trajectories(
         prompts=tuple(prompts[i // g] for i in range(b)),
         completions=generation.texts,
