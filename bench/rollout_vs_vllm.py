@@ -4,7 +4,9 @@ Both sides sample the same prompts (rendered with the chat template and tokenize
 the same ``SamplingParams`` (n, temperature, top_p, top_k, max_tokens, logprobs=0, the same per-request seeds),
 so they generate the same tokens; they alternate call by call so drift in machine load hits both equally.
 On a shared machine the wall-clock rate swings with other people's load, so tokens per process CPU-second
-(every thread of the process) is printed as well: it is the steadier figure of the two.
+(every thread of the process) is printed as well: it is the steadier figure of the two. One thread, as in
+bench/same_work.py: with two OpenMP threads on two shared cores, a busy neighbour made every call up to 20x
+slower (the waiting thread spins), which swamped the ratio.
 What rlkit adds on top of ``generate``: rendering and tokenizing the prompts, the prefill-chunking check,
 reading the token logprobs, and the padded ``Trajectories`` tensors. Target: ratio >= 0.95.
 
@@ -13,10 +15,15 @@ Usage: python bench/rollout_vs_vllm.py [--rounds 10] [dotted overrides, e.g. grp
 
 from __future__ import annotations
 
-import argparse
-import statistics
-import tempfile
-import time
+import os
+
+os.environ["OMP_NUM_THREADS"] = "1"  # before torch is imported
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import argparse  # noqa: E402
+import statistics  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
 
 
 def main() -> None:
@@ -25,6 +32,9 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", help="dotted config overrides")
     args = parser.parse_args()
 
+    import torch
+
+    torch.set_num_threads(1)
     import rlkit
     from rlkit import stages
     from rlkit.data import render_prompt_texts
