@@ -1,0 +1,118 @@
+"""``Session.run()``: the loop over RL steps that a notebook cell or ``rlkit train`` runs.
+
+What the loop adds to ``step()``: a progress bar, evaluation every ``grpo.val_period`` steps, the listeners (a
+dashboard, the experiment's loggers and checkpoints), skipped steps (a step whose gradients are not finite is
+recorded and the run goes on, :mod:`rlkit.stages.skipped_steps`), ``request_stop()`` between steps, and an
+interrupt that reads as one line (:class:`rlkit.errors.RunInterrupted`). Its time is on the step clock too
+(:mod:`rlkit.stages.step_clock`), so a step's ``timing/`` parts still add up. A mixin of
+:class:`rlkit.session.Session`, kept apart so the session module stays readable in one sitting.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any, Callable, Optional
+
+from rlkit.errors import RunInterrupted
+from rlkit.stages.metrics import StepMetrics
+from rlkit.stages.step_clock import StepClock
+
+
+class RunLoop:
+    """``run()``, ``request_stop()`` and the loop's helpers, over the session's ``step()``."""
+
+    def run(self, steps: Optional[int] = None, progress: bool = True,
+            on_step: Optional[Callable[[StepMetrics], None]] = None) -> list[StepMetrics]:
+        """``steps`` RL steps (default ``grpo.max_num_steps``) with a progress bar; ``request_stop()``
+        (or the dashboard's stop button) ends the loop after the current step.
+
+        A step whose gradients are not finite is skipped, not fatal (:mod:`rlkit.stages.skipped_steps`): its
+        prompts are consumed, nothing is applied, its metrics carry ``train/skipped_steps`` (the count so far)
+        and go to the listeners like any step's. After ``grpo.max_consecutive_skipped_steps`` skipped steps in a
+        row it raises SkippedStepsError; the steps taken are in ``history``.
+
+        Ctrl-C or Jupyter's stop button raises :class:`rlkit.errors.RunInterrupted`, one line saying after which
+        step it stopped: the interrupted step either took effect whole (and is recorded) or not at all, the
+        finished steps are in ``session.history`` (the return value is lost with the interrupt), and the next
+        ``run()`` or ``step()`` carries on from there."""
+        self._refuse_if_closed("run")
+        from tqdm.auto import tqdm
+
+        from rlkit.stages.skipped_steps import SKIPPED, refused_update, skipped_in_a_row, too_many_skipped
+
+        total = self.config.grpo.max_num_steps if steps is None else steps
+        self.run_state.stop_requested = False
+        done = []
+        bar = tqdm(total=total, desc="GRPO", disable=not progress, leave=True)
+        clock = self._clock = StepClock()
+        try:
+            for _ in range(total):
+                version_before, t0 = self.policy.version, time.perf_counter()
+                try:
+                    metrics = self.step()
+                except Exception as error:
+                    refused = refused_update(error)
+                    if refused is None:
+                        raise
+                    metrics = self._skip_step(refused, version_before, t0)
+                done.append(metrics)
+                with clock.part("progress"):
+                    self._show_progress(bar, metrics)
+                period = self.config.grpo.val_period
+                if period and self.step_count % period == 0:
+                    with clock.part("eval"):
+                        metrics.values["validation/accuracy"] = self.evaluate().accuracy
+                clock.finish(metrics.values)
+                # the listeners log this record, so their seconds go to the next one (timing/listeners, logging,
+                # checkpoint...); the last step's are added to its record in history when the loop ends
+                clock = self._clock = StepClock()
+                with clock.part("listeners"):
+                    for listener in ([on_step] if on_step else []) + self.listeners:
+                        listener(metrics)
+                limit = self.config.grpo.max_consecutive_skipped_steps
+                if SKIPPED in metrics.values and skipped_in_a_row(self.history) >= limit:
+                    raise too_many_skipped(limit, self.history, refused) from refused
+                if self.stop_requested:
+                    break
+        except KeyboardInterrupt:
+            raise RunInterrupted(f"run() stopped after step {self.step_count} ({len(done)} of {total} finished in "
+                                 "this call); the session is consistent, the finished steps are in "
+                                 "session.history, and run() or step() carries on from here") from None
+        finally:
+            self._clock = None
+            bar.close()
+        if done:
+            clock.add_to(done[-1].values)
+        return done
+
+    def _show_progress(self, bar: Any, metrics: StepMetrics) -> None:
+        shown = {"reward": f"{metrics['rollout/reward_mean']:.3f}",
+                 "entropy": f"{metrics.get('train/approx_entropy', float('nan')):.3f}"}
+        if getattr(self.loss_fn, "needs_reference", False):
+            shown["kl"] = f"{metrics.get('train/kl', 0.0):.4f}"
+        bar.set_postfix(shown, refresh=False)
+        bar.update(1)
+
+    def _skip_step(self, error: BaseException, version_before: int, t0: float) -> StepMetrics:
+        """Record the step whose update the policy refused as a skipped step: its prompts are consumed, its
+        metrics are its batch's rollout metrics and ``train/skipped_steps``; the generator is told the step is
+        over (refit only if an earlier optimizer step of this RL step was applied)."""
+        from rlkit.stages.skipped_steps import skipped_step_metrics
+
+        metrics = skipped_step_metrics(self.step_count + 1, self.policy.version, self._latest(None, "train"),
+                                       version_before, time.perf_counter() - t0, self.history)
+        self.run_state.end_step(metrics)
+        if self.stale:
+            self.refit()
+        else:  # same weights: a refit would copy what the generator holds; async GRPO needs the step count
+            self.rollouts.weights_loaded(self.generator_version, self.step_count)
+        warnings.warn(f"step {metrics.step} skipped ({error}); {metrics['train/skipped_steps']:.0f} skipped so far, "
+                      f"stopping after {self.config.grpo.max_consecutive_skipped_steps} in a row "
+                      "(grpo.max_consecutive_skipped_steps)", stacklevel=3)
+        return metrics
+
+    def request_stop(self) -> None:
+        """Ask ``run()`` to end after the step it is in (what the dashboard's stop button calls); no step is cut
+        in half. The next ``run()`` starts without the request."""
+        self.run_state.stop_requested = True
