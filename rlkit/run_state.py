@@ -74,3 +74,20 @@ class RunState:
         self.history = [StepMetrics(m["step"], m["policy_version"], m["values"]) for m in state["history"]]
         self.batch = self.last_train = self.last_refit = self.last_eval = self.last_sft = None
         self.stop_requested = False
+
+
+def seed_everything(seed: int) -> None:
+    """Seed the RNGs a fresh session seeds at construction: python, numpy, torch, and Megatron's tracker when
+    a Megatron policy lives in this process (not for DTensor or a Ray worker group)."""
+    import random
+
+    import numpy as np
+    import torch
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if parallel_state.model_parallel_is_initialized():
+        model_parallel_cuda_manual_seed(seed)

@@ -28,7 +28,7 @@ from rlkit.config.loading import load_config
 from rlkit.config.run import RunConfig
 from rlkit.errors import SessionClosedError
 from rlkit.generation.base import SamplingSettings
-from rlkit.run_state import RunState
+from rlkit.run_state import RunState, seed_everything
 from rlkit.session_loop import RunLoop
 from rlkit.stages.async_rollouts import updates_per_step
 from rlkit.stages.metrics import StepMetrics, step_metrics
@@ -36,23 +36,6 @@ from rlkit.stages.reuse import warn_if_reused
 from rlkit.stages.rollout_sources import RolloutSource, rollout_source, step_seed, warn_if_off_policy
 from rlkit.stages.step_clock import StepClock
 from rlkit.trajectories import Trajectories
-
-
-def seed_everything(seed: int) -> None:
-    """Seed the RNGs a fresh session seeds at construction: python, numpy, torch, and Megatron's tracker when
-    a Megatron policy lives in this process (not for DTensor or a Ray worker group)."""
-    import random
-
-    import numpy as np
-    import torch
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
-
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    if parallel_state.model_parallel_is_initialized():
-        model_parallel_cuda_manual_seed(seed)
 
 
 def _run_state_field(name: str, doc: str) -> property:
