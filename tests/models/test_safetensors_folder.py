@@ -72,6 +72,7 @@ def test_a_sharded_folder_loads_layer_by_layer_and_exports_in_its_own_layout(mod
         del reference
 
         growth = peak_rss_growth(lambda: policy.load_hf_state(load_hf_state(sharded)))
+        print(f"load grew RSS by {growth / 1e6:.0f} MB for a {model_bytes / 1e6:.0f} MB model")
         assert growth < 0.5 * model_bytes, f"load grew RSS by {growth / 1e6:.0f} MB for a {model_bytes / 1e6:.0f} MB model"
 
         out = tmp_path / "export"

@@ -117,6 +117,7 @@ class MegatronPolicy(InProcessPolicy):
                 if not check_only:
                     params[name].copy_(piece)
                 covered.add(name)
+            del full  # this layer's tensors go before the generator converts the next (one layer in memory)
         missing = sorted(set(params) - covered)
         if missing:
             raise KeyError(f"no HF weights for Megatron parameters {missing[:5]}")
