@@ -131,6 +131,14 @@ class DTensorPolicy(InProcessPolicy):
         logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
         return torch.nn.functional.pad(-(logp.exp() * logp).sum(-1), (1, 0))
 
+    @torch.no_grad()
+    def _token_logprobs_and_entropy(self, logits: Tensor, input_ids: Tensor,
+                                    with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+        """One log-softmax over the vocabulary for both (scoring only: no gradient)."""
+        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+        token = torch.nn.functional.pad(logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1), (1, 0))
+        return token, torch.nn.functional.pad(-(logp.exp() * logp).sum(-1), (1, 0)) if with_entropy else None
+
     def _microbatch_starting(self, index: int, count: int) -> None:
         self.model.set_requires_gradient_sync(index == count - 1)  # reduce-scatter once, after the last backward
 

@@ -138,6 +138,11 @@ class InProcessPolicy:
         """Logits [b, t, V(/tp)] -> entropy [b, t] of the distribution that predicted each token (position 0: 0)."""
         raise NotImplementedError
 
+    def _token_logprobs_and_entropy(self, logits: Tensor, input_ids: Tensor,
+                                    with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
+        """Both of the above for scoring (a backend that shares work between them overrides this)."""
+        return self._token_logprobs(logits, input_ids), self._token_entropy(logits) if with_entropy else None
+
     def _grad_norm(self) -> float:
         """The global gradient norm over every rank's (sharded) gradients."""
         raise NotImplementedError
@@ -183,9 +188,10 @@ class InProcessPolicy:
             t = self._forward_length(attention_mask[rows])
             ids, mask = input_ids[rows, :t], attention_mask[rows, :t]
             logits = self._logits(ids)
-            logprobs[rows, :t] = self._token_logprobs(logits, ids.to(logits.device)).to(mask.device) * mask
+            lp, ent = self._token_logprobs_and_entropy(logits, ids.to(logits.device), with_entropy)
+            logprobs[rows, :t] = lp.to(mask.device) * mask
             if with_entropy:
-                entropy[rows, :t] = self._token_entropy(logits).to(mask.device) * mask
+                entropy[rows, :t] = ent.to(mask.device) * mask
         return TokenLogprobs(logprobs, entropy)
 
     def reference_logprobs(self, input_ids: Tensor, attention_mask: Tensor) -> TokenLogprobs:
