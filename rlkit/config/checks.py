@@ -92,6 +92,7 @@ def cross_section_problems(sections: Mapping[str, Any], partial: bool) -> list[s
             out.append(f"grpo.num_generations_per_prompt=1: the {grpo.advantage_estimator!r} baseline needs >= 2 "
                        "samples per prompt (or use advantage_estimator=reinforce_baseline)")
     if policy is not None:
+        out += precision_problems(policy)
         if policy.megatron_cfg.enabled == policy.dtensor_cfg.enabled:
             out.append("policy.megatron_cfg.enabled / policy.dtensor_cfg.enabled: enable exactly one training backend")
         if not policy.generation.colocated.enabled and policy.generation.backend != "vllm":
@@ -116,6 +117,23 @@ def cross_section_problems(sections: Mapping[str, Any], partial: bool) -> list[s
     if sft is not None and data is not None and sft.enabled and data.task is None:
         out.append(f"sft.enabled: a file dataset needs a '{sft.response_key}' column for the SFT warm start; "
                    "set sft.enabled=false or sft.response_key to the answer column")
+    return out
+
+
+def precision_problems(policy: Any) -> list[str]:
+    """Precision settings the machine or the engine cannot honour. The generator runs on this machine when
+    there is no Ray cluster (``policy.ray_address``), so without CUDA here it runs on the CPU."""
+    import torch
+
+    vllm = policy.generation.vllm_cfg
+    key = "policy.generation.vllm_cfg.precision"
+    out = []
+    if policy.generation.backend != "vllm" and vllm.precision != "float32":
+        out.append(f"{key}={vllm.precision}: only the vLLM generator has a precision setting; the HF generator "
+                   "(policy.generation.backend=hf) samples in float32. Fix: set it to float32 or backend=vllm")
+    elif vllm.precision == "fp8" and policy.ray_address is None and not torch.cuda.is_available():
+        out.append(f"{key}=fp8: vLLM's online FP8 weight quantization needs a CUDA GPU (FP8 matmuls: NVIDIA Ada or "
+                   "Hopper); this machine has none. Fix: use bfloat16 or float32 here, fp8 on a GPU machine")
     return out
 
 

@@ -69,6 +69,8 @@ class VllmConfig(Section):
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)  # GPU machines only
     enforce_eager: bool = True  # torch.compile adds 20-50 s of start-up on CPU for no speed
     enable_prefix_caching: bool = True
+    # the engine's weights and activations; fp8 is vLLM's online FP8 weight quantization (CUDA GPUs only)
+    precision: Literal["float32", "bfloat16", "fp8"] = "float32"
     max_model_len: Optional[int] = Field(None, gt=0)  # default: policy.max_total_sequence_length
 
 
@@ -105,7 +107,9 @@ class PolicyConfig(Section):
     model_preset: Optional[str] = None  # if set and model_name does not exist, create this tiny preset there
     # family of the created preset (MoE presets: mixtral, qwen2-moe, qwen3-moe)
     model_family: Literal["llama", "llama3", "qwen2", "qwen3", "mixtral", "qwen2-moe", "qwen3-moe"] = "llama"
-    precision: Literal["float32"] = "float32"
+    # bfloat16: bf16 weights and activations in forward and backward, fp32 master weights, fp32 gradients
+    # (accumulated and reduced) and fp32 optimizer state, logits -> logprobs -> loss in fp32
+    precision: Literal["float32", "bfloat16"] = "float32"
     train_global_batch_size: Optional[int] = Field(None, ge=1)  # default: every sample of the step
     train_micro_batch_size: int = Field(8, ge=1)
     logprob_batch_size: int = Field(32, ge=1)

@@ -10,8 +10,13 @@ What is particular here: logprobs by log-softmax and gather over the full vocabu
 *summed* over data-parallel ranks by FSDP itself (its default average is switched off, because the loss is
 already a global-batch value).
 
-Deliberate simplifications: one data-parallel mesh dimension (no tensor or context parallelism), fp32
-weights, each decoder layer one FSDP unit, the full vocabulary's log-softmax per microbatch, dense models
+Precision (``policy.precision``): float32, or bfloat16 through FSDP2's ``MixedPrecisionPolicy``: the sharded
+parameters stay fp32 (the master weights AdamW updates, with fp32 state), each unit gathers them in bf16
+for forward and backward, gradients are reduce-scattered in fp32, and logits are cast to fp32 before the
+log-softmax.
+
+Deliberate simplifications: one data-parallel mesh dimension (no tensor or context parallelism), each
+decoder layer one FSDP unit, the full vocabulary's log-softmax per microbatch, dense models
 only (transformers 5 holds Mixtral's experts fused under names that differ from the checkpoint's).
 """
 
@@ -29,6 +34,7 @@ from rlkit.errors import ModelError
 from rlkit.policy.in_process import InProcessPolicy
 from rlkit.policy.megatron.build import Architecture
 from rlkit.policy.megatron.parallel import acquire_process_group
+from rlkit.policy.precision import fsdp_mixed_precision
 from rlkit.weights import HFGroup
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
@@ -42,7 +48,7 @@ def _local(t: Tensor) -> Tensor:
 class DTensorPolicy(InProcessPolicy):
     """A causal LM from an HF folder, FSDP2-sharded over all ranks (implements :class:`rlkit.policy.base.Policy`)."""
 
-    def __init__(self, cfg: PolicyConfig, seed: int = 0, *, param_dtype: torch.dtype = torch.float32):
+    def __init__(self, cfg: PolicyConfig, seed: int = 0):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import FSDPModule, fully_shard
         from transformers import AutoModelForCausalLM
@@ -58,14 +64,14 @@ class DTensorPolicy(InProcessPolicy):
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self.mesh = init_device_mesh(self.device.type, (self.dp_size,), mesh_dim_names=("dp",))
         torch.manual_seed(seed)
-        # param_dtype: the config's precision is float32; benchmarks pass bfloat16 (weights, grads, Adam state)
-        model = AutoModelForCausalLM.from_pretrained(cfg.model_name, dtype=param_dtype, attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(cfg.model_name, dtype=torch.float32, attn_implementation="sdpa")
         model.to(self.device)
+        mixed = fsdp_mixed_precision(cfg.precision)
         for layer in model.model.layers:
-            fully_shard(layer, mesh=self.mesh)
+            fully_shard(layer, mesh=self.mesh, mp_policy=mixed)
         # The root too reshards after each forward: otherwise its parameters stay unsharded plain tensors after
         # a no-grad pass, and the reference swap and checkpoints would meet them instead of DTensors.
-        fully_shard(model, mesh=self.mesh, reshard_after_forward=True)
+        fully_shard(model, mesh=self.mesh, reshard_after_forward=True, mp_policy=mixed)
         for module in model.modules():
             if isinstance(module, FSDPModule):  # each FSDP unit keeps its own reduction settings
                 module.set_gradient_divide_factor(1.0)  # sum over ranks: the loss is already a global value

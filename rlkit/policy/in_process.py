@@ -112,6 +112,9 @@ class InProcessPolicy:
     model: Optional[torch.nn.Module]
     device: torch.device
     _holds_process_group = False  # a subclass that acquired the default group sets it; close() releases it
+    # bf16 copy that runs forward and backward while ``model`` holds the fp32 master weights (Megatron at
+    # policy.precision=bfloat16; a :class:`rlkit.policy.precision.Bf16Twin`); None when ``model`` itself computes
+    _twin = None
 
     def _start_training(self) -> None:
         """Optimizer, schedule, version 0 and the reference: the state right after the model is loaded."""
@@ -195,7 +198,7 @@ class InProcessPolicy:
         return TokenLogprobs(logprobs, entropy)
 
     def reference_logprobs(self, input_ids: Tensor, attention_mask: Tensor) -> TokenLogprobs:
-        with weights_swapped_in(self.model, self.reference_state):
+        with weights_swapped_in(self._twin.compute if self._twin else self.model, self.reference_state):
             return self.logprobs(input_ids, attention_mask)
 
     # ---- training -----------------------------------------------------------------------------------
@@ -283,6 +286,7 @@ class InProcessPolicy:
                     if p.grad is not None:
                         p.grad.mul_(limit / (grad_norm + 1e-6))
             self.optimizer.step()
+            self._master_weights_changed()
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.version += 1
@@ -310,6 +314,12 @@ class InProcessPolicy:
         from rlkit.policy.state import load_policy_state
 
         load_policy_state(self, Path(folder))
+        self._master_weights_changed()
+
+    def _master_weights_changed(self) -> None:
+        """Refresh the bf16 compute copy (if any) after the fp32 weights in ``model`` changed."""
+        if self._twin is not None:
+            self._twin.pull()
 
     def close(self) -> None:
         """Release the model, optimizer and reference, and this policy's hold on the default process group
@@ -317,6 +327,7 @@ class InProcessPolicy:
         from rlkit.policy.megatron.parallel import release_process_group
 
         self.model = None
+        self._twin = None
         self.optimizer = None
         self.reference_state = None
         if self._holds_process_group:

@@ -12,8 +12,11 @@ Refused with the reason (never silently ignored): RoPE scaling types other than 
 dynamic), llama3 scaling with other low/high frequency factors or original context than Megatron-Core
 applies (1, 4, 8192: those of Llama 3.1 and 3.2), sliding-window attention.
 
+Causal attention comes from the layer spec's mask type (``AttnMaskType.causal``): no mask tensor is passed.
+
 Deliberate simplifications: the local (non-Transformer-Engine) layer spec with torch's RMSNorm (marked for
-sequence parallelism, see :class:`RMSNorm`), fp32 parameters, no dropout.
+sequence parallelism, see :class:`RMSNorm`), no dropout. Transformer Engine's spec fuses each norm into the
+next linear layer (other parameter names than :mod:`.convert` maps) and is not built yet.
 """
 
 from __future__ import annotations
@@ -100,7 +103,8 @@ def _llama3_rope_factor(rope: dict) -> float | None:
 
 def transformer_config(arch: Architecture, tensor_parallel_size: int = 1, sequence_parallel: bool = False,
                        pipeline_parallel_size: int = 1, params_dtype=torch.float32):
-    """Megatron's config for ``arch``. Pipeline settings: activations travel in ``params_dtype``, point-to-point
+    """Megatron's config for ``arch`` with parameters in ``params_dtype`` (bfloat16 also sets Megatron's ``bf16``
+    flag, which ``Float16Module`` reads). Pipeline settings: activations travel in ``params_dtype``, point-to-point
     ops are batched only on GPUs (the batched path synchronises CUDA), and the schedule leaves the loss as
     the policy's loss function normalised it (``calculate_per_token_loss``, see ``pipeline.run_schedule``)."""
     from megatron.core.transformer.transformer_config import TransformerConfig
@@ -127,6 +131,7 @@ def transformer_config(arch: Architecture, tensor_parallel_size: int = 1, sequen
         hidden_dropout=0.0,
         attention_dropout=0.0,
         params_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,
         use_cpu_initialization=not torch.cuda.is_available(),
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
@@ -180,6 +185,22 @@ def block_spec(config, num_experts: int = 0):
     layer = dataclasses.replace(layer, submodules=dataclasses.replace(
         layer.submodules, input_layernorm=RMSNorm, pre_mlp_layernorm=RMSNorm, self_attention=attention))
     return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=RMSNorm)
+
+
+def bf16_twin_of(master, arch: Architecture, config, num_experts: int = 0):
+    """The bf16 compute copy of the fp32 ``master`` GPTModel (:class:`rlkit.policy.precision.Bf16Twin`) and
+    the module to run it through: Megatron's ``Float16Module``, which casts its float inputs to bf16 on the
+    first pipeline stage and its output (the logits) to fp32 on the last, so logprobs and the loss are fp32.
+    ``config`` is the master's; the copy is built from it with bf16 parameters."""
+    import dataclasses
+
+    from megatron.core.transformer.module import Float16Module
+
+    from rlkit.policy.precision import Bf16Twin
+
+    bf16_config = dataclasses.replace(config, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16, bf16=True)
+    compute = build_gpt_model(arch, bf16_config, num_experts)
+    return Bf16Twin(master, compute), Float16Module(bf16_config, compute)
 
 
 def build_gpt_model(arch: Architecture, config, num_experts: int = 0):

@@ -1,6 +1,6 @@
 """CPU stand-ins for the CUDA-only pieces Megatron-Core 0.16 needs, applied only when CUDA is absent.
 
-Megatron-Core targets GPUs; on a CPU machine (our CI, a laptop) three things break and nothing else:
+Megatron-Core targets GPUs; on a CPU machine (our CI, a laptop) four things break and nothing else:
 
 1. ``torch.cuda.current_device()`` is called to pick a device for buffers (the attention memory buffer, RoPE
    frequencies, tensor-parallel gathers). Without CUDA it raises. We make it return ``"cpu"``, which every
@@ -8,18 +8,22 @@ Megatron-Core targets GPUs; on a CPU machine (our CI, a laptop) three things bre
 2. The RNG state tracker (``tensor_parallel.random``) forks *CUDA* generator states so that dropout differs
    across tensor-parallel ranks. We install a tracker with the same interface that forks the CPU generator,
    so the stock ``model_parallel_cuda_manual_seed`` works unchanged.
-3. Pipeline parallelism: the schedules allocate their token counter with a literal ``device="cuda"``, and
+3. Causal attention by mask type (no mask tensor passed): the local spec's softmax builds the [T, T] causal
+   mask with a literal ``device="cuda"`` (``get_default_causal_mask``). We replace it with the same mask
+   made on the CPU, cached per length.
+4. Pipeline parallelism: the schedules allocate their token counter with a literal ``device="cuda"``, and
    a tied embedding's last-stage copy is moved with ``.cuda()`` while the model is built.
    :func:`cuda_literals_on_cpu` (a ``TorchFunctionMode`` around those calls only, not a global patch)
    keeps such tensors on the CPU.
 
-The first two are process-wide and idempotent. On a CUDA machine :func:`apply_cpu_fallbacks` does nothing, so the
+The first three are process-wide and idempotent. On a CUDA machine :func:`apply_cpu_fallbacks` does nothing, so the
 same policy code runs on GPUs with Megatron's own implementations.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -79,11 +83,20 @@ def apply_cpu_fallbacks() -> bool:
         return True
     from megatron.core.tensor_parallel import random as mcore_random
 
+    from megatron.core.fusions import fused_softmax
+
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
+    fused_softmax.get_default_causal_mask = causal_mask_on_cpu
     mcore_random._CUDA_RNG_STATE_TRACKER = CPURNGStatesTracker()
     mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     _APPLIED = True
     return True
+
+
+@functools.lru_cache(maxsize=8)
+def causal_mask_on_cpu(sq: int) -> torch.Tensor:
+    """Megatron's default causal mask [sq, sq] (True above the diagonal: masked out), on the CPU."""
+    return torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1)
 
 
 class _CudaLiteralsOnCpu(TorchFunctionMode):

@@ -10,8 +10,13 @@ What is shared with the DTensor backend (the logprob and microbatch loops, the o
 reference swap, checkpoint state) lives in :class:`rlkit.policy.in_process.InProcessPolicy`; this class adds
 the model, its vocabulary-parallel logprobs, its gradient reductions and its HF mapping.
 
-Deliberate simplifications: plain ``torch.optim.AdamW`` (Megatron's distributed optimizer hard-codes CUDA
-in places), fp32 weights. Without pipeline parallelism microbatches run one after another in a plain loop
+Precision (``policy.precision``): float32, or bfloat16 with fp32 master weights: ``self.model`` is then the
+fp32 master (what the optimizer, gradient reductions, checkpoints and refit see) and a bf16 copy run through
+Megatron's ``Float16Module`` does forward and backward (:mod:`rlkit.policy.precision`).
+
+Deliberate simplifications: plain ``torch.optim.AdamW`` over the fp32 weights (Megatron's
+``DistributedDataParallel`` and mixed-precision / distributed optimizers allocate with ``device="cuda"`` and
+check ``torch.cuda`` tensor types: they cannot run on a CPU). Without pipeline parallelism microbatches run one after another in a plain loop
 (what a researcher steps through); with it Megatron's schedule runs them (:mod:`.pipeline`).
 """
 
@@ -30,7 +35,7 @@ from rlkit.config.components import PolicyConfig
 from rlkit.policy.base import LossFn, TokenLogprobs
 from rlkit.policy.in_process import InProcessPolicy, add_metrics, sum_grad_over
 from rlkit.policy.megatron import convert, parallel, pipeline
-from rlkit.policy.megatron.build import Architecture, build_gpt_model, transformer_config
+from rlkit.policy.megatron.build import Architecture, bf16_twin_of, build_gpt_model, transformer_config
 from rlkit.policy.megatron.scores import shifted_entropy, shifted_token_logprobs
 from rlkit.trajectories import LossCounts, Trajectories
 from rlkit.weights import HFGroup
@@ -62,6 +67,10 @@ class MegatronPolicy(InProcessPolicy):
         self.model = self._build_model()
         self._layer_offset = pipeline.stage_layer_offset(self.model.config)
         self.load_hf_state(load_hf_state(cfg.model_name))
+        self._forward_module = self.model
+        if cfg.precision == "bfloat16":
+            self._twin, self._forward_module = bf16_twin_of(self.model, self.arch, self.model.config,
+                                                            getattr(self.arch, "num_experts", 0))
         self._start_training()
 
     @staticmethod
@@ -118,6 +127,8 @@ class MegatronPolicy(InProcessPolicy):
                     params[name].copy_(piece)
                 covered.add(name)
             del full  # this layer's tensors go before the generator converts the next (one layer in memory)
+        if not check_only:
+            self._master_weights_changed()
         missing = sorted(set(params) - covered)
         if missing:
             raise KeyError(f"no HF weights for Megatron parameters {missing[:5]}")
@@ -173,12 +184,13 @@ class MegatronPolicy(InProcessPolicy):
         return t + (-t % self.tp_size if self.layout.sequence_parallel else 0)
 
     def _stage_forward(self, input_ids: Tensor) -> Tensor:
-        """input_ids [b, t] (t already padded) -> this stage's output: logits [b, t, V/tp] on the last stage,
-        hidden states for the next stage otherwise."""
+        """input_ids [b, t] (t already padded) -> this stage's output: logits [b, t, V/tp] (fp32) on the last
+        stage, hidden states for the next stage otherwise. Causal attention by the layer spec's mask type: no
+        mask tensor. The bf16 copy follows the fp32 model's train/eval mode."""
         b, t = input_ids.shape
         positions = torch.arange(t, device=self.device).unsqueeze(0).expand(b, t)
-        causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=self.device), diagonal=1)[None, None]
-        return self.model(input_ids.to(self.device), positions, causal)
+        self._forward_module.train(self.model.training)
+        return self._forward_module(input_ids.to(self.device), positions, None)
 
     def _logits(self, input_ids: Tensor) -> Tensor:
         """input_ids [b, T] -> logits [b, T, V/tp], divided by the sampling temperature (one stage only)."""
@@ -223,7 +235,7 @@ class MegatronPolicy(InProcessPolicy):
                 lp = torch.stack([lp, self._token_entropy(logits).to(mask.device) * mask])
             return output.new_zeros(()), {"scores": lp}
 
-        infos = pipeline.run_schedule(self.model, micros, lambda rows_: self._stage_forward(padded[rows_]),
+        infos = pipeline.run_schedule(self._forward_module, micros, lambda rows_: self._stage_forward(padded[rows_]),
                                       on_last_stage, padded.shape[1], rows, forward_only=True)
         last = self.pp_size - 1
         scores = torch.cat([i["scores"] for i in infos], dim=-2) if self.pp_rank == last else None
@@ -273,7 +285,7 @@ class MegatronPolicy(InProcessPolicy):
         padded = torch.nn.functional.pad(batch.input_ids[:, :t], (0, self._padded_length(t) - t))
         micros = [slice(s, s + mbs) for s in range(0, batch.batch_size, mbs)]
         infos = pipeline.run_schedule(
-            self.model, micros, lambda rows: self._stage_forward(padded[rows]),
+            self._forward_module, micros, lambda rows: self._stage_forward(padded[rows]),
             lambda output, rows: self._micro_loss(self._scaled(output[:, :t]), batch.select(rows), t, loss_fn, counts),
             padded.shape[1], mbs, forward_only=not backward)
         sums: dict[str, Tensor] = {}

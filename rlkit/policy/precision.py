@@ -1,0 +1,87 @@
+"""bf16 compute with fp32 master weights for a policy whose optimizer cannot keep them itself.
+
+Mixed precision the way Megatron-Core's ``Float16Module`` + ``DistributedDataParallel`` + mixed-precision
+optimizer do it: forward and backward run on bf16 weights, gradients are accumulated over microbatches and
+reduced in fp32, the optimizer updates fp32 master weights with fp32 state, and the bf16 weights are then
+refreshed from the masters. An update far below bf16's resolution (a step of 1e-4 on a weight of 1.0, whose
+bf16 neighbours are 2^-7 apart) is kept in the master and reaches the bf16 copy once the updates add up.
+
+Here the fp32 master is the policy's ``model`` (what the optimizer, gradient reductions, checkpoints, weight
+export and refit see, so all of them are unchanged) and :class:`Bf16Twin` holds its bf16 copy. Megatron's own
+mixed-precision optimizer does the same but allocates its CUDA buffers with literal ``device="cuda"`` and
+checks ``torch.cuda.*Tensor`` types (megatron-core 0.16: ``optimizer.py``, ``distrib_optimizer.py``), so it
+cannot run on a CPU; this path runs on both.
+
+The DTensor backend needs none of this: FSDP2's ``MixedPrecisionPolicy`` keeps the sharded parameters fp32,
+gathers them in bf16 for compute and reduces gradients in fp32 (:func:`fsdp_mixed_precision`).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+Precision = Literal["float32", "bfloat16"]
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def compute_dtype(precision: Precision) -> torch.dtype:
+    """The dtype of weights and activations in forward and backward for ``policy.precision``."""
+    return DTYPES[precision]
+
+
+def fsdp_mixed_precision(precision: Precision):
+    """FSDP2's policy for ``policy.precision``: for bf16, parameters gathered in bf16 for compute (the sharded
+    fp32 ones are the master weights the optimizer updates) and gradients reduced in fp32; for fp32, FSDP's
+    default (no casts)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    if precision == "float32":
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=compute_dtype(precision), reduce_dtype=torch.float32)
+
+
+class Bf16Twin:
+    """The bf16 copy of an fp32 master module that runs forward and backward.
+
+    ``master`` and ``compute`` have the same parameter names and shapes. Each compute parameter's gradient is
+    added, in fp32, to its master's ``.grad`` as soon as backward produces it (a post-accumulate hook, as
+    Megatron's DDP does into its fp32 ``main_grad``) and dropped from the bf16 parameter, so microbatches
+    accumulate in fp32 and the bf16 copy never holds a gradient. :meth:`pull` copies the masters into the bf16
+    weights (after an optimizer step, a load, a checkpoint restore).
+    """
+
+    def __init__(self, master: torch.nn.Module, compute: torch.nn.Module):
+        masters = dict(master.named_parameters())
+        computes = dict(compute.named_parameters())
+        if masters.keys() != computes.keys():
+            differ = sorted(masters.keys() ^ computes.keys())[:5]
+            raise ValueError(f"the bf16 copy's parameters differ from the master's: {differ}")
+        self.pairs = [(masters[n], computes[n]) for n in masters]
+        for fp32, bf16 in self.pairs:
+            if fp32.dtype != torch.float32:
+                raise ValueError(f"master weights must be float32, got {fp32.dtype}")
+            bf16.requires_grad_(fp32.requires_grad)  # (a frozen MoE router stays frozen)
+            bf16.register_post_accumulate_grad_hook(_accumulate_into(fp32))
+        self.compute = compute
+        self.pull()
+
+    @torch.no_grad()
+    def pull(self) -> None:
+        """bf16 weights <- fp32 master weights (round to nearest)."""
+        for fp32, bf16 in self.pairs:
+            bf16.copy_(fp32)
+
+
+def _accumulate_into(master: Tensor):
+    def hook(param: Tensor) -> None:
+        grad = param.grad.float()
+        if master.grad is None:
+            master.grad = grad
+        else:
+            master.grad.add_(grad)
+        param.grad = None
+
+    return hook
