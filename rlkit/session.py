@@ -232,12 +232,20 @@ class Session(RunLoop):
 
     # ---- what the rollout source calls -----------------------------------------------------------
     def _sample(self, rows: Sequence[dict], seed: int, generator_version: int) -> Trajectories:
-        """G samples for each of ``rows`` (not scored); async GRPO's producer thread calls it too."""
+        """G samples for each of ``rows`` (not scored), or with a multi-turn environment G conversations each,
+        scored as they are played (:mod:`rlkit.stages.conversations`); async GRPO's producer thread calls it too."""
         with self.timed("rollout"):  # each of dynamic sampling's rounds
+            if stages.is_multi_turn(self.env):
+                return stages.conversations(
+                    self.generator, self.tokenizer, self.env, rows, self.config.grpo.num_generations_per_prompt,
+                    self.sampling(seed), generator_version, self.config.policy.max_model_len,
+                    self.config.data.system_prompt, max_failure_fraction=self.config.env.max_reward_failure_fraction)
             return stages.rollout(self.generator, self.tokenizer, rows, self.config.grpo.num_generations_per_prompt,
                                   self.sampling(seed), generator_version, self.config.data.system_prompt)
 
     def _score(self, batch: Trajectories) -> Trajectories:
+        if batch.rewards is not None:  # multi-turn conversations are scored as they are played
+            return batch
         g = self.config.grpo
         with self.timed("score"):  # dynamic sampling scores each round inside the rollout
             return stages.score(batch, self.env, g.overlong_buffer_length, g.overlong_penalty,
@@ -395,6 +403,7 @@ class Session(RunLoop):
                 self.policy.version, greedy=self.config.eval.greedy if greedy is None else greedy,
                 seed=self.config.seed, system_prompt=self.config.data.system_prompt,
                 max_failure_fraction=self.config.env.max_reward_failure_fraction,
+                max_total_tokens=self.config.policy.max_model_len,
             )
         return self.last_eval
 

@@ -40,7 +40,9 @@ class Trajectories:
     rows: tuple[dict[str, Any], ...] = ()  # [N] the dataset rows the prompts came from (answers, ...)
 
     # Filled in by later stages.
-    rewards: Optional[Tensor] = None  # [B] float32, from score()
+    rewards: Optional[Tensor] = None  # [B] float32, from score() (multi-turn: the sum of turn_rewards)
+    # [B, T] float32, multi-turn only: each environment reward on the last generated token of the turn it answers
+    turn_rewards: Optional[Tensor] = None
     reward_errors: tuple[str, ...] = ()  # messages of samples whose reward function failed (reward 0)
     env_metadata: tuple[dict[str, Any], ...] = ()  # [B] what the environment said about each sample
     advantages: Optional[Tensor] = None  # [B, T] float32, 0 outside loss_mask, from advantages()

@@ -58,7 +58,7 @@ class GRPOConfig(Section):
 
 
 class EnvConfig(Section):
-    name: Literal["arithmetic", "math"] = "arithmetic"
+    name: Literal["arithmetic", "math", "tool_arithmetic"] = "arithmetic"
     math_timeout_s: float = Field(5.0, gt=0)
     # score() raises RewardError when more than this share of a batch's samples fail (all failing always does)
     max_reward_failure_fraction: float = Field(MAX_REWARD_FAILURE_FRACTION, ge=0, le=1)

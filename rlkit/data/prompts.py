@@ -32,7 +32,7 @@ import random
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, Optional, Union
+from typing import Any, Callable, Literal, Mapping, Optional, Union, get_args
 
 from datasets import Dataset, DatasetDict
 
@@ -40,9 +40,10 @@ from rlkit.data.files import JSON_SUFFIXES, PARQUET_SUFFIXES, PromptFile, read_p
 from rlkit.data.lengths import OverlongPrompts, overlong_rows
 from rlkit.data.named import AnswerFormat, load_named_splits, map_answers, map_columns
 from rlkit.envs.arithmetic import count_arithmetic_prompts, iter_arithmetic_rows
+from rlkit.envs.tool_arithmetic import iter_tool_arithmetic_rows
 from rlkit.errors import ConfigError, ModelError
 
-Task = Literal["arithmetic"]
+Task = Literal["arithmetic", "tool_arithmetic"]  # tool_arithmetic: rows with a calculator demonstration
 _SUFFIXES = JSON_SUFFIXES + PARQUET_SUFFIXES
 Fit = Callable[[PromptFile, str], PromptFile]  # a file or split and its name -> the rows a rollout can take
 
@@ -81,8 +82,8 @@ class DataParams:
                        "task='arithmetic' to generate prompts, path='file.jsonl' to read a file, or "
                        "dataset_name='org/name' (or a local folder) to load a dataset")
         out += self._dataset_problems()
-        if self.task is not None and self.task != "arithmetic":
-            out.append(f"data.task: unknown task {self.task!r}; the generated task is 'arithmetic'")
+        if self.task is not None and self.task not in get_args(Task):
+            out.append(f"data.task: unknown task {self.task!r}; the generated tasks are {get_args(Task)}")
         if self.task is not None:
             if not isinstance(self.digits, int) or self.digits < 1:
                 out.append(f"data.digits: must be an integer >= 1, got {self.digits!r}")
@@ -188,7 +189,7 @@ def _length_fit(p: DataParams, tokenizer: Any, max_prompt_tokens: Optional[int])
 
 
 def _generate(p: DataParams, fit: Fit) -> DatasetDict:
-    stream = iter_arithmetic_rows(p.digits, p.seed)
+    stream = (iter_tool_arithmetic_rows if p.task == "tool_arithmetic" else iter_arithmetic_rows)(p.digits, p.seed)
     validation: list[dict[str, str]] = []
     seen: set[str] = set()
     while len(validation) < p.num_validation:

@@ -98,6 +98,7 @@ class Environment(ABC):
     """Scores a batch of conversations. One implementation per task; stages only call ``step``."""
 
     name: str = "environment"
+    max_turns: int = 1  # assistant turns per conversation; > 1: the rollout plays conversations (stages.conversations)
 
     @abstractmethod
     def step(self, conversations: list[Conversation], rows: list[dict[str, Any]]) -> EnvReturn:

@@ -13,13 +13,15 @@ from typing import Any, Callable, Literal, get_args
 from rlkit.envs.arithmetic import ArithmeticEnvironment
 from rlkit.envs.base import Environment
 from rlkit.envs.math import MathEnvironment
+from rlkit.envs.tool_arithmetic import ToolArithmeticEnvironment
 from rlkit.errors import ConfigError
 
-EnvironmentName = Literal["arithmetic", "math"]
+EnvironmentName = Literal["arithmetic", "math", "tool_arithmetic"]
 
 _FACTORIES: dict[str, Callable[..., Environment]] = {
     "arithmetic": ArithmeticEnvironment,
     "math": MathEnvironment,
+    "tool_arithmetic": ToolArithmeticEnvironment,
 }
 
 

@@ -9,6 +9,7 @@ async GRPO's background producer ``AsyncRollouts``): :mod:`rlkit.stages.rollout_
 
 from rlkit.stages.advantages import advantages
 from rlkit.stages.async_rollouts import AsyncRollouts
+from rlkit.stages.conversations import conversations, is_multi_turn
 from rlkit.stages.dynamic_sampling import dynamic_sampling
 from rlkit.stages.evaluate import EvalResult, evaluate
 from rlkit.stages.logprobs import logprobs
@@ -18,5 +19,5 @@ from rlkit.stages.score import score
 from rlkit.stages.sft import SFTResult, sft
 from rlkit.stages.train import LossReport, TrainInterrupted, TrainResult, loss, train
 
-__all__ = ["AsyncRollouts", "EvalResult", "LossReport", "SFTResult", "TrainInterrupted", "TrainResult", "advantages", "dynamic_sampling", "evaluate", "logprobs",
+__all__ = ["AsyncRollouts", "EvalResult", "LossReport", "SFTResult", "TrainInterrupted", "TrainResult", "advantages", "conversations", "dynamic_sampling", "evaluate", "is_multi_turn", "logprobs",
            "loss", "refit", "rollout", "score", "sft", "train"]

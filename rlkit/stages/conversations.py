@@ -1,0 +1,220 @@
+"""Multi-turn rollout stage: play whole conversations with the environment, one row of Trajectories each.
+
+A conversation alternates the policy's turns and the environment's answers: generate, ``env.step`` (reward,
+done, next message), append the message's tokens, generate again from the whole sequence, until the
+environment says done, ``max_turns`` assistant turns were played, or the token budget ``max_total_tokens``
+(the engine's length) is spent. Tokens go in and come out as ids, never re-tokenized: the sequence the
+policy is trained on is exactly the one the generator sampled from, so the generator's logprob of each
+generated token (kept per token, across turns) lines up with the trainer's, and the mismatch and IS-correction
+stages work unchanged.
+
+Masks. ``loss_mask`` is True exactly on the tokens the policy generated (each turn's tokens, its EOS
+included); the prompt, the environment's messages and the chat-template tokens around them are attended
+(``attention_mask``) but never trained on and never counted by the loss's normalisation (the aggregations
+count ``loss_mask``). So ``loss_mask`` has holes inside a row; every stage after this one already works by mask.
+
+Rewards. Every ``env.step`` reward is credited to the last generated token of the turn it answers
+(``turn_rewards`` ``[B, T]``); ``rewards`` ``[B]`` is their sum, the conversation's return with no discount,
+which the group estimators (GRPO, RLOO...) use as the outcome reward. The batch comes back scored: the
+session's score stage keeps it as it is. Discounted per-token returns over the holes are
+:func:`rlkit.algorithms.returns.discounted_returns`.
+
+The environment's message is turned into tokens by rendering the chat template twice (the conversation with
+and without the message, the latter ending after the assistant's turn) and tokenizing the difference; a turn
+that did not end with EOS (cut by its token limit or a stop string) gets the EOS as a template token first.
+
+Deliberate simplifications: the first turn samples ``G`` continuations of each prompt (prefix shared); later
+turns sample one continuation of each live conversation, in as few engine calls as there are distinct
+per-turn token limits. Conversations that end early wait for the others (no continuous batching across turns).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field, replace
+from typing import Any, Optional, Sequence
+
+import torch
+
+from rlkit.data import render_prompt_texts
+from rlkit.envs.base import MAX_REWARD_FAILURE_FRACTION, Environment, error_sample_index
+from rlkit.generation.base import Generator, SamplingSettings
+from rlkit.stages.score import check_reward_failures
+from rlkit.trajectories import Trajectories
+
+TURN_SEED_STRIDE = 104_729  # turn k's engine calls sample with seed + k * stride (+ the call's index)
+
+
+def is_multi_turn(env: Any) -> bool:
+    """True for an environment that may answer with a next message (``env.max_turns > 1``)."""
+    return getattr(env, "max_turns", 1) > 1
+
+
+@dataclass
+class _Conversation:
+    """One conversation being played: its tokens (ids, which ones the policy generated, their logprobs)."""
+
+    rows_index: int
+    messages: list[dict[str, str]]
+    ids: list[int]
+    prompt_length: int
+    generated: list[bool] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turn_rewards: list[tuple[int, float]] = field(default_factory=list)  # (position of the turn's last token, r)
+    finish_reason: str = "stop"
+    metadata: dict[str, Any] = field(default_factory=dict)
+    turns: int = 0
+    live: bool = True
+
+    def append(self, token_ids: Sequence[int], generated: bool, logprobs: Optional[Sequence[float]] = None) -> None:
+        self.ids += token_ids
+        self.generated += [generated] * len(token_ids)
+        self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(token_ids)
+
+
+def conversations(
+    generator: Generator,
+    tokenizer: Any,
+    env: Environment,
+    rows: Sequence[dict[str, Any]],
+    num_generations: int,
+    sampling: SamplingSettings,
+    policy_version: int,
+    max_total_tokens: int,
+    system_prompt: Optional[str] = None,
+    max_turns: Optional[int] = None,
+    prompt_key: str = "prompt",
+    max_failure_fraction: float = MAX_REWARD_FAILURE_FRACTION,
+) -> Trajectories:
+    """``len(rows)`` prompts x ``num_generations`` conversations played with ``env`` -> scored Trajectories
+    (``rewards`` [B], ``turn_rewards`` [B, T], ``loss_mask`` True on generated tokens only).
+
+    ``max_turns`` (default ``env.max_turns``) caps the assistant turns; ``max_total_tokens`` the tokens of a
+    conversation (prompt, turns and environment messages). Raises ``RewardError`` when more than
+    ``max_failure_fraction`` of the conversations had an environment failure (as the score stage does)."""
+    t0 = time.perf_counter()
+    max_turns = max_turns if max_turns is not None else getattr(env, "max_turns", 1)
+    head = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
+    texts = render_prompt_texts(tokenizer, [r[prompt_key] for r in rows], system_prompt)
+    prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
+    games = [_Conversation(i // num_generations, head + [{"role": "user", "content": rows[i // num_generations][prompt_key]}],
+                           list(prompt_ids[i // num_generations]), len(prompt_ids[i // num_generations]))
+             for i in range(len(rows) * num_generations)]
+    errors: list[str] = []
+    for turn in range(max_turns):
+        live = [c for c in games if c.live]
+        if not live:
+            break
+        if turn == 0:
+            _generate_first_turn(generator, games, prompt_ids, num_generations, sampling)
+        else:
+            _generate_turn(generator, live, replace(sampling, seed=_turn_seed(sampling.seed, turn)), max_total_tokens)
+        live = [c for c in live if c.live]  # a turn with no room left ended its conversation
+        _env_step(env, live, games, rows, tokenizer, max_total_tokens, last_turn=turn == max_turns - 1, errors=errors)
+    batch = _as_trajectories(games, texts, rows, num_generations, policy_version, tokenizer, errors)
+    check_reward_failures(errors, batch, env, max_failure_fraction)
+    turns = torch.tensor([float(c.turns) for c in games])
+    env_tokens = (batch.attention_mask & ~batch.loss_mask).sum(1).float() - torch.tensor([float(c.prompt_length) for c in games])
+    info = {"timing/rollout": time.perf_counter() - t0, "sampling_seed": sampling.seed,
+            "rollout/turns_mean": float(turns.mean()), "rollout/env_tokens_mean": float(env_tokens.mean()),
+            "reward_errors": len(errors)}
+    return batch.with_(info=info)
+
+
+def _turn_seed(seed: Optional[int], turn: int) -> Optional[int]:
+    return None if seed is None else seed + TURN_SEED_STRIDE * turn
+
+
+def _take(conversation: _Conversation, token_ids: Sequence[int], logprobs: Sequence[float], text: str,
+          finish_reason: str) -> None:
+    conversation.append(list(token_ids), True, logprobs)
+    conversation.messages.append({"role": "assistant", "content": text})
+    conversation.finish_reason = finish_reason
+    conversation.turns += 1
+
+
+def _generate_first_turn(generator: Generator, games: list[_Conversation], prompt_ids: list[list[int]], g: int,
+                         sampling: SamplingSettings) -> None:
+    generation = generator.generate([list(p) for p in prompt_ids], g, sampling)
+    for conversation, ids, lps, text, reason in zip(games, generation.token_ids, generation.logprobs,
+                                                   generation.texts, generation.finish_reasons):
+        _take(conversation, ids, lps, text, reason)
+
+
+def _generate_turn(generator: Generator, live: list[_Conversation], sampling: SamplingSettings, budget: int) -> None:
+    """One more assistant turn of each live conversation, grouped by the token limit its room allows."""
+    by_limit: dict[int, list[_Conversation]] = {}
+    for conversation in live:
+        room = min(sampling.max_new_tokens, budget - len(conversation.ids))
+        if room < 1:
+            conversation.live, conversation.finish_reason = False, "length"
+        else:
+            by_limit.setdefault(room, []).append(conversation)
+    for call, (limit, group) in enumerate(sorted(by_limit.items())):
+        seed = None if sampling.seed is None else sampling.seed + call * len(live)
+        generation = generator.generate([c.ids for c in group], 1, replace(sampling, max_new_tokens=limit, seed=seed))
+        for conversation, ids, lps, text, reason in zip(group, generation.token_ids, generation.logprobs,
+                                                       generation.texts, generation.finish_reasons):
+            _take(conversation, ids, lps, text, reason)
+
+
+def _env_step(env: Environment, live: list[_Conversation], games: list[_Conversation], rows: Sequence[dict],
+              tokenizer: Any, budget: int, last_turn: bool, errors: list[str]) -> None:
+    """``env.step`` over the live conversations: rewards on each turn's last token, messages appended as tokens."""
+    if not live:
+        return
+    result = env.step([list(c.messages) for c in live], [rows[c.rows_index] for c in live])
+    index = {id(c): i for i, c in enumerate(games)}
+    for message in result.errors:  # the environment numbers the live conversations; the batch numbers all of them
+        local = error_sample_index(message)
+        errors.append(message if local is None else
+                      message.replace(f"sample {local}: ", f"sample {index[id(live[local])]}: ", 1))
+    for conversation, reward, done, observation, metadata in zip(live, result.rewards.tolist(), result.done.tolist(),
+                                                                 result.observations, result.metadata):
+        conversation.turn_rewards.append((len(conversation.ids) - 1, float(reward)))
+        conversation.metadata = dict(metadata)
+        if done or last_turn:
+            conversation.live = False
+            continue
+        message_ids = _message_tokens(tokenizer, conversation, observation)
+        if len(conversation.ids) + len(message_ids) + 1 > budget:  # no room for the message and one token
+            conversation.live, conversation.finish_reason = False, "length"
+            continue
+        conversation.append(message_ids, False)
+        conversation.messages.append(observation)
+
+
+def _message_tokens(tokenizer: Any, conversation: _Conversation, message: dict[str, str]) -> list[int]:
+    """The tokens that follow the assistant's last turn: its EOS if it was cut, then ``message`` rendered by the
+    chat template and the header of the next assistant turn."""
+    before = tokenizer.apply_chat_template(conversation.messages, tokenize=False, add_generation_prompt=False)
+    after = tokenizer.apply_chat_template(conversation.messages + [message], tokenize=False, add_generation_prompt=True)
+    if not after.startswith(before):
+        raise ValueError("the chat template renders a conversation differently once a message is appended, so the "
+                         "environment's message cannot be appended as tokens; use a template that only appends")
+    closing = [] if conversation.ids[-1] == tokenizer.eos_token_id else [tokenizer.eos_token_id]
+    return closing + tokenizer(after[len(before):], add_special_tokens=False)["input_ids"]
+
+
+def _as_trajectories(games: list[_Conversation], texts: list[str], rows: Sequence[dict], g: int, policy_version: int,
+                     tokenizer: Any, errors: list[str]) -> Trajectories:
+    b, t = len(games), max(len(c.ids) for c in games)
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([c.ids + [pad] * (t - len(c.ids)) for c in games], dtype=torch.long)
+    loss_mask = torch.tensor([[False] * c.prompt_length + c.generated + [False] * (t - len(c.ids)) for c in games],
+                             dtype=torch.bool)
+    logprobs = torch.tensor([[0.0] * c.prompt_length + c.logprobs + [0.0] * (t - len(c.ids)) for c in games])
+    attention_mask = torch.arange(t) < torch.tensor([len(c.ids) for c in games]).unsqueeze(1)
+    turn_rewards = torch.zeros(b, t)
+    for i, c in enumerate(games):
+        for position, reward in c.turn_rewards:
+            turn_rewards[i, position] += reward
+    completions = tuple(tokenizer.decode(c.ids[c.prompt_length:], skip_special_tokens=False) for c in games)
+    metadata = tuple(dict(c.metadata, turns=c.turns, turn_rewards=[r for _, r in c.turn_rewards]) for c in games)
+    return Trajectories(
+        prompts=tuple(texts[i // g] for i in range(b)), completions=completions, input_ids=input_ids,
+        attention_mask=attention_mask, loss_mask=loss_mask, generator_logprobs=logprobs,
+        finish_reasons=tuple(c.finish_reason for c in games), group_size=g, policy_version=policy_version,
+        rows=tuple(rows), rewards=turn_rewards.sum(1), turn_rewards=turn_rewards, reward_errors=tuple(errors),
+        env_metadata=metadata,
+    )
