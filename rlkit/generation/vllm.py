@@ -10,6 +10,15 @@ drops torch to one thread).
 Weights are refit through vLLM's public ``collective_rpc("reload_weights", ...)`` in buckets of whole fused
 groups, then the prefix cache is reset: without that reset, later samples reuse attention state computed
 with the old weights and their logprobs are silently wrong.
+
+Precision (``vllm_cfg.precision``): float32, bfloat16, or fp8 (bf16 activations, weights quantized to FP8 by
+vLLM's online quantization when loaded; vLLM 0.32's layer-by-layer ``reload_weights`` runs that quantization
+again on each refit from the bf16/fp32 tensors it receives, so refit needs no FP8 weights). The cost of each
+shows as the generator/trainer mismatch (``token_mult_prob_error``).
+
+Colocated on a GPU, the engine sleeps after each rollout (level 1: weights to CPU memory, KV cache freed), so
+the policy trains with that memory, and wakes for the next refit or rollout. vLLM offers sleep mode on
+CUDA/ROCm/XPU only: on a CPU the engine stays awake.
 """
 
 from __future__ import annotations
@@ -51,6 +60,20 @@ def _cpu_engine_environment() -> None:
     os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 
+ENGINE_PRECISION: dict[str, dict[str, str]] = {  # vllm_cfg.precision -> LLM(...) arguments
+    "float32": {"dtype": "float32"},
+    "bfloat16": {"dtype": "bfloat16"},
+    "fp8": {"dtype": "bfloat16", "quantization": "fp8"},
+}
+
+
+def sleep_mode_available() -> bool:
+    """Whether this machine's vLLM platform can put an engine to sleep (CUDA, ROCm, XPU; not the CPU)."""
+    from vllm.platforms import current_platform
+
+    return current_platform.is_sleep_mode_available()
+
+
 class VllmGenerator:
     """Batched sampling with token ids and logprobs on a vLLM ``LLM`` engine (implements ``Generator``)."""
 
@@ -66,9 +89,14 @@ class VllmGenerator:
         self.cfg = cfg
         self.model_path = str(model_path)
         self.max_model_len = max_model_len
+        self.precision = cfg.vllm_cfg.precision
+        # the colocated hand-off: asleep between rollouts so the policy trains with the engine's memory
+        self.sleeps_between_rollouts = cfg.colocated.enabled and sleep_mode_available()
+        self._asleep = False
         kwargs = dict(
             model=self.model_path,
-            dtype="float32",
+            **ENGINE_PRECISION[self.precision],
+            enable_sleep_mode=self.sleeps_between_rollouts,
             seed=seed,
             enforce_eager=cfg.vllm_cfg.enforce_eager,
             max_model_len=max_model_len,
@@ -109,12 +137,15 @@ class VllmGenerator:
         ]
         prompts = [{"prompt_token_ids": list(p)} for p in prompt_token_ids]
         outputs = []
+        self.wake_up()
         try:
             for rows in self._unchunked_calls(prompt_token_ids, n):
                 outputs += self.llm.generate([prompts[i] for i in rows], [params[i] for i in rows], use_tqdm=False)
         except BaseException:  # a KeyboardInterrupt (Jupyter's stop) mid-generation
             self._abort_unfinished()
             raise
+        finally:
+            self.sleep()
         samples = [
             (sample.token_ids, [float(step[tok].logprob) for tok, step in zip(sample.token_ids, sample.logprobs)],
              sample.text, "length" if sample.finish_reason == "length" else "stop")
@@ -141,6 +172,7 @@ class VllmGenerator:
         return calls
 
     def update_weights(self, bucket: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.wake_up()  # a sleeping engine's weights are not in GPU memory
         bucket = list(bucket)
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": bucket, "is_checkpoint_format": True})
         layers = moe_layers_with_experts_in(bucket)
@@ -154,6 +186,19 @@ class VllmGenerator:
         if engine.has_unfinished_requests():
             engine.abort_request(list(engine.output_processor.request_states), internal=True)
 
+    def sleep(self) -> None:
+        """Release the engine's GPU memory until :meth:`wake_up` (weights kept in CPU memory, KV cache dropped);
+        only when colocated on a machine whose vLLM has sleep mode, else nothing."""
+        if self.sleeps_between_rollouts and not self._asleep:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    def wake_up(self) -> None:
+        """Bring the engine's weights and KV cache back after :meth:`sleep` (nothing if awake)."""
+        if self._asleep:
+            self.llm.wake_up()
+            self._asleep = False
+
     def reset_prefix_cache(self) -> None:
         self.llm.reset_prefix_cache()
 
@@ -166,7 +211,7 @@ class VllmGenerator:
         self.llm = None
 
     def __repr__(self) -> str:
-        return f"VllmGenerator({Path(self.model_path).name}, max_model_len={self.max_model_len})"
+        return f"VllmGenerator({Path(self.model_path).name}, {self.precision}, max_model_len={self.max_model_len})"
 
 
 _EXPERT_WEIGHT = re.compile(r"\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.")
