@@ -68,6 +68,8 @@ class Calculator(Tool):
 
     def _eval(self, node: ast.AST) -> Any:
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            if len(str(abs(node.value))) > self.max_digits:
+                raise ValueError(f"number has more than {self.max_digits} digits")
             return node.value
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
             value = self._eval(node.operand)

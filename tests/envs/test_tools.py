@@ -1,0 +1,98 @@
+"""Tools and the tool environment: results, bounded error observations, limits of the Python sandbox."""
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rlkit.envs.sandbox import SandboxLimits, network_namespace_available, run_python
+from rlkit.envs.tool_env import ToolEnvironment
+from rlkit.envs.tools import MAX_OBSERVATION_CHARS, Calculator, FunctionTool, PythonTool, parse_tool_call, run_tool
+
+LIMIT = MAX_OBSERVATION_CHARS + len("... [truncated]")
+
+
+def test_calls_are_parsed_from_the_documented_block_format():
+    assert parse_tool_call("let me see <calc>12*(3+4)</calc> ok", ["calc", "python"]) == ("calc", "12*(3+4)")
+    assert parse_tool_call("<python>print(1)\nprint(2)</python>", ["calc", "python"]) == ("python", "print(1)\nprint(2)")
+    assert parse_tool_call("84", ["calc"]) is None
+    assert parse_tool_call("<calc>1+1</python>", ["calc", "python"]) is None  # unmatched tags are an answer
+
+
+@pytest.mark.parametrize("expression, result", [("12*(3+4)", "84"), ("7/2", "3.5"), ("-3**2", "-9"), ("8//3", "2"),
+                                                ("12345678901*98765432109", str(12345678901 * 98765432109))])
+def test_the_calculator_computes_arithmetic(expression, result):
+    assert Calculator().run(expression) == result
+
+
+@pytest.mark.parametrize("expression", ["__import__('os').system('ls')", "2**1000", "1/0", "x+1", "", "9" * 200])
+def test_the_calculator_refuses_anything_else_with_a_short_error(expression):
+    observation, ok = run_tool(Calculator(), expression)
+    assert not ok and observation.startswith("error: ") and len(observation) <= LIMIT
+
+
+def test_a_tool_that_raises_hangs_or_returns_garbage_gives_a_bounded_error():
+    def raises(text):
+        raise KeyError("x" * 10_000)
+
+    hang = threading.Event()
+    cases = {"raises": raises, "hangs": lambda text: hang.wait(30), "bytes": lambda text: b"\x00\xff",
+             "none": lambda text: None, "huge": lambda text: "y" * 10**6}
+    for name, fn in cases.items():
+        t0 = time.perf_counter()
+        observation, ok = run_tool(FunctionTool(name, fn, timeout_seconds=0.5), "input")
+        assert time.perf_counter() - t0 < 2.0, name
+        assert len(observation) <= LIMIT, name
+        assert ok == (name == "huge"), name
+        assert observation.startswith("error: ") or name == "huge", name
+    hang.set()
+    assert run_tool(FunctionTool("h", lambda t: "", 0.5), "")[0] == ""
+
+
+def test_the_python_sandbox_runs_code_and_contains_its_failures(tmp_path):
+    assert run_python("print(sum(range(10)))").output == "45\n"
+    limits = SandboxLimits(wall_seconds=1.5, cpu_seconds=1)
+    cases = {
+        "import time; time.sleep(30)": ("timeout",),
+        "while True: pass": ("killed by SIGXCPU", "timeout"),  # whichever limit comes first on a loaded machine
+        "raise ValueError('boom')": ("exit 1",),
+        "x = bytearray(2**31)": ("exit 1",),  # RLIMIT_AS: MemoryError
+    }
+    for code, reason in cases.items():
+        t0 = time.perf_counter()
+        result = run_python(code, limits)
+        assert result.reason.startswith(reason), (code, result)
+        assert not result.ok
+        assert time.perf_counter() - t0 < limits.wall_seconds + 1.0, code
+    flood = run_python("print('x' * 10**7)", limits)  # output capped by RLIMIT_FSIZE, returned head only
+    assert not flood.ok and len(flood.output) <= limits.max_output_chars + len("... [truncated]")
+
+
+def test_the_python_sandbox_writes_only_in_its_temp_dir_and_has_no_network(tmp_path):
+    outside = tmp_path / "escaped.txt"
+    result = run_python(f"open({str(outside)!r}, 'w').write('x')")
+    assert not result.ok and "PermissionError" in result.output and not outside.exists()
+    assert run_python("open('inside.txt', 'w').write('ok'); print(open('inside.txt').read())").output == "ok\n"
+    assert not run_python("import os; os.system('touch /tmp/x')").ok
+    net = run_python("import socket; socket.create_connection(('127.0.0.1', 22), timeout=1)")
+    assert not net.ok
+    if network_namespace_available():  # the kernel guard too: no interface but loopback-down
+        ifaces = run_python("print(open('/proc/net/dev').read())")
+        assert ifaces.ok and "eth0" not in ifaces.output
+
+
+def test_the_tool_environment_answers_calls_and_scores_answers():
+    env = ToolEnvironment([Calculator(), PythonTool(SandboxLimits(wall_seconds=1.0))], max_turns=2)
+    row = {"prompt": "1234+5678", "answer": "6912"}
+    call = [{"role": "user", "content": "1234+5678"}, {"role": "assistant", "content": "<calc>1234+5678</calc>"}]
+    answered = call + [{"role": "tool", "content": "6912"}, {"role": "assistant", "content": "6912"}]
+    hang = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "<python>while True: pass</python>"}]
+    out_of_turns = answered[:-1] + [{"role": "assistant", "content": "<calc>1+1</calc>"}]
+    result = env.step([call, answered, hang, out_of_turns], [row] * 4)
+    assert result.done.tolist() == [False, True, False, True]
+    assert result.rewards.tolist() == [0.0, 1.0, 0.0, 0.0]
+    assert result.observations[0] == {"role": "tool", "content": "6912"}
+    assert result.observations[2]["content"].startswith("error: ") and len(result.observations[2]["content"]) <= LIMIT
+    assert result.metadata[1]["correct"] is True and result.metadata[0]["tool"] == "calc"
+    assert result.metadata[2]["tool_ok"] is False and result.metadata[3]["tool"] == "calc"
