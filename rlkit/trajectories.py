@@ -159,6 +159,13 @@ class Trajectories:
 
         return token_view(self, color, tokenizer, rows, label)
 
+    def show_conversation(self, index: int = 0, tokenizer: Any = None) -> Any:
+        """Every token of sample ``index`` (prompt, turns, environment messages), the trained ones highlighted
+        (:mod:`rlkit.notebook.conversation`); ``tokenizer`` as in :meth:`show`."""
+        from rlkit.notebook.conversation import conversation_view
+
+        return conversation_view(self, index, tokenizer)
+
     def __repr__(self) -> str:
         from rlkit.notebook.display import trajectories_summary
 

@@ -119,3 +119,15 @@ def test_a_hanging_tool_times_out_and_the_rollout_completes():
     assert batch.rewards.tolist() == [1.0] * 8  # the conversations went on to their answers
     second_prompt = TOK.decode(generator.calls[1][0][0], skip_special_tokens=False)
     assert "error: RuntimeError: timeout" in second_prompt
+
+
+def test_the_conversation_view_highlights_exactly_the_trained_tokens():
+    batch = play(ScriptedGenerator([("ab", True, -0.1), ("cd", False, -0.2), ("e", True, -0.3)]), GoGoStop())
+    view = batch.show_conversation(0, TOK)
+    assert [(text, trained) for text, trained, _, _ in view.pieces] == [
+        ("<|bos|><|user|>hi<|end|><|assistant|>", False), ("ab<|end|>", True),
+        ("<|user|>go<|end|><|assistant|>", False), ("cd", True),
+        ("<|end|><|user|>go<|end|><|assistant|>", False), ("e<|end|>", True)]
+    assert sum(n for _, trained, n, _ in view.pieces if trained) == int(batch.loss_mask[0].sum())
+    assert "[[ab<|end|>]]<|user|>go" in repr(view)
+    assert view._repr_html_().count("background:#c8f0c8;border-radius") == 3  # the three turns (and the legend)
