@@ -1,6 +1,6 @@
 """Run every CPU benchmark in bench/ one after another (each prints its own side-by-side ratio).
 
-bench/gpu_1b_step.py is for a GPU machine and is not run here.
+bench/gpu_check.py is for a GPU machine and is not run here (its tiny CPU smoke run is in the test suite).
 """
 
 import subprocess
