@@ -99,6 +99,7 @@ def cross_section_problems(sections: Mapping[str, Any], partial: bool) -> list[s
             out.append(f"policy.generation.colocated.enabled=false: runs vLLM in a Ray actor, but "
                        f"policy.generation.backend={policy.generation.backend!r}; set backend=vllm or colocated.enabled=true")
         out += _model_problems(policy)
+        out += _dynamic_batching_problems(policy)
     if sft is not None and policy is not None and sft.enabled:
         dp = _data_parallel_size(policy)
         if sft.batch_size % dp:
@@ -267,3 +268,18 @@ def _data_parallel_size(policy: Any) -> int:
 
 def _divisor_near(n: int, target: int) -> int:
     return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: abs(d - target))
+
+
+def _dynamic_batching_problems(policy: Any) -> list[str]:
+    """A token budget must hold one whole sequence; Megatron's pipeline schedule runs equal microbatches only."""
+    dynamic = policy.dynamic_batching
+    if not dynamic.enabled:
+        return []
+    out = [f"policy.dynamic_batching.{key}={budget}: smaller than one sequence (policy.max_total_sequence_length="
+           f"{policy.max_total_sequence_length}); raise it to at least that, or leave it unset"
+           for key, budget in (("train_mb_tokens", dynamic.train_mb_tokens), ("logprob_mb_tokens", dynamic.logprob_mb_tokens))
+           if budget is not None and budget < policy.max_total_sequence_length]
+    if _pipelined(policy):
+        out.append("policy.dynamic_batching.enabled: not with pipeline parallelism (Megatron's schedule runs "
+                   "microbatches of one shape); set it false or policy.megatron_cfg.pipeline_model_parallel_size=1")
+    return out

@@ -64,6 +64,17 @@ class DTensorConfig(Section):
     enabled: bool = False
 
 
+class DynamicBatchingConfig(Section):
+    """Microbatches cut by a token budget (rows sorted by length) instead of a fixed row count, for the train
+    and logprob passes (NeMo-RL's key); see :mod:`rlkit.policy.token_budget`. A budget left unset keeps the
+    fixed path's ceiling: its row count x ``policy.max_total_sequence_length``."""
+
+    enabled: bool = False
+    train_mb_tokens: Optional[int] = Field(None, ge=1)  # padded tokens per train microbatch
+    logprob_mb_tokens: Optional[int] = Field(None, ge=1)  # padded tokens per logprob chunk
+    sequence_length_round: int = Field(1, ge=1)  # round each microbatch's length up to a multiple of this
+
+
 class VllmConfig(Section):
     kv_cache_space_gib: float = Field(1.0, gt=0)  # vLLM's KV cache on CPU machines (allocated: RSS)
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)  # GPU machines only
@@ -121,6 +132,7 @@ class PolicyConfig(Section):
     scheduler: SchedulerConfig = SchedulerConfig()
     megatron_cfg: MegatronConfig = MegatronConfig()
     dtensor_cfg: DTensorConfig = DTensorConfig()
+    dynamic_batching: DynamicBatchingConfig = DynamicBatchingConfig()
     generation: GenerationConfig = GenerationConfig()
 
     @model_validator(mode="before")

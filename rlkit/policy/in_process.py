@@ -29,6 +29,7 @@ from torch import Tensor
 
 from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
 from rlkit.policy.base import LossFn, TokenLogprobs, TrainStepResult
+from rlkit.policy.token_budget import as_index, equal_count_over, row_count_plan, token_budget_plan
 from rlkit.trajectories import LossCounts, Trajectories
 
 
@@ -157,8 +158,13 @@ class InProcessPolicy:
         """Called before the backward microbatch ``index`` of ``count`` (FSDP: sync gradients on the last)."""
 
     def _forward_length(self, attention_mask: Tensor) -> int:
-        """Columns of ``attention_mask`` [b, T] a forward pass needs: up to the longest row (right padding)."""
-        return int(attention_mask.sum(1).max())
+        """Columns of ``attention_mask`` [b, T] a forward pass needs: up to the longest row (right padding),
+        rounded up to ``policy.dynamic_batching.sequence_length_round`` when that is on (at most T)."""
+        longest = int(attention_mask.sum(1).max())
+        dynamic = self.cfg.dynamic_batching
+        if not dynamic.enabled:
+            return longest
+        return min(attention_mask.shape[1], -(-longest // dynamic.sequence_length_round) * dynamic.sequence_length_round)
 
     def _scaled(self, logits: Tensor) -> Tensor:
         """Logits divided by the sampling temperature (the distribution the generator sampled from)."""
@@ -185,9 +191,8 @@ class InProcessPolicy:
         self.model.eval()
         logprobs = torch.zeros(input_ids.shape, device=input_ids.device)
         entropy = torch.zeros(input_ids.shape, device=input_ids.device) if with_entropy else None
-        step = self.cfg.logprob_batch_size
-        for start in range(0, input_ids.shape[0], step):
-            rows = slice(start, start + step)
+        for rows in self._microbatch_plan(attention_mask, self.cfg.logprob_batch_size,
+                                          self.cfg.dynamic_batching.logprob_mb_tokens):
             t = self._forward_length(attention_mask[rows])
             ids, mask = input_ids[rows, :t], attention_mask[rows, :t]
             logits = self._logits(ids)
@@ -223,21 +228,34 @@ class InProcessPolicy:
 
     def _microbatch_losses(self, batch: Trajectories, loss_fn: LossFn, counts: LossCounts,
                            backward: bool) -> tuple[dict[str, Tensor], int]:
-        """One microbatch of ``train_micro_batch_size`` rows after another, each trimmed to its longest row;
-        returns this rank's metric sums and the number of microbatches."""
+        """One microbatch after another (:meth:`_microbatch_plan`), each trimmed to its longest row; returns
+        this rank's metric sums and the number of microbatches."""
         sums: dict[str, Tensor] = {}
-        mbs = self.cfg.train_micro_batch_size
-        starts = range(0, batch.batch_size, mbs)
-        for i, start in enumerate(starts):
-            micro = batch.select(slice(start, start + mbs))
+        plan = self._microbatch_plan(batch.attention_mask, self.cfg.train_micro_batch_size,
+                                     self.cfg.dynamic_batching.train_mb_tokens)
+        for i, rows in enumerate(plan):
+            micro = batch.select(rows)
             t = self._forward_length(micro.attention_mask)
             if backward:
-                self._microbatch_starting(i, len(starts))
+                self._microbatch_starting(i, len(plan))
             loss, metrics = self._micro_loss(self._logits(micro.input_ids[:, :t]), micro, t, loss_fn, counts)
             if backward:
                 loss.backward()
             add_metrics(sums, metrics)
-        return sums, len(starts)
+        return sums, len(plan)
+
+    def _microbatch_plan(self, attention_mask: Tensor, rows_per_microbatch: int,
+                         max_tokens: Optional[int]) -> list[slice | Tensor]:
+        """The rows of each forward pass over ``attention_mask`` [B, T]: ``rows_per_microbatch`` consecutive rows
+        at a time, or with ``policy.dynamic_batching`` rows of similar length up to ``max_tokens`` padded
+        tokens (default: ``rows_per_microbatch`` x ``max_total_sequence_length``), as many passes on every
+        rank of the rows group (:mod:`rlkit.policy.token_budget`)."""
+        dynamic = self.cfg.dynamic_batching
+        if not dynamic.enabled:
+            return [as_index(rows) for rows in row_count_plan(attention_mask.shape[0], rows_per_microbatch)]
+        budget = max_tokens or rows_per_microbatch * self.cfg.max_total_sequence_length
+        plan = token_budget_plan(attention_mask.sum(1).tolist(), budget, dynamic.sequence_length_round)
+        return [as_index(rows) for rows in equal_count_over(plan, self._rows_group(), self.device)]
 
     def _run_microbatches(self, batch: Trajectories, loss_fn: LossFn, backward: bool) -> tuple[dict[str, float], int]:
         """The loss over ``batch`` normalised by global counts; with ``backward`` the summed gradient of the
