@@ -10,7 +10,8 @@ Each ``step`` looks at the last assistant message of every conversation:
   stripped text equals ``row["answer"]``).
 
 Metadata per sample: ``turn`` (assistant messages so far), ``tool`` (the called tool's name or None),
-``tool_ok`` (the call returned text within its limits), ``correct`` (final answers only).
+``tool_ok`` (the call returned text within its limits), ``correct`` (final answers only), ``tool_calls``
+(calls in the conversation so far, this one included).
 
 Deliberate simplifications: rewards are outcome rewards (the final answer's); intermediate turns get 0, so a
 per-turn signal (e.g. a cost per call) is a subclass overriding :meth:`tool_turn_reward`.
@@ -61,8 +62,10 @@ class ToolEnvironment(Environment):
         errors: list[str] = []
         calls: list[tuple[int, str, str]] = []  # (sample, tool name, input) to run
         for i, (conversation, row) in enumerate(zip(conversations, rows)):
-            turn = sum(m.get("role") == "assistant" for m in conversation)
-            metadata[i] = {"turn": turn, "tool": None, "tool_ok": None, "correct": None}
+            assistant = [m.get("content", "") for m in conversation if m.get("role") == "assistant"]
+            turn, names = len(assistant), list(self.tools)
+            metadata[i] = {"turn": turn, "tool": None, "tool_ok": None, "correct": None,
+                           "tool_calls": sum(parse_tool_call(text, names) is not None for text in assistant)}
             try:
                 text = completion_of(conversation)
                 call = parse_tool_call(text, list(self.tools))

@@ -96,3 +96,4 @@ def test_the_tool_environment_answers_calls_and_scores_answers():
     assert result.observations[2]["content"].startswith("error: ") and len(result.observations[2]["content"]) <= LIMIT
     assert result.metadata[1]["correct"] is True and result.metadata[0]["tool"] == "calc"
     assert result.metadata[2]["tool_ok"] is False and result.metadata[3]["tool"] == "calc"
+    assert [m["tool_calls"] for m in result.metadata] == [1, 1, 1, 2]
