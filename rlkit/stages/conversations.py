@@ -26,6 +26,8 @@ that did not end with EOS (cut by its token limit or a stop string) gets the EOS
 Deliberate simplifications: the first turn samples ``G`` continuations of each prompt (prefix shared); later
 turns sample one continuation of each live conversation, in as few engine calls as there are distinct
 per-turn token limits. Conversations that end early wait for the others (no continuous batching across turns).
+DAPO's overlong reward shaping (``grpo.overlong_buffer_length``) belongs to the single-turn score stage and is
+not applied to conversations; a truncated conversation shows as finish reason ``length``.
 """
 
 from __future__ import annotations

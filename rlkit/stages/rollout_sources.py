@@ -10,7 +10,9 @@
 Why one interface: ``Session.rollout()`` and ``step()`` ask the source for the current step's batch and never
 look at the mode; a batch comes back scored or not (``rewards is None``) and ``Session.score()`` scores only
 what has no rewards yet. The sources get the session's sampling and scoring as functions (:data:`SampleFn`,
-:data:`ScoreFn`), so they hold no engine and read the live config through them.
+:data:`ScoreFn`), so they hold no engine and read the live config through them. With a multi-turn environment
+(``env.max_turns > 1``) the session's sample function plays whole conversations, scored as they are played
+(:mod:`rlkit.stages.conversations`), so every source, async GRPO's producer included, carries them unchanged.
 
 The synchronous sources take the step's prompts from :meth:`RunState.rows_for_step`, one flat list drawn once
 per step: the plain source uses the first ``n``, dynamic sampling rounds of ``n`` (all rounds' rows drawn up
