@@ -75,7 +75,7 @@ def main() -> None:
                 load.append(sync.last_actor_seconds["load"])
                 baseline.append(raw())
             for _ in range(max(1, args.repeats // 2)):  # for reference: tensors through Ray's object store
-                store.append(ColocatedWeightSync(args.bucket_mb * 1e6).sync(policy, generator).seconds)
+                store.append(ColocatedWeightSync().sync(policy, generator).seconds)
         finally:
             generator.close()
             policy.close()

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPTS = ["startup.py", "refit_vs_memcpy.py", "step_overhead.py", "broadcast_refit.py", "async_vs_sync.py",
+SCRIPTS = ["startup.py", "refit_vs_floor.py", "step_overhead.py", "broadcast_refit.py", "async_vs_sync.py",
            "megatron_vs_dtensor.py", "parallel_layouts.py", "same_work.py", "rollout_vs_vllm.py"]
 
 for name in SCRIPTS:

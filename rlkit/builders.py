@@ -45,14 +45,14 @@ def build_generation(config: RunConfig) -> tuple[Generator, WeightSync]:
     if g.backend == "hf":  # config validation allows it colocated only
         from rlkit.generation.hf import HFGenerator
 
-        return HFGenerator(p.model_name, g, **engine), ColocatedWeightSync(bucket_bytes)
+        return HFGenerator(p.model_name, g, **engine), ColocatedWeightSync()
     try:
         from rlkit.generation.vllm import VllmGenerator
     except ImportError as e:  # pragma: no cover - the CPU profile installs vLLM
         raise ImportError(f"vLLM is not installed ({e}); set policy.generation.backend=hf to use "
                           "transformers' generate instead") from e
     if g.colocated.enabled:
-        return VllmGenerator(p.model_name, g, **engine), ColocatedWeightSync(bucket_bytes)
+        return VllmGenerator(p.model_name, g, **engine), ColocatedWeightSync()
     from rlkit.generation.remote import RemoteGenerator
 
     generator = RemoteGenerator(p.model_name, g, **engine, ray_address=p.ray_address,

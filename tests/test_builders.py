@@ -20,6 +20,6 @@ def test_an_engine_in_this_process_is_paired_with_the_in_process_hand_over(model
     generator, sync = build_generation(config)
     try:
         assert type(generator).__name__ == generator_class and generator.max_model_len == 96
-        assert type(sync) is ColocatedWeightSync and sync.bucket_bytes == 3e6
+        assert type(sync) is ColocatedWeightSync  # one streamed hand-over: no bucket to size
     finally:
         generator.close()

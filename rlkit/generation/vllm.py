@@ -171,11 +171,20 @@ class VllmGenerator:
         calls.append(range(start, len(prompt_token_ids)))
         return calls
 
-    def update_weights(self, bucket: Iterable[tuple[str, torch.Tensor]]) -> None:
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load HF-named tensors in one ``reload_weights`` call, consuming ``weights`` one tensor at a time
+        (vLLM processes each layer once its last tensor arrives), so a whole refit can stream through one
+        call: every call also walks all of the engine's modules twice, a fixed cost per call."""
         self.wake_up()  # a sleeping engine's weights are not in GPU memory
-        bucket = list(bucket)
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": bucket, "is_checkpoint_format": True})
-        layers = moe_layers_with_experts_in(bucket)
+        names: list[str] = []
+
+        def named(pairs):
+            for name, tensor in pairs:
+                names.append(name)
+                yield name, tensor
+
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named(weights), "is_checkpoint_format": True})
+        layers = moe_layers_with_experts_in(names)
         if layers and not torch.cuda.is_available():
             self.llm.collective_rpc(prepack_cpu_moe_experts, kwargs={"layers": layers})
 
@@ -218,9 +227,9 @@ _EXPERT_WEIGHT = re.compile(r"\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 
-def moe_layers_with_experts_in(bucket: list[tuple[str, torch.Tensor]]) -> list[int]:
-    """Indices of the decoder layers whose expert weights (HF Mixtral or Qwen-MoE names) are in ``bucket``."""
-    return sorted({int(m.group(1)) for name, _ in bucket if (m := _EXPERT_WEIGHT.search(name))})
+def moe_layers_with_experts_in(names: Iterable[str]) -> list[int]:
+    """Indices of the decoder layers whose expert weights (HF Mixtral or Qwen-MoE names) are in ``names``."""
+    return sorted({int(m.group(1)) for name in names if (m := _EXPERT_WEIGHT.search(name))})
 
 
 def prepack_cpu_moe_experts(worker, layers: list[int]) -> int:
@@ -232,7 +241,7 @@ def prepack_cpu_moe_experts(worker, layers: list[int]) -> int:
     kernel already exists), so after ``reload_weights`` the kernel reads checkpoint-layout weights as if they
     were prepacked: samples come from wrong experts (logprob errors ~0.1 on the tiny MoE model). Prepacking
     transforms the weights in place, so it must run exactly once per reload of a layer: ``update_weights``
-    calls this right after each bucket's reload, for the layers whose experts that bucket held.
+    calls this right after its reload, for the layers whose experts it loaded.
     tests/policy/test_moe.py shows that the reload alone is wrong, so it fails once vLLM fixes this.
     """
     wanted, done = set(layers), 0

@@ -1,32 +1,52 @@
-"""Non-colocated refit: broadcast the policy's weights to a vLLM engine in a Ray actor.
+"""Non-colocated refit: broadcast the policy's weights to a vLLM engine in a Ray actor, pipelined.
 
-The buckets of whole fused groups and the final prefix-cache reset are the colocated refit's
-(:func:`rlkit.weight_sync.colocated.refit_in_buckets`); what differs is how a bucket travels. The actor is
-told its names, shapes and dtypes (a Ray call), receives the bytes by ``torch.distributed`` broadcasts
-(one per tensor, from the exported tensor itself, into the actor's flat receive buffer) over a dedicated
-two-rank group (this process rank 0, the actor rank 1; gloo on CPU, NCCL when the weights are on a GPU),
-and reloads them; one bucket is in flight at a time, so the extra memory on either side is one bucket.
+One refit is one stream over a dedicated two-rank group (this process rank 0, the actor rank 1; gloo on CPU,
+NCCL when the weights are on a GPU), and on the actor's side one ``reload_weights`` call that consumes it:
+
+    rank 0 (the sender)                                  rank 1 (the actor, inside one reload call)
+    receive_weights.remote() (a Ray call) ------------->  starts vLLM's reload over the incoming tensors
+    for each bucket k (whole fused groups, <= bucket_bytes):
+      header k: its length, then JSON TensorSpecs ---->  posts bucket k's receives into buffer k % 2
+      one broadcast per tensor, from the exported ---->  (buffers pre-allocated, kept across refits)
+      tensor itself (no packing copy)                     before vLLM reloads bucket k, bucket k+1's
+      (bucket k+1 is exported while k is on the wire)     receives are posted: reload k || transfer k+1
+    end header (length 0) ---------------------------->  the stream ends, the reload finishes
+    reset_prefix_cache (a Ray call)
+
+So the export of bucket k+1 overlaps the broadcast of bucket k (gloo and NCCL run them in their own
+threads), and vLLM's reload of bucket k overlaps the transfer of bucket k+1; vLLM's fixed cost per reload call
+(a walk over all its modules) is paid once per refit. Each side holds at most two buckets: the sender waits
+for bucket k's broadcasts before sending bucket k+2, and the receiver writes bucket k+2 into bucket k's
+buffer only once vLLM asks for the tensor after bucket k's last (vLLM copies a layer into the engine as soon
+as its last tensor is loaded, and buckets hold whole layers).
 
 Both ends live here: :class:`BroadcastReceiver` is mixed into the engine's actor
-(``RemoteGenerator(..., actor_extension=BroadcastReceiver)``), and :class:`BroadcastWeightSync` is built
-with that generator and refits only it (:func:`rlkit.builders.build_generation` makes the pair).
+(``RemoteGenerator(..., actor_extension=BroadcastReceiver)``), and :class:`BroadcastWeightSync` is built with
+that generator and refits only it (:func:`rlkit.builders.build_generation` makes the pair). Another sender
+(e.g. a policy rank that holds a group with the actor) speaks the same protocol with :func:`send_buckets`,
+after calling the actor's ``receive_weights``.
 
 The group is opened on the first sync and kept for later ones; it never touches the default process group
-(Megatron's and vLLM's own). If the actor fails mid-bucket the group is dropped and reopened next time.
+(Megatron's and vLLM's own). If the transfer fails, the actor ends its stream there, so vLLM's reload finishes
+(keeping the old weights of the layers it did not get), and raises; the sender drops the group and opens a new one next
+time, and the generator counts as stale until a refit succeeds.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass
-from typing import Any, Iterable, Optional
+from collections import deque
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, runtime_checkable
 
 import torch
 
-from rlkit.weight_sync.colocated import RefitReport, refit_in_buckets
-from rlkit.weights import HFGroup, WeightSource
+from rlkit.weight_sync.colocated import RefitReport, stream_refit
+from rlkit.weights import HFGroup, WeightSource, bucket_groups
 
 ALIGN_BYTES = 64  # tensors start at multiples of this in a receive buffer, so dtype views are legal
+BUCKETS_IN_FLIGHT = 2  # per side: the bucket being loaded (or sent) and the next one on the wire
 
 
 @dataclass(frozen=True)
@@ -50,6 +70,17 @@ def bucket_layout(bucket: Iterable[tuple[str, torch.Tensor]]) -> tuple[list[Tens
     return specs, offset
 
 
+def encode_header(specs: list[TensorSpec]) -> torch.Tensor:
+    """``specs`` as JSON bytes in a uint8 tensor (what travels ahead of a bucket)."""
+    rows = [dict(asdict(s), dtype=str(s.dtype).removeprefix("torch.")) for s in specs]
+    return torch.frombuffer(bytearray(json.dumps(rows).encode()), dtype=torch.uint8)
+
+
+def decode_header(raw: torch.Tensor) -> list[TensorSpec]:
+    rows = json.loads(raw.numpy().tobytes())
+    return [TensorSpec(r["name"], tuple(r["shape"]), getattr(torch, r["dtype"]), r["offset"], r["nbytes"]) for r in rows]
+
+
 def as_bytes(t: torch.Tensor) -> torch.Tensor:
     """``t`` as a flat uint8 tensor: a view when ``t`` is contiguous (the usual case), else one copy."""
     return t.detach().contiguous().reshape(-1).view(torch.uint8)
@@ -60,11 +91,36 @@ def unpack_bucket(flat: torch.Tensor, specs: list[TensorSpec]) -> HFGroup:
     return [(s.name, flat[s.offset:s.offset + s.nbytes].view(s.dtype).view(s.shape)) for s in specs]
 
 
+def send_buckets(group: Any, buckets: Iterable[HFGroup], wait: Callable[[list], None]) -> int:
+    """Rank 0's side of one refit's stream (see the module docstring): each bucket's header and tensors, then
+    the end header. ``wait(works)`` waits for a bucket's broadcasts (the caller can watch its peer meanwhile);
+    at most :data:`BUCKETS_IN_FLIGHT` buckets are held. Returns the number of buckets sent."""
+    from rlkit.distributed import start_broadcast
+
+    in_flight: deque[tuple[list, list]] = deque()  # (works, the tensors they read) per bucket on the wire
+    sent, device = 0, torch.device("cpu")
+    for bucket in buckets:
+        while len(in_flight) >= BUCKETS_IN_FLIGHT:
+            wait(in_flight.popleft()[0])
+        device = bucket[0][1].device  # headers travel where the weights do (NCCL sends device tensors only)
+        header = encode_header(bucket_layout(bucket)[0]).to(device)
+        length = torch.tensor([header.numel()], dtype=torch.int64, device=device)
+        payload = [length, header] + [as_bytes(t) for _, t in bucket]
+        in_flight.append(([start_broadcast(group, b) for b in payload], payload))
+        sent += 1
+    end = torch.zeros(1, dtype=torch.int64, device=device)
+    in_flight.append(([start_broadcast(group, end)], [end]))
+    while in_flight:
+        wait(in_flight.popleft()[0])
+    return sent
+
+
 class BroadcastReceiver:
     """The actor's end (rank 1), mixed into the engine's actor class: ``self`` is the engine it loads."""
 
     weight_group: Any = None  # the open two-rank group; None until join_weight_group
     weight_device = "cpu"
+    receive_buffers: Optional[list[torch.Tensor]] = None  # two flat uint8 buffers, grown on demand and kept
 
     def join_weight_group(self, host: str, port: int, backend: str) -> None:
         from rlkit.distributed import pair_group
@@ -72,19 +128,71 @@ class BroadcastReceiver:
         self._weight_store, self.weight_group = pair_group(host, port, rank=1, backend=backend)
         self.weight_device = "cuda" if backend == "nccl" else "cpu"
 
-    def receive_bucket(self, specs: list[TensorSpec], nbytes: int) -> tuple[float, float]:
-        """Receive one bucket from rank 0, one broadcast per tensor straight into its place in a flat
-        buffer (the sender needs no packing copy), and load it; returns (receive, load) seconds."""
-        from rlkit.distributed import start_broadcast
+    def receive_weights(self) -> dict[str, float]:
+        """Receive one refit's stream from rank 0 and load it in one ``update_weights`` call; returns the
+        seconds spent waiting for bytes (``receive``) and the rest of the reload (``load``). A failed
+        transfer ends the stream early (so vLLM's reload finishes cleanly) and is raised after."""
+        clock = {"receive": 0.0, "load": 0.0}
+        failures: list[BaseException] = []
+        t0 = time.perf_counter()
+        self.update_weights(self._incoming(clock, failures))
+        clock["load"] = time.perf_counter() - t0 - clock["receive"]
+        if failures:
+            raise failures[0]
+        return clock
+
+    def _incoming(self, clock: dict[str, float], failures: list[BaseException]) -> Iterator[tuple[str, torch.Tensor]]:
+        """The received tensors, bucket by bucket; bucket k+1's receives are posted before bucket k is
+        handed on, and bucket k+2's (into bucket k's buffer) once bucket k has been consumed."""
+        try:
+            slot, current = 0, self._post(0, clock)
+            while current is not None:
+                upcoming = self._post(1 - slot, clock)
+                specs, works, flat = current
+                t0 = time.perf_counter()
+                for work in works:
+                    work.wait()
+                clock["receive"] += time.perf_counter() - t0
+                yield from unpack_bucket(flat, specs)
+                slot, current = 1 - slot, upcoming
+        except Exception as e:  # noqa: BLE001 - raised by receive_weights once vLLM's reload has finished
+            failures.append(e)
+
+    def _post(self, slot: int, clock: dict[str, float]) -> Optional[tuple[list[TensorSpec], list, torch.Tensor]]:
+        """Read the next bucket's header and post its receives into buffer ``slot``; None at the end header."""
+        from rlkit.distributed import broadcast, start_broadcast
 
         t0 = time.perf_counter()
-        flat = torch.empty(nbytes, dtype=torch.uint8, device=self.weight_device)
-        works = [start_broadcast(self.weight_group, flat[s.offset:s.offset + s.nbytes], root=0) for s in specs]
-        for work in works:
-            work.wait()
-        t1 = time.perf_counter()
-        self.update_weights(unpack_bucket(flat, specs))
-        return t1 - t0, time.perf_counter() - t1
+        length = torch.zeros(1, dtype=torch.int64, device=self.weight_device)
+        broadcast(self.weight_group, length)
+        if length.item() == 0:
+            clock["receive"] += time.perf_counter() - t0
+            return None
+        raw = torch.empty(int(length.item()), dtype=torch.uint8, device=self.weight_device)
+        broadcast(self.weight_group, raw)
+        clock["receive"] += time.perf_counter() - t0
+        specs = decode_header(raw.cpu())
+        flat = self._buffer(slot, specs[-1].offset + specs[-1].nbytes)
+        return specs, [start_broadcast(self.weight_group, flat[s.offset:s.offset + s.nbytes]) for s in specs], flat
+
+    def _buffer(self, slot: int, nbytes: int) -> torch.Tensor:
+        """Receive buffer ``slot``, at least ``nbytes`` long: allocated once and kept (a fresh buffer per
+        bucket costs page faults on every refit)."""
+        if self.receive_buffers is None:
+            self.receive_buffers = [torch.empty(0, dtype=torch.uint8, device=self.weight_device)] * BUCKETS_IN_FLIGHT
+        if self.receive_buffers[slot].numel() < nbytes:
+            self.receive_buffers[slot] = torch.empty(0, dtype=torch.uint8, device=self.weight_device)  # free first
+            self.receive_buffers[slot] = torch.empty(nbytes, dtype=torch.uint8, device=self.weight_device)
+        return self.receive_buffers[slot]
+
+
+@runtime_checkable
+class SendsFromRanks(Protocol):
+    """A policy whose ranks live in other processes and send their weights to the engine themselves (the Ray
+    worker group, :meth:`rlkit.policy.workers.RayPolicyGroup.broadcast_weights`): a :class:`BroadcastWeightSync`
+    runs in its rank 0."""
+
+    def broadcast_weights(self, generator: Any, bucket_bytes: float) -> tuple[RefitReport, dict[str, float]]: ...
 
 
 class BroadcastWeightSync:
@@ -97,37 +205,34 @@ class BroadcastWeightSync:
         self.group: Optional[Any] = None  # this process's end (rank 0) of the open group
         self._store = None
         self.backend: Optional[str] = None
-        self.last_actor_seconds: dict[str, float] = {}
+        self.last_actor_seconds: dict[str, float] = {}  # the actor's side of the last sync: receive, load
 
     def sync(self, policy: WeightSource, generator: Any) -> RefitReport:
         if generator is not self.generator:
             raise ValueError(f"this BroadcastWeightSync refits {self.generator!r}, not {generator!r}: build a "
                              "generator and its sync together (rlkit.builders.build_generation)")
-        self.last_actor_seconds = {"receive": 0.0, "load": 0.0}  # the actor's side of this sync
-        return refit_in_buckets(policy, generator, self.bucket_bytes, self._send)
+        if isinstance(policy, SendsFromRanks):  # its rank 0 sends: the weights never pass through this process
+            self.close()  # the engine's group is the rank's from now on
+            report, self.last_actor_seconds = policy.broadcast_weights(generator, self.bucket_bytes)
+            return report
+        return stream_refit(policy, generator, self._send)
 
-    def _send(self, bucket: HFGroup) -> None:
+    def _send(self, groups: Iterator[HFGroup]) -> int:
         import ray
 
-        from rlkit.distributed import start_broadcast
-
-        specs, nbytes = bucket_layout(bucket)
-        group = self._open("nccl" if bucket[0][1].is_cuda else "gloo")
-        receiving = self.generator.actor.receive_bucket.remote(specs, nbytes)
+        buckets = bucket_groups(groups, self.bucket_bytes)
+        first = next(buckets, None)
+        if first is None:
+            return 0
+        group = self._open("nccl" if first[0][1].is_cuda else "gloo")
+        receiving = self.generator.actor.receive_weights.remote()
         try:
-            # One broadcast per tensor, straight from the exported tensor (no packing copy). All are started
-            # before waiting on the actor, so an actor that fails before receiving raises from ray.get
-            # instead of leaving this process blocked in a broadcast.
-            payload = [as_bytes(t) for _, t in bucket]  # held until every broadcast has finished
-            sending = [start_broadcast(group, b) for b in payload]
-            seconds = ray.get(receiving)  # once the actor has received and loaded the bucket
-            for work in sending:
-                work.wait()
+            sent = send_buckets(group, _chain_first(first, buckets), lambda works: _wait_watching(works, receiving))
+            self.last_actor_seconds = ray.get(receiving)
         except BaseException:
             self.close()  # the two ranks may be out of step: open a fresh group next time
             raise
-        self.last_actor_seconds["receive"] += seconds[0]
-        self.last_actor_seconds["load"] += seconds[1]
+        return sent
 
     def _open(self, backend: str) -> Any:
         """This process's end of a two-rank group to the actor (rank 1), opened when none is open for ``backend``."""
@@ -157,3 +262,27 @@ class BroadcastWeightSync:
         import html
 
         return f"<code>{html.escape(repr(self))}</code>"
+
+
+def _chain_first(first: HFGroup, rest: Iterator[HFGroup]) -> Iterator[HFGroup]:
+    yield first
+    yield from rest
+
+
+def _wait_watching(works: list, receiving: Any) -> None:
+    """Wait for ``works`` while watching the actor's call: an actor that fails raises here instead of leaving
+    this process blocked in a broadcast until the group's timeout. Waits on completion callbacks, not by
+    polling (a polling loop takes CPU from the actor's reload on a busy machine)."""
+    import threading
+
+    import ray
+
+    watch = receiving.future()
+    for work in works:
+        sent, woken = work.get_future(), threading.Event()
+        sent.add_done_callback(lambda _: woken.set())
+        watch.add_done_callback(lambda _: woken.set())
+        woken.wait()
+        if not sent.done():  # the actor's call ended first
+            ray.get(receiving)  # raises the actor's error; else the actor has everything and this send ends
+        work.wait()
