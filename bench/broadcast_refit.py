@@ -88,6 +88,8 @@ def main() -> None:
     print(f"raw broadcast of the same bytes to the same actor:             {b * 1e3:8.1f} ms  ({nbytes / b / 1e9:.2f} GB/s)")
     print(f"(reference) refit through Ray's object store:                  {o * 1e3:8.1f} ms")
     print(f"ratio broadcast refit / raw broadcast: {r / b:.2f}")
+    print(f"broadcast_refit_over_raw={r / b:.3f} broadcast_refit_ms={r * 1e3:.1f} raw_broadcast_ms={b * 1e3:.1f} "
+          f"actor_reload_ms={lo * 1e3:.1f} buckets={report.num_buckets}")
 
 
 if __name__ == "__main__":

@@ -73,6 +73,7 @@ def main() -> None:
     print(f"Megatron-Core step: median {m * 1e3:8.1f} ms over {args.steps} steps ({tokens / m:,.0f} tok/s)")
     print(f"DTensor/FSDP2 step: median {d * 1e3:8.1f} ms over {args.steps} steps ({tokens / d:,.0f} tok/s)")
     print(f"ratio Megatron / DTensor: {m / d:.3f}")
+    print(f"megatron_over_dtensor={m / d:.3f}")
 
 
 if __name__ == "__main__":

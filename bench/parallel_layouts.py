@@ -79,6 +79,8 @@ def main() -> None:
     for name, group_s, single_s in rows:
         print(f"{name:8s} step: median {group_s * 1e3:8.1f} ms vs one process {single_s * 1e3:8.1f} ms: "
               f"ratio {group_s / single_s:.2f}")
+    print(" ".join(f"{''.join(c if c.isalnum() else '_' for c in name.lower())}_over_one_process={g / s:.3f}"
+                   for name, g, s in rows))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ call per bucket (``--bucket-mb``, the transport of earlier versions), and a plai
 Parts and totals alternate over repeats (medians), so drift in machine load hits all of them alike.
 
 Usage: python bench/refit_vs_floor.py [--preset small] [--repeats 9] [--bucket-mb 4]
-Last line: ``refit / floor = <x>`` (target <= 1.2).
+Prints ``refit / floor = <x>`` (target <= 1.2); last line: the figures as ``name=value`` (bench/run_all.py).
 """
 
 from __future__ import annotations
@@ -104,6 +104,9 @@ def main() -> None:
             print(f"{'  of which CPU weight prepacking (oneDNN handles; torch profiler)':<75}{prepack * 1e3:9.2f} ms")
     print(f"per-bucket reload calls / floor = {med[names[5]] / floor:.2f}; refit / plain copy = {refit / med[names[6]]:.1f}")
     print(f"refit / floor = {refit / floor:.2f} (target <= 1.2)")
+    print(f"refit_over_floor={refit / floor:.3f} per_bucket_calls_over_floor={med[names[5]] / floor:.3f} "
+          f"refit_ms={refit * 1e3:.2f} floor_ms={floor * 1e3:.2f} export_ms={med[names[2]] * 1e3:.2f} "
+          f"prepack_ms={prepack * 1e3:.2f} reset_ms={med[names[4]] * 1e3:.3f}")
 
 
 if __name__ == "__main__":

@@ -85,6 +85,7 @@ def main() -> None:
     print(f"raw vLLM generate:    median {b:9.0f} tokens/s")
     print(f"tokens per CPU-second: rlkit {ca:.0f}, vLLM {cb:.0f}, ratio {ca / cb:.3f}")
     print(f"ratio rlkit / vLLM: {a / b:.3f} (target >= 0.95)")
+    print(f"rollout_over_vllm={a / b:.3f} rollout_over_vllm_per_cpu_s={ca / cb:.3f} vllm_tokens_per_s={b:.0f}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ rlkit and builds ``Session.from_config("quickstart_nano")``. Three starts: the f
 model folder is made), a second with the folder there, and ``Session.load`` of a checkpoint saved after one
 step. Each prints its breakdown (``session.startup``: config, model folder, tokenizer, data, environment, policy build,
 generator start) plus the import of rlkit's session and the first refit, and how many known third-party
-notices the quiet start held back.
+notices the quiet start held back. Last line (bench/run_all.py): ``cold_start_s`` (the first start, the model
+folder made), ``warm_start_s`` (a second start: the folder there, the OS's file cache warm), ``load_start_s`` and
+each start's parts as ``cold_<part>_s`` / ``warm_<part>_s``.
 Usage: python bench/startup.py
 """
 
@@ -62,6 +64,12 @@ def main() -> None:
         rest = r["wall"] - sum(r["seconds"].get(p, 0.0) for p in PARTS)
         print(f"{name:<26}{cells}{rest:>7.2f}{r['wall']:>7.2f}{r['held_back']:>11}")
     print("held back: known third-party notices not shown (rlkit.quiet); Session(..., verbose=True) shows them")
+    figures = {}
+    for key, r in zip(("cold", "warm", "load"), runs.values()):
+        figures[f"{key}_start_s"] = r["wall"]
+        if key != "load":
+            figures.update({f"{key}_{p.replace(' ', '_')}_s": r["seconds"].get(p, 0.0) for p in PARTS})
+    print(" ".join(f"{k}={v:.2f}" for k, v in figures.items()))
 
 
 if __name__ == "__main__":
