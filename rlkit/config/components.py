@@ -103,6 +103,16 @@ class GenerationConfig(Section):
     colocated: ColocatedConfig = ColocatedConfig()
 
 
+class RayClusterConfig(Section):
+    """A Ray worker group on a cluster: how long placement may wait, which of your own modules travel to every
+    worker besides those the driver imported, and how a local model folder reaches nodes that do not see it
+    (see rlkit.cluster and the README's "Running on a Ray cluster")."""
+
+    placement_timeout_s: float = Field(120.0, gt=0)  # a group that cannot be placed in this time fails, naming what is missing
+    py_modules: tuple[str, ...] = ()  # more local modules or packages (paths, or names importable here) shipped to every worker
+    ship_model_max_mb: float = Field(1024.0, ge=0)  # a model folder up to this size is copied to nodes that lack it; 0: never
+
+
 def default_model_folder(model_preset: Optional[str], model_family: str) -> str:
     """Where a preset's model is made when ``policy.model_name`` is not given: one folder per preset and family
     (``models/nano-llama``), so switching the preset never silently reuses another preset's model."""
@@ -128,6 +138,7 @@ class PolicyConfig(Section):
     max_grad_norm: Optional[float] = Field(1.0, gt=0)
     num_workers: int = Field(1, ge=1)  # training processes; > 1 runs a Ray worker group, one actor per rank
     ray_address: Optional[str] = None  # join this Ray cluster (e.g. "auto") instead of starting a local one
+    ray_cfg: RayClusterConfig = RayClusterConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
     megatron_cfg: MegatronConfig = MegatronConfig()

@@ -26,7 +26,8 @@ import ray
 import torch
 
 from rlkit.config.components import GenerationConfig
-from rlkit.distributed import actor_env, ensure_ray
+from rlkit.cluster import worker_env_vars
+from rlkit.distributed import ensure_ray
 from rlkit.generation.base import Generation, SamplingSettings
 from rlkit.generation.vllm import VllmGenerator
 
@@ -49,7 +50,7 @@ class RemoteGenerator:
     def __init__(self, model_path: str | Path, cfg: GenerationConfig, max_model_len: int, seed: int = 0,
                  ray_address: Optional[str] = None, threads: Optional[int] = None,
                  actor_extension: Optional[type] = None):
-        self.model_path = str(model_path)
+        self.model_path = str(Path(model_path).resolve())  # the driver's folder, wherever the actor's node started
         self.max_model_len = max_model_len
         self.actor = None
         self.info: dict[str, Any] = {}
@@ -65,7 +66,7 @@ class RemoteGenerator:
                 f"EngineActor_{actor_extension.__name__}", (_EngineActor, actor_extension), {})
             actor = ray.remote(cls).options(
                 num_cpus=0, num_gpus=1 if on_gpu else 0,
-                runtime_env={"env_vars": actor_env(self.threads)},
+                runtime_env={"env_vars": worker_env_vars(self.threads)},
             )
             self.actor = actor.remote(self.model_path, cfg, max_model_len, seed)
             self.info = ray.get(self.actor.info.remote())

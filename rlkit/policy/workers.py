@@ -21,7 +21,15 @@ in-process policy class a single-rank session uses (:class:`MegatronPolicy` or i
 
 * **Checkpoints.** ``save_state``/``load_state`` run on every rank together: each writes or reads its own
   shard of one distributed checkpoint (:mod:`rlkit.policy.state`), so nothing passes through the driver.
-  The folder must be one every rank can reach (one machine, or a shared file system).
+  The folder (a relative one is resolved on the driver) must be one every rank can reach (one machine, or a
+  shared file system).
+* **A cluster.** The same code runs on one machine and on a Ray cluster of several: the ranks are placed by
+  a placement group sized from the cluster, tensor-parallel groups packed per node
+  (:mod:`rlkit.cluster_placement`); the workers' code and variables come from :mod:`rlkit.cluster`; the model
+  folder is checked on every node and shipped where missing (:mod:`rlkit.cluster_model`); rank 0 hosts the
+  rendezvous store on a port the OS picks; a refit sends the weights from rank 0 straight to the engine
+  (:meth:`RayPolicyGroup.broadcast_weights`); a worker's output reaches the driver prefixed with its rank
+  (when Ray was joined by address), and a failure names the rank's node.
 
 Deliberate simplifications: every call waits for all ranks (no overlap of rollout and training); a Ctrl-C
 during a remote call waits for the workers to finish it (they cannot be stopped mid-collective), so a
@@ -32,7 +40,6 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,11 +49,15 @@ import torch
 from torch import Tensor
 
 from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
-from rlkit.distributed import actor_env, ensure_ray as start_ray
+from rlkit.cluster import package_versions, version_mismatches, worker_env_vars
+from rlkit.cluster_model import folder_problem, model_folder_on_ranks, write_cached_folder
+from rlkit.cluster_placement import RankPlacement, place_ranks, rank_resources
+from rlkit.distributed import ensure_ray as start_ray
 from rlkit.errors import ConfigError, RLKitError
 from rlkit.policy.base import LossFn, TokenLogprobs, TrainStepResult
 from rlkit.policy.megatron.build import Architecture
 from rlkit.trajectories import Trajectories
+from rlkit.weight_sync.colocated import RefitReport
 from rlkit.weights import HFGroup
 
 FAILURE_GRACE_S = 15.0  # after one rank fails, how long the others get to finish before the group is broken
@@ -75,29 +86,65 @@ class RankInfo:
     pid: int
     omp_num_threads: Optional[str]
     torch_threads: int
+    node_id: str  # Ray's id of the node this rank runs on
+
+
+@dataclass(frozen=True)
+class EnginePeer:
+    """A generator engine as a policy rank sees it: the engine actor's handle, which a weight sync sends to,
+    and the prefix-cache reset that ends a refit (what :class:`rlkit.weight_sync.BroadcastWeightSync` needs
+    of its generator, without importing the generator's module into the rank)."""
+
+    actor: Any
+
+    def reset_prefix_cache(self) -> None:
+        import ray
+
+        ray.get(self.actor.reset_prefix_cache.remote())
 
 
 class _PolicyWorker:
     """The actor: one rank's policy. Methods mirror the Policy protocol on this rank's share of the batch."""
 
-    def __init__(self, threads: int, niceness: int):
+    def __init__(self, rank: int, threads: int, niceness: int):
         if os.getpriority(os.PRIO_PROCESS, 0) < niceness:  # started by a Ray launched at raised priority
             os.setpriority(os.PRIO_PROCESS, 0, niceness)
         torch.set_num_threads(threads)
+        self.rank = rank
         self.policy = None
         self._export: Optional[Iterator[HFGroup]] = None
+        self._store = None  # rank 0: the rendezvous store it hosts
+        self._weight_sync = None  # rank 0: its open weight sync to a generator engine
 
-    def address(self) -> tuple[str, int]:
-        """This node's IP address and a free port on it (rank 0 hosts the torch.distributed rendezvous)."""
-        import ray
+    def __repr__(self) -> str:  # Ray prefixes each line the actor prints with this
+        return f"rank {self.rank}"
 
-        with socket.socket() as s:
-            s.bind(("", 0))
-            return ray.util.get_node_ip_address(), s.getsockname()[1]
+    def versions(self) -> dict[str, str]:
+        return package_versions()
+
+    def folder_problem(self, path: str, fingerprint: str) -> Optional[str]:
+        return folder_problem(path, fingerprint)
+
+    def write_cached_folder(self, files: dict[str, bytes], fingerprint: str) -> str:
+        return write_cached_folder(files, fingerprint)
+
+    def host_rendezvous(self, world_size: int) -> tuple[str, int]:
+        """Rank 0: start the process group's rendezvous store (on a port the OS picks) and say where it is."""
+        from rlkit.distributed import host_store
+
+        self._store, address = host_store(world_size)
+        return address
 
     def build(self, cfg: PolicyConfig, seed: int, rank: int, world_size: int, master: tuple[str, int]) -> RankInfo:
-        os.environ.update(MASTER_ADDR=master[0], MASTER_PORT=str(master[1]), RANK=str(rank),
-                          WORLD_SIZE=str(world_size), LOCAL_RANK="0")
+        import ray
+        import torch.distributed as dist
+
+        from rlkit.distributed import join_store
+
+        os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0")
+        store = self._store if rank == 0 else join_store(*master, world_size)
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", store=store, rank=rank,
+                                world_size=world_size)
         from rlkit.policy.factory import in_process_policy
 
         self.policy = in_process_policy(cfg, seed)
@@ -109,7 +156,7 @@ class _PolicyWorker:
             dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
             leader = ps.get_tensor_model_parallel_rank() == 0 and ps.get_pipeline_model_parallel_rank() == 0
         return RankInfo(rank, dp_rank, dp_size, leader, os.getpid(), os.environ.get("OMP_NUM_THREADS"),
-                        torch.get_num_threads())
+                        torch.get_num_threads(), ray.get_runtime_context().get_node_id())
 
     def call(self, method: str, *args: Any, keep: bool = True, **kwargs: Any) -> Any:
         """``policy.method(*args, **kwargs)``; the result only when ``keep`` (the others return None)."""
@@ -138,6 +185,23 @@ class _PolicyWorker:
     def export_end(self) -> None:
         self._export = None
 
+    def broadcast_weights(self, engine: Optional[EnginePeer], bucket_bytes: float):
+        """Rank 0 (``engine`` given): send this policy's weights to the engine over rank 0's own two-rank group
+        with it (a :class:`rlkit.weight_sync.BroadcastWeightSync` living in this process, kept for later refits);
+        returns its report and the engine's seconds. The other ranks (``engine`` None) take part in the export's
+        gathers and return None."""
+        if engine is None:
+            for _ in self.policy.export_hf_groups():
+                pass
+            return None
+        from rlkit.weight_sync import BroadcastWeightSync
+
+        sync = self._weight_sync
+        if sync is None or sync.generator.actor != engine.actor or sync.bucket_bytes != bucket_bytes:
+            sync = self._weight_sync = BroadcastWeightSync(engine, bucket_bytes)
+        report = sync.sync(self.policy, sync.generator)
+        return report, dict(sync.last_actor_seconds)
+
     def close(self) -> None:
         if self.policy is not None:
             self.policy.close()
@@ -150,11 +214,15 @@ class RayPolicyGroup:
     def __init__(self, cfg: PolicyConfig, world_size: int, seed: int = 0, ray_address: Optional[str] = None):
         from rlkit.models.factory import read_hf_config
 
+        # a relative folder means the driver's: each node's Ray may have been started in another directory
+        cfg = cfg.model_copy(update={"model_name": str(Path(cfg.model_name).resolve())})
         self._cfg = cfg
         self.world_size = world_size
         self.arch = Architecture.from_hf_folder(cfg.model_name)
         self._version = 0
         self._workers: list[Any] = []
+        self.placements: list[RankPlacement] = []
+        self._placement_group = None
         self._started_ray = False
         self._broken: Optional[str] = None
         self._closed = False
@@ -172,19 +240,38 @@ class RayPolicyGroup:
 
     def _start(self, cfg: PolicyConfig, seed: int, ray_address: Optional[str]) -> None:
         import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        threads = max(1, (os.cpu_count() or 1) // self.world_size)
-        self._started_ray = start_ray(ray_address, num_cpus=max(self.world_size, os.cpu_count() or 1))
-        actor = ray.remote(_PolicyWorker).options(
-            num_cpus=1, num_gpus=1 if torch.cuda.is_available() else 0,
-            runtime_env={"env_vars": actor_env(threads)},
-        )
+        self._started_ray = start_ray(ray_address, num_cpus=max(self.world_size, os.cpu_count() or 1),
+                                      modules=cfg.ray_cfg.py_modules)
+        self._placement_group, self.placements = place_ranks(cfg, self.world_size, cfg.ray_cfg.placement_timeout_s)
         niceness = os.getpriority(os.PRIO_PROCESS, 0)
-        self._workers = [actor.remote(threads, niceness) for _ in range(self.world_size)]
-        master = self._gather([self._workers[0].address.remote()], "address")[0]
+        num_gpus = rank_resources().get("GPU", 0)
+        for p in self.placements:
+            options = dict(
+                num_cpus=1, num_gpus=num_gpus,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(self._placement_group, p.bundle),
+                runtime_env={"env_vars": worker_env_vars(p.threads)})
+            self._workers.append(ray.remote(_PolicyWorker).options(**options).remote(p.rank, p.threads, niceness))
+        self._check_versions()
+        nodes = [p.node for p in self.placements]
+        paths = model_folder_on_ranks(Path(cfg.model_name), self._workers, nodes, cfg.ray_cfg.ship_model_max_mb,
+                                      self._gather)
+        master = self._gather([self._workers[0].host_rendezvous.remote(self.world_size)], "rendezvous")[0]
         self.ranks: list[RankInfo] = self._gather(
-            [w.build.remote(cfg, seed, r, self.world_size, master) for r, w in enumerate(self._workers)], "build")
+            [w.build.remote(cfg.model_copy(update={"model_name": path}), seed, r, self.world_size, master)
+             for r, (w, path) in enumerate(zip(self._workers, paths))], "build")
         self.dp_size = self.ranks[0].dp_size
+
+    def _check_versions(self) -> None:
+        """Every node runs the driver's versions of the packages rlkit needs (they are not shipped)."""
+        driver = package_versions()
+        found = self._gather([w.versions.remote() for w in self._workers], "version check")
+        problems = [line for p, versions in zip(self.placements, found)
+                    for line in version_mismatches(driver, versions, f"rank {p.rank} ({p.node})")]
+        if problems:
+            raise ConfigError([f"packages differ between the driver and a worker: {line}; install the driver's "
+                               "versions on every node" for line in problems])
 
     # ---- calling the workers ----------------------------------------------------------------------
     def _check_usable(self) -> None:
@@ -218,9 +305,10 @@ class RayPolicyGroup:
         import ray
         from ray.exceptions import RayActorError, RayTaskError
 
+        where = f" on {self.placements[rank].node}" if rank < len(self.placements) else ""
         if isinstance(error, RayActorError):  # a dead rank: the group is broken, no point waiting for the rest
-            self._broken = f"rank {rank} died in {what}()"
-            return WorkerError(f"policy worker rank {rank} of {self.world_size} died in {what}(): {error}",
+            self._broken = f"rank {rank}{where} died in {what}()"
+            return WorkerError(f"policy worker rank {rank} of {self.world_size}{where} died in {what}(): {error}",
                                error, rank)
         if pending:
             _, still_running = ray.wait(pending, num_returns=len(pending), timeout=FAILURE_GRACE_S)
@@ -229,9 +317,10 @@ class RayPolicyGroup:
         if isinstance(error, RayTaskError):
             cause = error.cause if isinstance(error.cause, BaseException) else None
             trace = re.sub(r"\x1b\[[0-9;]*m", "", getattr(error, "traceback_str", None) or str(error))
-            return WorkerError(f"policy worker rank {rank} of {self.world_size} failed in {what}(); the worker's "
+            return WorkerError(f"policy worker rank {rank} of {self.world_size}{where} failed in {what}(); the worker's "
                                f"traceback (most recent call last):\n{trace}", cause, rank)
-        return WorkerError(f"policy worker rank {rank} of {self.world_size}: {what}() failed: {error!r}", error, rank)
+        return WorkerError(f"policy worker rank {rank} of {self.world_size}{where}: {what}() failed: {error!r}",
+                           error, rank)
 
     def _call_all(self, method: str, *args: Any, leader_only: bool = True, **kwargs: Any) -> Any:
         """``method`` on every rank with the same arguments; rank 0's result."""
@@ -326,6 +415,17 @@ class RayPolicyGroup:
             if self._broken is None and not self._closed:
                 self._gather([w.export_end.remote() for w in self._workers], "export_hf_groups")
 
+    def broadcast_weights(self, generator: Any, bucket_bytes: float) -> tuple[RefitReport, dict[str, float]]:
+        """Refit ``generator`` (a :class:`rlkit.generation.remote.RemoteGenerator` whose engine actor carries a
+        :class:`rlkit.weight_sync.BroadcastReceiver`) from rank 0 directly: rank 0 holds its own two-rank group
+        with the engine and streams the buckets over it while every rank takes part in the export's gathers.
+        Only the call and its report pass through this process. Returns the report and the engine's seconds."""
+        self._check_usable()
+        engine = EnginePeer(generator.actor)
+        refs = [w.broadcast_weights.remote(engine if r == 0 else None, bucket_bytes)
+                for r, w in enumerate(self._workers)]
+        return self._gather(refs, "broadcast_weights")[0]
+
     def hf_state_dict(self) -> dict[str, Tensor]:
         return {name: t for group in self.export_hf_groups() for name, t in group}
 
@@ -343,11 +443,11 @@ class RayPolicyGroup:
 
     def save_state(self, folder: Path) -> None:
         """Every rank writes its shard of one distributed checkpoint into ``folder`` (see the module docstring)."""
-        self._call_all("save_state", Path(folder))
+        self._call_all("save_state", Path(folder).resolve())
 
     def load_state(self, folder: Path) -> None:
         """Every rank reads its shard; a checkpoint of another layout is refused before anything loads."""
-        self._call_all("load_state", Path(folder))
+        self._call_all("load_state", Path(folder).resolve())
         self._version = self._gather([self._workers[0].get_version.remote()], "version")[0]
 
     def close(self) -> None:
@@ -365,6 +465,11 @@ class RayPolicyGroup:
             for w in self._workers:
                 ray.kill(w)
             self._workers = []
+        if self._placement_group is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            remove_placement_group(self._placement_group)
+            self._placement_group = None
         if self._started_ray:
             import ray
 

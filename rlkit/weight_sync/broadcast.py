@@ -238,13 +238,13 @@ class BroadcastWeightSync:
         """This process's end of a two-rank group to the actor (rank 1), opened when none is open for ``backend``."""
         import ray
 
-        from rlkit.distributed import free_address, pair_group
+        from rlkit.distributed import host_store, pair_group_on
 
         if self.group is None or self.backend != backend:
             self.close()
-            host, port = free_address()
+            self._store, (host, port) = host_store(2)  # on a port the OS picks while binding: no race for it
             joined = self.generator.actor.join_weight_group.remote(host, port, backend)
-            self._store, self.group = pair_group(host, port, rank=0, backend=backend)
+            self.group = pair_group_on(self._store, 0, backend)
             ray.get(joined)
             self.backend = backend
         return self.group
