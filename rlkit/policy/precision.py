@@ -64,7 +64,8 @@ class Bf16Twin:
             if fp32.dtype != torch.float32:
                 raise ValueError(f"master weights must be float32, got {fp32.dtype}")
             bf16.requires_grad_(fp32.requires_grad)  # (a frozen MoE router stays frozen)
-            bf16.register_post_accumulate_grad_hook(_accumulate_into(fp32))
+            if fp32.requires_grad:
+                bf16.register_post_accumulate_grad_hook(_accumulate_into(fp32))
         self.compute = compute
         self.pull()
 

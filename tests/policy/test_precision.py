@@ -144,3 +144,31 @@ def test_bf16_checkpoint_restores_the_fp32_masters_and_the_bf16_copy(model_path,
         assert torch.equal(fresh.logprobs(batch.input_ids, batch.attention_mask).logprobs, scores)
     finally:
         fresh.close()
+
+
+def test_bf16_moe_policy_matches_fp32_and_keeps_a_frozen_router_frozen(model_factory):
+    """Mixture-of-Experts in bf16 (Megatron's router computes in fp64 either way); measured gap 3.5e-3 max,
+    gradient norm 3e-4 relative (nano Qwen3-MoE)."""
+    from rlkit.policy.factory import in_process_policy
+
+    path = model_factory("nano-moe", "qwen3-moe", seed=1)
+    batch = random_batch(b=8, t=24)
+    results = {}
+    for precision in ("float32", "bfloat16"):
+        policy = in_process_policy(PolicyConfig(model_name=str(path), precision=precision, train_micro_batch_size=4,
+                                                optimizer=OptimizerConfig(lr=1e-3),
+                                                megatron_cfg={"freeze_moe_router": True}))
+        try:
+            scores = policy.logprobs(batch.input_ids, batch.attention_mask).logprobs
+            before = policy.hf_state_dict()
+            step = policy.train_step(batch, pg_token_mean_loss)
+            after = policy.hf_state_dict()
+        finally:
+            policy.close()
+        routers = [k for k in before if k.endswith("mlp.gate.weight")]
+        assert routers and all(torch.equal(before[k], after[k]) for k in routers)
+        results[precision] = scores, step
+    (fp32, fp32_step), (bf16, bf16_step) = results["float32"], results["bfloat16"]
+    gap = (bf16 - fp32)[batch.attention_mask].abs()
+    assert 1e-4 < gap.max() < 2e-2 and gap.mean() < 5e-3
+    assert abs(bf16_step.grad_norm - fp32_step.grad_norm) < 2e-3 * fp32_step.grad_norm
