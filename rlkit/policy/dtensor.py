@@ -159,5 +159,5 @@ class DTensorPolicy(InProcessPolicy):
 
     def __repr__(self) -> str:
         a = self.arch
-        return (f"DTensorPolicy({a.family}, {a.num_layers}x{a.hidden_size}, FSDP2 over {self.dp_size} rank(s), "
-                f"version={self.version})")
+        return (f"DTensorPolicy({a.family}, {a.num_layers}x{a.hidden_size}, {self.cfg.precision}, FSDP2 over "
+                f"{self.dp_size} rank(s), version={self.version})")

@@ -45,6 +45,7 @@ def float64_reference_logprobs(model_path, batch) -> torch.Tensor:
 def step_and_scores(model_path, backend: str, precision: str, batch):
     policy = make_policy(model_path, backend, precision)
     try:
+        assert f", {precision}, " in repr(policy)  # the precision is shown wherever the policy is
         scores = policy.logprobs(batch.input_ids, batch.attention_mask).logprobs
         before = policy.hf_state_dict()
         step = policy.train_step(batch, pg_token_mean_loss)

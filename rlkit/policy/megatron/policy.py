@@ -331,7 +331,7 @@ class MegatronPolicy(InProcessPolicy):
     def __repr__(self) -> str:
         a = self.arch
         return (
-            f"MegatronPolicy({a.family}, {a.num_layers}x{a.hidden_size}, TP={self.tp_size}, "
+            f"MegatronPolicy({a.family}, {a.num_layers}x{a.hidden_size}, {self.cfg.precision}, TP={self.tp_size}, "
             f"{f'PP={self.pp_size}, ' if self.pp_size > 1 else ''}"
             f"DP={parallel.dp_size() if self.model is not None else '?'}, version={self.version})"
         )
