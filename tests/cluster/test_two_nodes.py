@@ -241,3 +241,34 @@ def test_a_dead_worker_is_named_with_its_node(group):
         group.evaluate_loss(random_batch(b=8, t=16), rank3_dies)
     assert f"rank 3 of 4 on {node} died in evaluate_loss()" in str(info.value)
     assert re.fullmatch(r"node \d+\.\d+\.\d+\.\d+ \(id [0-9a-f]{8}\)", node)
+    group.close()  # frees its CPUs for the session test
+
+
+def test_session_step_on_the_cluster_with_the_users_reward_module(two_nodes):
+    """A whole GRPO step as a notebook runs it: the preset model made at a relative path (the driver's), the
+    reward from the user's driver-only module (its folder moved away meanwhile), training on 2 ranks placed
+    on the cluster, and a refit of the colocated engine."""
+    import rlkit
+    from rlkit.envs import RewardFunctionEnvironment
+    from rlkit.policy.workers import RayPolicyGroup
+    from tests.session.conftest import tiny_overrides
+
+    overrides = tiny_overrides(two_nodes.root / "session", **{"policy.num_workers": 2,
+                                                              "policy.model_name": "models/session-nano"})
+    session = rlkit.Session.from_config("quickstart", overrides,
+                                        env=RewardFunctionEnvironment(two_nodes.user_module.length_reward))
+    moved = two_nodes.user_dir.with_name("moved-away")
+    shutil.move(two_nodes.user_dir, moved)
+    try:
+        assert isinstance(session.policy, RayPolicyGroup) and session.policy.dp_size == 2
+        assert (two_nodes.driver_dir / "models" / "session-nano" / "config.json").is_file()
+        metrics = session.step()
+        assert session.policy.version == 1 and not session.stale
+        assert abs(session.batch.info["token_mult_prob_error"] - 1.0) < 1e-3  # the ranks' logprobs, in row order
+        # the user's reward: 0.1 per character, plus 1 for an exact answer
+        residual = [r - 0.1 * len(c) for r, c in zip(session.batch.rewards.tolist(), session.batch.completions)]
+        assert all(min(abs(x), abs(x - 1)) < 1e-4 for x in residual), residual
+        assert metrics["train/grad_norm"] > 0
+    finally:
+        session.close()
+        shutil.move(moved, two_nodes.user_dir)
