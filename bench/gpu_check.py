@@ -1,7 +1,8 @@
 """GPU check: the Megatron and DTensor policies in bf16 on ~1B random Llama and Qwen3 models, one script.
 
-For one CUDA GPU (made for an H200: PyTorch, transformers, no vLLM, no network); it needs megatron-core and
-pydantic (+ pydantic-core, annotated-types, typing-inspection) installed or carried as wheels. For each model
+For one CUDA GPU (made for an H200: PyTorch, transformers, no vLLM, no network); besides those it needs
+megatron-core, pydantic (+ pydantic-core, annotated-types, typing-inspection) and datasets (+ dill,
+multiprocess), which ``import rlkit`` pulls in, installed or carried as wheels. For each model
 family it writes a random-init HF folder (hidden 2048, 18 layers, 16 heads / 8 KV heads of 128, ffn 5632,
 vocabulary 32000, untied: ~0.98B parameters), then
 
