@@ -10,7 +10,8 @@ learning-rate schedule and the checkpoint state.
 
 Numerics both backends follow: logits divided by the sampling temperature, the loss normalised by counts
 over the *global* batch (so gradients are summed, never averaged, over data-parallel ranks), clipping by the
-global gradient norm, AdamW with warm-up and decay (:func:`lr_lambda`).
+global gradient norm, AdamW with warm-up and decay (:func:`lr_lambda`). At ``policy.precision=bfloat16`` both
+compute in bf16 and keep fp32 master weights, gradients and optimizer state (:mod:`rlkit.policy.precision`).
 """
 
 from __future__ import annotations
