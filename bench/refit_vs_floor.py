@@ -5,7 +5,8 @@ what a refit cannot avoid (vLLM's layer-by-layer reload, including its CPU weigh
 the policy's export (gathering, which is nothing at TP=1, and the Megatron -> HF layout conversion) and the
 prefix-cache reset, and streams the export through one reload call. For comparison, the same refit as one reload
 call per bucket (``--bucket-mb``, the transport of earlier versions), and a plain copy of the same bytes.
-Parts and totals alternate over repeats (medians), so drift in machine load hits all of them alike.
+Parts and totals alternate over repeats (medians), so drift in machine load hits all of them alike; each is
+timed in wall seconds and in this process's CPU seconds (all its threads), which a busy machine disturbs less.
 
 Usage: python bench/refit_vs_floor.py [--preset small] [--repeats 9] [--bucket-mb 4]
 Prints ``refit / floor = <x>`` (target <= 1.2); last line: the figures as ``name=value`` (bench/run_all.py).
@@ -22,10 +23,11 @@ import time
 import torch
 
 
-def seconds(call) -> float:
-    t0 = time.perf_counter()
+def seconds(call) -> tuple[float, float]:
+    """(wall, process CPU) seconds of ``call()``."""
+    t0, c0 = time.perf_counter(), time.process_time()
     call()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, time.process_time() - c0
 
 
 def prepack_seconds(generator, weights) -> float:
@@ -85,26 +87,34 @@ def main() -> None:
             "plain copy of the same bytes (Tensor.copy_)": lambda: [d.copy_(t) for d, (_, t) in zip(buffers, ready)],
         }
         times: dict[str, list[float]] = {name: [] for name in parts}
+        cpu: dict[str, list[float]] = {name: [] for name in parts}
         for _ in range(args.repeats):
             for name, call in parts.items():
-                times[name].append(seconds(call))
+                wall, used = seconds(call)
+                times[name].append(wall)
+                cpu[name].append(used)
         prepack = statistics.median(prepack_seconds(generator, ready) for _ in range(3))
         generator.close()
         policy.close()
 
     med = {name: statistics.median(v) for name, v in times.items()}
+    med_cpu = {name: statistics.median(v) for name, v in cpu.items()}
     names = list(parts)
     refit, floor = med[names[0]], med[names[1]]
+    cpu_ratio = med_cpu[names[0]] / med_cpu[names[1]]
     load = f"load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
     print(f"model: {args.preset} llama, {params / 1e6:.1f}M parameters, {nbytes / 1e6:.1f} MB fp32; "
           f"{args.repeats} repeats, medians; {os.cpu_count()} cores, {load}")
+    print(f"{'':<75}{'wall':>12}{'CPU':>12}")
     for name in names:
-        print(f"{name:<75}{med[name] * 1e3:9.2f} ms")
+        print(f"{name:<75}{med[name] * 1e3:9.2f} ms{med_cpu[name] * 1e3:9.2f} ms")
         if name == names[1]:
             print(f"{'  of which CPU weight prepacking (oneDNN handles; torch profiler)':<75}{prepack * 1e3:9.2f} ms")
     print(f"per-bucket reload calls / floor = {med[names[5]] / floor:.2f}; refit / plain copy = {refit / med[names[6]]:.1f}")
-    print(f"refit / floor = {refit / floor:.2f} (target <= 1.2)")
-    print(f"refit_over_floor={refit / floor:.3f} per_bucket_calls_over_floor={med[names[5]] / floor:.3f} "
+    print(f"refit / floor = {refit / floor:.2f} (target <= 1.2); in CPU seconds {cpu_ratio:.2f}")
+    print(f"refit_over_floor={refit / floor:.3f} refit_over_floor_cpu={cpu_ratio:.3f} "
+          f"per_bucket_calls_over_floor={med[names[5]] / floor:.3f} "
+          f"per_bucket_calls_over_floor_cpu={med_cpu[names[5]] / med_cpu[names[1]]:.3f} "
           f"refit_ms={refit * 1e3:.2f} floor_ms={floor * 1e3:.2f} export_ms={med[names[2]] * 1e3:.2f} "
           f"prepack_ms={prepack * 1e3:.2f} reset_ms={med[names[4]] * 1e3:.3f}")
 
