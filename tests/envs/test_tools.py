@@ -2,7 +2,6 @@
 
 import threading
 import time
-from pathlib import Path
 
 import pytest
 
@@ -50,7 +49,7 @@ def test_a_tool_that_raises_hangs_or_returns_garbage_gives_a_bounded_error():
     assert run_tool(FunctionTool("h", lambda t: "", 0.5), "")[0] == ""
 
 
-def test_the_python_sandbox_runs_code_and_contains_its_failures(tmp_path):
+def test_the_python_sandbox_runs_code_and_contains_its_failures():
     assert run_python("print(sum(range(10)))").output == "45\n"
     limits = SandboxLimits(wall_seconds=1.5, cpu_seconds=1)
     cases = {
