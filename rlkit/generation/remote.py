@@ -11,9 +11,10 @@ through the public ``actor`` handle: :class:`rlkit.weight_sync.BroadcastWeightSy
 :class:`rlkit.weight_sync.BroadcastReceiver`. So a transport's code lives with the transport, and
 :func:`rlkit.builders.build_generation` builds the generator and its weight sync as one pair.
 
-Deliberate simplifications: one engine actor (no data-parallel generation); the driver relays weights
-(a Ray worker-group policy exports to the driver, which broadcasts), rather than policy rank 0 broadcasting
-to the engine directly; a failed actor is not restarted (build a new generator).
+Deliberate simplifications: one engine actor (no data-parallel generation), which reserves no CPU and is not
+part of the policy's placement group (Ray puts it where it fits; it reads the model folder at the driver's
+path); a failed actor is not restarted (build a new generator). A Ray worker-group policy is refit from its
+rank 0 directly (:meth:`rlkit.policy.workers.RayPolicyGroup.broadcast_weights`), not through the driver.
 """
 
 from __future__ import annotations

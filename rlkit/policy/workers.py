@@ -307,8 +307,8 @@ class RayPolicyGroup:
 
         where = f" on {self.placements[rank].node}" if rank < len(self.placements) else ""
         if isinstance(error, RayActorError):  # a dead rank: the group is broken, no point waiting for the rest
-            self._broken = f"rank {rank}{where} died in {what}()"
-            return WorkerError(f"policy worker rank {rank} of {self.world_size}{where} died in {what}(): {error}",
+            self._broken = f"rank {rank} died in {what}(){where}"
+            return WorkerError(f"policy worker rank {rank} of {self.world_size} died in {what}(){where}: {error}",
                                error, rank)
         if pending:
             _, still_running = ray.wait(pending, num_returns=len(pending), timeout=FAILURE_GRACE_S)
@@ -317,9 +317,9 @@ class RayPolicyGroup:
         if isinstance(error, RayTaskError):
             cause = error.cause if isinstance(error.cause, BaseException) else None
             trace = re.sub(r"\x1b\[[0-9;]*m", "", getattr(error, "traceback_str", None) or str(error))
-            return WorkerError(f"policy worker rank {rank} of {self.world_size}{where} failed in {what}(); the worker's "
+            return WorkerError(f"policy worker rank {rank} of {self.world_size} failed in {what}(){where}; the worker's "
                                f"traceback (most recent call last):\n{trace}", cause, rank)
-        return WorkerError(f"policy worker rank {rank} of {self.world_size}{where}: {what}() failed: {error!r}",
+        return WorkerError(f"policy worker rank {rank} of {self.world_size}: {what}() failed{where}: {error!r}",
                            error, rank)
 
     def _call_all(self, method: str, *args: Any, leader_only: bool = True, **kwargs: Any) -> Any:

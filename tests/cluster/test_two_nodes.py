@@ -239,7 +239,7 @@ def test_a_dead_worker_is_named_with_its_node(group):
     node = group.placements[3].node
     with pytest.raises(WorkerError) as info:
         group.evaluate_loss(random_batch(b=8, t=16), rank3_dies)
-    assert f"rank 3 of 4 on {node} died in evaluate_loss()" in str(info.value)
+    assert f"rank 3 of 4 died in evaluate_loss() on {node}" in str(info.value)
     assert re.fullmatch(r"node \d+\.\d+\.\d+\.\d+ \(id [0-9a-f]{8}\)", node)
     group.close()  # frees its CPUs for the session test
 
