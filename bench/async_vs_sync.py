@@ -81,13 +81,11 @@ def main() -> None:
         sync, asyn = results[placement, False], results[placement, True]
         print(f"{placement}: async / sync steps per minute = {asyn['steps_per_minute']:.1f} / "
               f"{sync['steps_per_minute']:.1f} = {asyn['steps_per_minute'] / sync['steps_per_minute']:.2f}x")
-    if ("remote", True) in results and ("colocated", False) in results:  # each mode in its default placement
-        default = results["remote", True]["steps_per_minute"] / results["colocated", False]["steps_per_minute"]
-        print(f"async (engine in its own process) / sync (engine in this process) = {default:.2f}x (target >= 1.0)")
     figures = {f"{p}_async_over_sync": results[p, True]["steps_per_minute"] / results[p, False]["steps_per_minute"]
                for p in args.placements.split(",")}
-    if ("remote", True) in results and ("colocated", False) in results:
-        figures["async_over_sync"] = default
+    if "colocated" in args.placements.split(","):  # the default placement, in this process
+        figures["async_over_sync"] = figures["colocated_async_over_sync"]
+        print(f"async / sync, engine in this process (the default): {figures['async_over_sync']:.2f}x (target >= 1.0)")
     print(" ".join(f"{k}={v:.3f}" for k, v in figures.items()))
 
 

@@ -170,26 +170,9 @@ def _take_required(raw: Mapping[str, Any], prefix: str = "") -> tuple[dict, list
     return out, keys
 
 
-def engine_placement(raw: Mapping[str, Any]) -> dict:
-    """``raw`` with ``policy.generation.colocated.enabled`` filled in when it is not given: the vLLM engine runs
-    in this process, except under async GRPO, where it gets its own process (a Ray actor, refit by broadcast).
-    Why: in one process, sampling and training share the interpreter's lock, and async took 0.76-1.26x the
-    steps per minute of sync; with the engine in its own process they overlap (bench/async_vs_sync.py)."""
-    def section(d: Any, key: str) -> dict:
-        return d.get(key) if isinstance(d, Mapping) and isinstance(d.get(key), Mapping) else {}
-
-    policy = section(raw, "policy")
-    generation = section(policy, "generation")
-    placement = section(generation, "colocated")
-    asynchronous = section(section(raw, "grpo"), "async_grpo").get("enabled") is True
-    if "enabled" in placement or not asynchronous or generation.get("backend", "vllm") != "vllm":
-        return dict(raw)
-    return {**raw, "policy": {**policy, "generation": {**generation, "colocated": {**placement, "enabled": False}}}}
-
-
 def validate(raw: Mapping[str, Any]) -> RunConfig:
     """Validate section by section so that every problem is reported at once, then check combinations."""
-    raw, required = _take_required(engine_placement(raw))
+    raw, required = _take_required(raw)
     problems: list[str] = [f"{key}: this config leaves it for you to set (it says {REQUIRED}). Fix: give it, "
                            f"e.g. `{key}=...` after the config on the command line" for key in required]
     sections: dict[str, Any] = {}

@@ -155,7 +155,7 @@ def check_is_weights_use_generator_logprobs(session):
 
 
 def test_async_session_in_process_engine(tmp_path):
-    overrides = tiny_overrides(tmp_path, **ASYNC, **{"policy.generation.colocated.enabled": True})  # asked for
+    overrides = tiny_overrides(tmp_path, **ASYNC)
     with rlkit.Session.from_config("quickstart", overrides, env=RewardFunctionEnvironment(varied_reward)) as s:
         history = check_async_run(s, 4)
         lag, _ = check_is_weights_use_generator_logprobs(s)
