@@ -326,6 +326,7 @@ class MegatronPolicy(InProcessPolicy):
         """Release the model, Megatron's global parallel state and the default group (a new policy can be
         built after)."""
         super().close()
+        self._forward_module = None  # the model itself at fp32: it holds Megatron's process groups
         parallel.destroy_parallel()
 
     def __repr__(self) -> str:
