@@ -12,8 +12,8 @@ Refused with the reason (never silently ignored): RoPE scaling types other than 
 dynamic), llama3 scaling with other low/high frequency factors or original context than Megatron-Core
 applies (1, 4, 8192: those of Llama 3.1 and 3.2), sliding-window attention.
 
-Causal attention comes from the layer spec's mask type (``AttnMaskType.causal``): no mask tensor is passed,
-and torch's ``scaled_dot_product_attention`` computes it as a flag (:mod:`.attention`), never a [T, T] mask.
+Causal attention comes from the layer spec's mask type (``AttnMaskType.causal``): no mask tensor is passed; on
+CUDA torch's ``scaled_dot_product_attention`` computes it as a flag (:mod:`.attention`), never a [T, T] mask.
 
 Deliberate simplifications: the local (non-Transformer-Engine) layer spec with torch's RMSNorm (marked for
 sequence parallelism, see :class:`RMSNorm`), no dropout. Transformer Engine's spec fuses each norm into the
@@ -171,21 +171,21 @@ class HeadRMSNorm(torch.nn.RMSNorm):
 
 def block_spec(config, num_experts: int = 0):
     """The local (non-Transformer-Engine) layer spec, dense or MoE, with :class:`RMSNorm` for every norm and
-    torch's fused attention (:class:`rlkit.policy.megatron.attention.SDPAttention`), for the layers this
+    the core attention of :func:`rlkit.policy.megatron.attention.core_attention`, for the layers this
     pipeline stage builds."""
     import dataclasses
 
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
-    from rlkit.policy.megatron.attention import SDPAttention
+    from rlkit.policy.megatron.attention import core_attention
 
     layer = get_gpt_layer_local_spec(num_experts=num_experts or None, moe_grouped_gemm=False, normalization="RMSNorm",
                                      qk_layernorm=config.qk_layernorm)
     attention = layer.submodules.self_attention
     norms = dict(q_layernorm=HeadRMSNorm, k_layernorm=HeadRMSNorm) if config.qk_layernorm else {}
     attention = dataclasses.replace(attention, submodules=dataclasses.replace(
-        attention.submodules, core_attention=SDPAttention, **norms))
+        attention.submodules, core_attention=core_attention(), **norms))
     layer = dataclasses.replace(layer, submodules=dataclasses.replace(
         layer.submodules, input_layernorm=RMSNorm, pre_mlp_layernorm=RMSNorm, self_attention=attention))
     return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=RMSNorm)
