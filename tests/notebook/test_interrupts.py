@@ -148,21 +148,20 @@ def test_interrupt_during_the_optimizer_update_is_deferred_until_the_step_is_who
 
 
 class InterruptedWeightLoad:
-    """Test double around the real vLLM generator: hands vLLM a weights iterator that sends SIGINT after
-    ``after`` tensors of bucket ``bucket``, so the KeyboardInterrupt lands inside vLLM's weight loading."""
+    """Test double around the real vLLM generator: hands vLLM the refit's stream of weights and sends SIGINT
+    halfway through it, so the KeyboardInterrupt lands inside vLLM's weight loading."""
 
-    def __init__(self, real, bucket: int, after: int):
-        self.real, self.bucket, self.after, self.calls = real, bucket, after, 0
+    def __init__(self, real):
+        self.real, self.calls, self.tensors, self.interrupted_at = real, 0, 0, None
 
-    def update_weights(self, bucket):
+    def update_weights(self, stream):
         self.calls += 1
-        items = list(bucket)
-        if self.calls != self.bucket:
-            return self.real.update_weights(items)
+        items = list(stream)
+        self.tensors, self.interrupted_at = len(items), len(items) // 2
 
         def weights():
             for i, item in enumerate(items):
-                if i == self.after:
+                if i == self.interrupted_at:
                     interrupt_now()
                 yield item
 
@@ -179,17 +178,17 @@ def test_interrupt_during_refit_leaves_the_generator_marked_stale_and_the_next_r
     session.train(ready_batch(session))  # the policy moves: the refit has something to carry
     version = session.policy.version
     real = session.generator
-    session.generator = double = InterruptedWeightLoad(real, bucket=2, after=3)
+    session.generator = double = InterruptedWeightLoad(real)
     try:
         with pytest.raises(KeyboardInterrupt):
             session.refit()
     finally:
         session.generator = real
-    assert double.calls == 2  # stopped in the second of several buckets
+    assert double.calls == 1 and 0 < double.interrupted_at < double.tensors  # stopped midway through the stream
     assert session.stale and session.generator_version != version  # marked, not assumed fine
 
     report = session.refit()  # the next call works
-    assert not session.stale and report.policy_version == version and report.num_buckets > 2
+    assert not session.stale and report.policy_version == version and report.num_tensors == double.tensors
     batch = session.logprobs(session.score(session.rollout()))
     assert batch.info["logprob_abs_diff_max"] < 1e-3  # the generator holds exactly the policy's weights
 
