@@ -61,7 +61,8 @@ class Generator(Protocol):
         ...
 
     def update_weights(self, bucket: Iterable[tuple[str, Tensor]]) -> None:
-        """Load HF-named tensors; a bucket holds whole fused groups (q, k, v together; gate, up together)."""
+        """Load HF-named tensors: a colocated refit's whole stream, or one bucket of a broadcast refit; either way
+        fused groups (q, k, v together; gate, up together) arrive whole."""
         ...
 
     def reset_prefix_cache(self) -> None:
