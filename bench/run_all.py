@@ -7,7 +7,7 @@ collects those lines, prints one table (with the issue's targets where there is 
 different commits can be compared (``--compare runs/bench/<other>.json`` adds their column to the table).
 A benchmark that fails is reported in the table and the JSON; the others still run.
 
-bench/gpu_1b_step.py and bench/gpu_check.py are for a GPU machine and are not run here.
+bench/gpu_check.py is for a GPU machine and is not run here.
 Usage: python bench/run_all.py [--only startup,refit_vs_floor] [--compare runs/bench/abc1234.json] [--out PATH]
 """
 
