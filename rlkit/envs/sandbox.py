@@ -3,7 +3,9 @@
 What a model writes in a ``<python>`` block is run by a fresh interpreter in its own process group:
 
 - **wall time**: killed (the whole group) after ``wall_seconds``;
-- **CPU time and memory**: ``RLIMIT_CPU`` and ``RLIMIT_AS`` set in the child before it starts;
+- **CPU time and memory**: ``RLIMIT_CPU`` and ``RLIMIT_AS`` set by the child's first lines, before the user's
+  code (not in a ``preexec_fn``: that forces a full ``fork`` of the parent, which in a process holding vLLM and
+  the policy took seconds per call; without it Python starts the child by ``vfork``);
 - **output**: stdout and stderr go to one file in a fresh temp dir whose size ``RLIMIT_FSIZE`` caps, so a
   program that prints megabytes is stopped by the kernel, not buffered by rlkit; the first ``max_output_chars``
   come back;
@@ -24,7 +26,6 @@ namespace. No seccomp filter. For hostile code use a container; this is for a po
 from __future__ import annotations
 
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -34,9 +35,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-# Runs inside the child before the user's code: confine writes to the temp dir, refuse sockets.
+# Runs inside the child before the user's code: the resource limits (``{limits}``, filled in per run), then
+# confine writes to the temp dir, refuse sockets.
 _GUARD = r'''
-import os, sys
+import os, resource, sys
+for _limit, _value in {limits}:
+    resource.setrlimit(getattr(resource, _limit), _value)
 _root = os.path.realpath(os.getcwd())
 def _inside(path):
     try:
@@ -101,13 +105,13 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxRes
     with tempfile.TemporaryDirectory(prefix="rlkit-sandbox-") as tmp:
         Path(tmp, "program.py").write_text(code)
         out_path = Path(tmp, "output.txt")
-        command = [sys.executable, "-I", "-S", "-c", _GUARD]
+        command = [sys.executable, "-I", "-S", "-c", _GUARD.replace("{limits}", repr(_rlimits(limits)))]
         if network_namespace_available():
             command = ["unshare", "-rn", *command]
         with open(out_path, "wb") as out:
             child = subprocess.Popen(command, cwd=tmp, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                      env={"PATH": "/usr/bin:/bin", "HOME": tmp, "TMPDIR": tmp},
-                                     preexec_fn=lambda: _limit_child(limits), start_new_session=True)
+                                     start_new_session=True)
             try:
                 code_ = child.wait(timeout=limits.wall_seconds)
                 reason = "ok" if code_ == 0 else _exit_reason(code_)
@@ -118,12 +122,12 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxRes
     return SandboxResult(output, reason == "ok", reason, time.perf_counter() - t0)
 
 
-def _limit_child(limits: SandboxLimits) -> None:
-    """In the child, before exec: the resource limits (inherited by anything it starts)."""
-    resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_seconds, limits.cpu_seconds + 1))
-    resource.setrlimit(resource.RLIMIT_AS, (limits.memory_mb * 2**20,) * 2)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (limits.max_file_bytes,) * 2)
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+def _rlimits(limits: SandboxLimits) -> list[tuple[str, tuple[int, int]]]:
+    """The child's resource limits (name in :mod:`resource`, (soft, hard)); anything it starts inherits them."""
+    return [("RLIMIT_CPU", (limits.cpu_seconds, limits.cpu_seconds + 1)),
+            ("RLIMIT_AS", (limits.memory_mb * 2**20,) * 2),
+            ("RLIMIT_FSIZE", (limits.max_file_bytes,) * 2),
+            ("RLIMIT_CORE", (0, 0))]
 
 
 def _kill_group(child: subprocess.Popen) -> None:
