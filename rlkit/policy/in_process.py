@@ -30,7 +30,7 @@ from torch import Tensor
 
 from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
 from rlkit.policy.base import LossFn, TokenLogprobs, TrainStepResult
-from rlkit.policy.token_budget import as_index, equal_count_over, row_count_plan, token_budget_plan
+from rlkit.policy.token_budget import as_index, equal_count_over, round_up, row_count_plan, token_budget_plan
 from rlkit.trajectories import LossCounts, Trajectories
 
 
@@ -165,7 +165,7 @@ class InProcessPolicy:
         dynamic = self.cfg.dynamic_batching
         if not dynamic.enabled:
             return longest
-        return min(attention_mask.shape[1], -(-longest // dynamic.sequence_length_round) * dynamic.sequence_length_round)
+        return min(attention_mask.shape[1], round_up(longest, dynamic.sequence_length_round))
 
     def _scaled(self, logits: Tensor) -> Tensor:
         """Logits divided by the sampling temperature (the distribution the generator sampled from)."""

@@ -23,7 +23,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 
-def _rounded(length: int, round_to: int) -> int:
+def round_up(length: int, round_to: int) -> int:
+    """``length`` rounded up to a multiple of ``round_to``."""
     return -(-length // round_to) * round_to
 
 
@@ -36,7 +37,7 @@ def token_budget_plan(lengths: Sequence[int], max_tokens: int, round_to: int = 1
     plan: list[list[int]] = []
     width = 0  # padded length of the open microbatch: its first (longest) row's
     for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
-        length = _rounded(max(int(lengths[i]), 1), round_to)
+        length = round_up(max(int(lengths[i]), 1), round_to)
         if plan and (len(plan[-1]) + 1) * width <= max_tokens:
             plan[-1].append(i)
         else:
