@@ -100,6 +100,7 @@ def cross_section_problems(sections: Mapping[str, Any], partial: bool) -> list[s
                        f"policy.generation.backend={policy.generation.backend!r}; set backend=vllm or colocated.enabled=true")
         out += _model_problems(policy)
         out += _dynamic_batching_problems(policy)
+        out += _sequence_packing_problems(policy)
     if sft is not None and policy is not None and sft.enabled:
         dp = _data_parallel_size(policy)
         if sft.batch_size % dp:
@@ -268,6 +269,30 @@ def _data_parallel_size(policy: Any) -> int:
 
 def _divisor_near(n: int, target: int) -> int:
     return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: abs(d - target))
+
+
+def _sequence_packing_problems(policy: Any) -> list[str]:
+    """Packing replaces dynamic batching (NeMo-RL: the two are exclusive), a budget must hold one whole sequence,
+    and Megatron's pipeline schedule runs microbatches of one shape [rows, length], which packs are not.
+    (Context parallelism is refused for every run: see the layout checks.)"""
+    packing = policy.sequence_packing
+    if not packing.enabled:
+        return []
+    out = [f"policy.sequence_packing.{key}={budget}: smaller than one sequence (policy.max_total_sequence_length="
+           f"{policy.max_total_sequence_length}); raise it to at least that, or leave it unset"
+           for key, budget in (("train_mb_tokens", packing.train_mb_tokens), ("logprob_mb_tokens", packing.logprob_mb_tokens))
+           if budget is not None and budget < policy.max_total_sequence_length]
+    if policy.dynamic_batching.enabled:
+        out.append("policy.sequence_packing.enabled: exclusive with policy.dynamic_batching.enabled (packing already "
+                   "leaves no padding); set one of them false")
+    if _pipelined(policy):
+        out.append("policy.sequence_packing.enabled: not with pipeline parallelism (Megatron's schedule runs "
+                   "microbatches of one shape); set it false or policy.megatron_cfg.pipeline_model_parallel_size=1")
+    if policy.megatron_cfg.enabled and policy.megatron_cfg.expert_model_parallel_size > 1:
+        out.append("policy.sequence_packing.enabled: not with expert parallelism (Megatron's all-gather token "
+                   "dispatcher needs as many tokens from every expert-parallel rank, and packs differ in length); "
+                   "set it false or policy.megatron_cfg.expert_model_parallel_size=1")
+    return out
 
 
 def _dynamic_batching_problems(policy: Any) -> list[str]:

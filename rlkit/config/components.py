@@ -75,6 +75,18 @@ class DynamicBatchingConfig(Section):
     sequence_length_round: int = Field(1, ge=1)  # round each microbatch's length up to a multiple of this
 
 
+class SequencePackingConfig(Section):
+    """Several rows concatenated into one sequence for the train and logprob passes, attention kept within each
+    row (NeMo-RL's key): no padded position is computed; see :mod:`rlkit.policy.packing`. Exclusive with
+    ``policy.dynamic_batching``. A budget left unset is the fixed path's ceiling: its row count x
+    ``policy.max_total_sequence_length``."""
+
+    enabled: bool = False
+    train_mb_tokens: Optional[int] = Field(None, ge=1)  # tokens per packed train microbatch
+    logprob_mb_tokens: Optional[int] = Field(None, ge=1)  # tokens per packed logprob pass
+    algorithm: Literal["first_fit_decreasing"] = "first_fit_decreasing"  # how rows are assigned to packs
+
+
 class VllmConfig(Section):
     kv_cache_space_gib: float = Field(1.0, gt=0)  # vLLM's KV cache on CPU machines (allocated: RSS)
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)  # GPU machines only
@@ -144,6 +156,7 @@ class PolicyConfig(Section):
     megatron_cfg: MegatronConfig = MegatronConfig()
     dtensor_cfg: DTensorConfig = DTensorConfig()
     dynamic_batching: DynamicBatchingConfig = DynamicBatchingConfig()
+    sequence_packing: SequencePackingConfig = SequencePackingConfig()
     generation: GenerationConfig = GenerationConfig()
 
     @model_validator(mode="before")

@@ -34,6 +34,8 @@ from rlkit.errors import ModelError
 from rlkit.policy.in_process import InProcessPolicy
 from rlkit.policy.megatron.build import Architecture
 from rlkit.policy.megatron.parallel import acquire_process_group
+from rlkit.policy import packed_attention
+from rlkit.policy.packing import PackedRows
 from rlkit.policy.precision import fsdp_mixed_precision
 from rlkit.weights import HFGroup
 
@@ -64,7 +66,9 @@ class DTensorPolicy(InProcessPolicy):
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         self.mesh = init_device_mesh(self.device.type, (self.dp_size,), mesh_dim_names=("dp",))
         torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_pretrained(cfg.model_name, dtype=torch.float32, attn_implementation="sdpa")
+        # with sequence packing every pass is packed, through rlkit's registered per-row attention
+        attention = packed_attention.register() if cfg.sequence_packing.enabled else "sdpa"
+        model = AutoModelForCausalLM.from_pretrained(cfg.model_name, dtype=torch.float32, attn_implementation=attention)
         model.to(self.device)
         mixed = fsdp_mixed_precision(cfg.precision)
         for layer in model.model.layers:
@@ -127,6 +131,13 @@ class DTensorPolicy(InProcessPolicy):
         """input_ids [b, T] -> logits [b, T, V], divided by the sampling temperature (right padding needs
         no mask: a causal model never looks at later positions)."""
         return self._scaled(self.model(input_ids=input_ids.to(self.device), use_cache=False).logits)
+
+    def _packed_logits(self, packed: PackedRows) -> Tensor:
+        """Packed rows -> logits [1, L, V] / temperature: position_ids restart per row (RoPE), and the registered
+        attention (:mod:`rlkit.policy.packed_attention`) runs each row's segment of ``cu_seq_lens_q`` alone."""
+        return self._scaled(self.model(input_ids=packed.input_ids.to(self.device),
+                                       position_ids=packed.position_ids.to(self.device),
+                                       cu_seq_lens_q=packed.cu_seqlens.to(self.device), use_cache=False).logits)
 
     def _token_logprobs(self, logits: Tensor, input_ids: Tensor) -> Tensor:
         logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
 from rlkit.policy.base import LossFn, TokenLogprobs, TrainStepResult
+from rlkit.policy.packing import PackedRows, pack_rows, packing_plan
 from rlkit.policy.token_budget import as_index, equal_count_over, round_up, row_count_plan, token_budget_plan
 from rlkit.trajectories import LossCounts, Trajectories
 
@@ -135,6 +136,15 @@ class InProcessPolicy:
         """input_ids [b, t] -> logits [b, t, V] (or this rank's [b, t, V/tp]) divided by the temperature."""
         raise NotImplementedError
 
+    def _packed_logits(self, packed: PackedRows) -> Tensor:
+        """Rows packed into one sequence (``policy.sequence_packing``) -> logits [1, L, V(/tp)] divided by the
+        temperature, each row attending only within itself, its positions restarting at 0."""
+        raise NotImplementedError
+
+    def _pack(self, input_ids: Tensor, attention_mask: Tensor) -> PackedRows:
+        """The rows of ``input_ids`` [b, T] (real tokens where ``attention_mask`` [b, T]) packed into one sequence."""
+        return pack_rows(input_ids, attention_mask.sum(1).tolist())
+
     def _token_logprobs(self, logits: Tensor, input_ids: Tensor) -> Tensor:
         """Logits [b, t, V(/tp)] and ids [b, t] -> logprobs [b, t] (position 0: 0), differentiable."""
         raise NotImplementedError
@@ -192,8 +202,15 @@ class InProcessPolicy:
         self.model.eval()
         logprobs = torch.zeros(input_ids.shape, device=input_ids.device)
         entropy = torch.zeros(input_ids.shape, device=input_ids.device) if with_entropy else None
-        for rows in self._microbatch_plan(attention_mask, self.cfg.logprob_batch_size,
-                                          self.cfg.dynamic_batching.logprob_mb_tokens):
+        for rows in self._microbatch_plan(attention_mask, self.cfg.logprob_batch_size, "logprob_mb_tokens"):
+            if self.cfg.sequence_packing.enabled:
+                packed = self._pack(input_ids[rows], attention_mask[rows])
+                logits = self._packed_logits(packed)
+                lp, ent = self._token_logprobs_and_entropy(logits, packed.input_ids.to(logits.device), with_entropy)
+                logprobs[rows] = packed.unpack(lp, input_ids.shape[1]).to(logprobs.device)
+                if with_entropy:
+                    entropy[rows] = packed.unpack(ent, input_ids.shape[1]).to(entropy.device)
+                continue
             t = self._forward_length(attention_mask[rows])
             ids, mask = input_ids[rows, :t], attention_mask[rows, :t]
             logits = self._logits(ids)
@@ -224,6 +241,20 @@ class InProcessPolicy:
         ids = micro.input_ids[:, :t]
         logprobs = self._token_logprobs(logits, ids.to(logits.device)).to(ids.device) * micro.attention_mask[:, :t]
         logprobs = torch.nn.functional.pad(logprobs, (0, micro.input_ids.shape[1] - t))
+        return self._loss_of(logprobs, micro, loss_fn, counts)
+
+    def _packed_micro_loss(self, micro: Trajectories, loss_fn: LossFn, counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:
+        """:meth:`_micro_loss` with the microbatch's rows packed into one sequence."""
+        packed = self._pack(micro.input_ids, micro.attention_mask)
+        logits = self._packed_logits(packed)
+        logprobs = self._token_logprobs(logits, packed.input_ids.to(logits.device))
+        return self._loss_of(packed.unpack(logprobs, micro.input_ids.shape[1]).to(micro.input_ids.device),
+                             micro, loss_fn, counts)
+
+    @staticmethod
+    def _loss_of(logprobs: Tensor, micro: Trajectories, loss_fn: LossFn,
+                 counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:
+        """``loss_fn`` on the microbatch's logprobs [b, T] (0 on padding), its metrics as float64 scalars."""
         loss, metrics = loss_fn(logprobs, micro, counts)
         return loss, {k: torch.as_tensor(v).detach().double() for k, v in metrics.items()}
 
@@ -232,30 +263,37 @@ class InProcessPolicy:
         """One microbatch after another (:meth:`_microbatch_plan`), each trimmed to its longest row; returns
         this rank's metric sums and the number of microbatches."""
         sums: dict[str, Tensor] = {}
-        plan = self._microbatch_plan(batch.attention_mask, self.cfg.train_micro_batch_size,
-                                     self.cfg.dynamic_batching.train_mb_tokens)
+        plan = self._microbatch_plan(batch.attention_mask, self.cfg.train_micro_batch_size, "train_mb_tokens")
         for i, rows in enumerate(plan):
             micro = batch.select(rows)
-            t = self._forward_length(micro.attention_mask)
             if backward:
                 self._microbatch_starting(i, len(plan))
-            loss, metrics = self._micro_loss(self._logits(micro.input_ids[:, :t]), micro, t, loss_fn, counts)
+            if self.cfg.sequence_packing.enabled:
+                loss, metrics = self._packed_micro_loss(micro, loss_fn, counts)
+            else:
+                t = self._forward_length(micro.attention_mask)
+                loss, metrics = self._micro_loss(self._logits(micro.input_ids[:, :t]), micro, t, loss_fn, counts)
             if backward:
                 loss.backward()
             add_metrics(sums, metrics)
         return sums, len(plan)
 
     def _microbatch_plan(self, attention_mask: Tensor, rows_per_microbatch: int,
-                         max_tokens: Optional[int]) -> list[slice | Tensor]:
+                         budget_key: str) -> list[slice | Tensor]:
         """The rows of each forward pass over ``attention_mask`` [B, T]: ``rows_per_microbatch`` consecutive rows
-        at a time, or with ``policy.dynamic_batching`` rows of similar length up to ``max_tokens`` padded
-        tokens (default: ``rows_per_microbatch`` x ``max_total_sequence_length``), as many passes on every
-        rank of the rows group (:mod:`rlkit.policy.token_budget`)."""
-        dynamic = self.cfg.dynamic_batching
-        if not dynamic.enabled:
+        at a time; with ``policy.dynamic_batching`` rows of similar length up to a budget of padded tokens; with
+        ``policy.sequence_packing`` packs of rows up to a budget of tokens. The budget is the enabled section's
+        ``budget_key`` (``train_mb_tokens`` or ``logprob_mb_tokens``; default: ``rows_per_microbatch`` x
+        ``max_total_sequence_length``). As many passes on every rank of the rows group
+        (:mod:`rlkit.policy.token_budget`, :mod:`rlkit.policy.packing`)."""
+        dynamic, packing = self.cfg.dynamic_batching, self.cfg.sequence_packing
+        if not (dynamic.enabled or packing.enabled):
             return [as_index(rows) for rows in row_count_plan(attention_mask.shape[0], rows_per_microbatch)]
-        budget = max_tokens or rows_per_microbatch * self.cfg.max_total_sequence_length
-        plan = token_budget_plan(attention_mask.sum(1).tolist(), budget, dynamic.sequence_length_round)
+        section = packing if packing.enabled else dynamic
+        budget = getattr(section, budget_key) or rows_per_microbatch * self.cfg.max_total_sequence_length
+        lengths = attention_mask.sum(1).tolist()
+        plan = (packing_plan(lengths, budget) if packing.enabled
+                else token_budget_plan(lengths, budget, dynamic.sequence_length_round))
         return [as_index(rows) for rows in equal_count_over(plan, self._rows_group(), self.device)]
 
     def _run_microbatches(self, batch: Trajectories, loss_fn: LossFn, backward: bool) -> tuple[dict[str, float], int]:

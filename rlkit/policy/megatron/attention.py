@@ -15,19 +15,69 @@ the suite's calibrated checks (tests/session/test_learning.py's reward gain at i
 TP=2+SP weights after one Adam step moved from within 1e-5 to 1.6e-5 of one process's), while at the short
 sequences CPU runs use it saves nothing (0.96x the CPU-seconds at 256 tokens; 0.67x at 1024).
 
-Deliberate simplifications: no packed sequences, no attention bias, the plain ("vanilla") softmax only.
+Packed sequences (``policy.sequence_packing``: several rows in one sequence, Megatron's ``PackedSeqParams`` in
+the "thd" format, query [L, heads, hn]): both core attentions here run causal attention segment by segment over
+``cu_seqlens``, each segment through the same kernel as an unpacked row (:func:`attend_per_segment`). That costs
+sum(l_i^2) where a block-diagonal [L, L] mask would cost L^2. Megatron's own ``DotProductAttention`` refuses
+packed sequences (it leaves them to Transformer Engine), so on the CPU :class:`PackedDotProductAttention` adds
+the segment loop around it and leaves its unpacked path as it is. RoPE restarts per segment in Megatron itself
+(``apply_rotary_pos_emb`` with ``cu_seqlens``).
+
+Deliberate simplifications: no attention bias, the plain ("vanilla") softmax only, packed self-attention only
+(query and key segments the same).
 """
 
 from __future__ import annotations
 
 import contextlib
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from megatron.core import tensor_parallel
 from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.enums import AttnMaskType
 from torch import Tensor
+
+
+def attend_per_segment(attend: Callable[[Tensor, Tensor, Tensor], Tensor], query: Tensor, key: Tensor, value: Tensor,
+                       packed: PackedSeqParams) -> Tensor:
+    """Causal self-attention within each segment of a packed sequence. Query [L, np, hn], key/value [L, ng, hn]
+    (the "thd" format: Megatron squeezes the batch dimension of one) -> context [L, 1, np * hn]; ``attend`` runs
+    one segment in the unpacked layout: [l, 1, np, hn], [l, 1, ng, hn] x 2 -> [l, 1, np * hn]."""
+    if packed.qkv_format != "thd":
+        raise NotImplementedError(f"packed sequences in the 'thd' format only, not {packed.qkv_format!r}")
+    cu_q = packed.cu_seqlens_q_padded if packed.cu_seqlens_q_padded is not None else packed.cu_seqlens_q
+    cu_kv = packed.cu_seqlens_kv_padded if packed.cu_seqlens_kv_padded is not None else packed.cu_seqlens_kv
+    if cu_kv is not None and not torch.equal(cu_q, cu_kv):
+        raise NotImplementedError("packed self-attention only: cu_seqlens_q and cu_seqlens_kv must be equal")
+    bounds = cu_q.tolist()
+    if bounds[-1] != query.shape[0]:
+        raise ValueError(f"cu_seqlens end at {bounds[-1]}, but the packed sequence holds {query.shape[0]} positions")
+    return torch.cat([attend(query[s:e].unsqueeze(1), key[s:e].unsqueeze(1), value[s:e].unsqueeze(1))
+                      for s, e in zip(bounds[:-1], bounds[1:])])
+
+
+def _refuse_unsupported(attention_mask: Optional[Tensor], attn_mask_type: Optional[AttnMaskType], module) -> None:
+    mask_type = attn_mask_type or module.attn_mask_type
+    if attention_mask is not None or mask_type != AttnMaskType.causal:
+        raise NotImplementedError(f"packed sequences take causal attention without a mask tensor, not {mask_type} "
+                                  f"with {'a' if attention_mask is not None else 'no'} mask")
+
+
+class PackedDotProductAttention(DotProductAttention):
+    """Megatron's unfused ``DotProductAttention``, unchanged for unpacked input, and for packed sequences the
+    same attention run on each segment (:func:`attend_per_segment`)."""
+
+    def forward(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
+                attn_mask_type: Optional[AttnMaskType] = None, attention_bias: Optional[Tensor] = None,
+                packed_seq_params: Optional[PackedSeqParams] = None) -> Tensor:
+        if packed_seq_params is None:
+            return super().forward(query, key, value, attention_mask, attn_mask_type, attention_bias)
+        _refuse_unsupported(attention_mask, attn_mask_type, self)
+        unpacked = super().forward
+        return attend_per_segment(lambda q, k, v: unpacked(q, k, v, None, AttnMaskType.causal, attention_bias),
+                                  query, key, value, packed_seq_params)
 
 
 class SDPAttention(DotProductAttention):
@@ -37,9 +87,13 @@ class SDPAttention(DotProductAttention):
 
     def forward(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
                 attn_mask_type: Optional[AttnMaskType] = None, attention_bias: Optional[Tensor] = None,
-                packed_seq_params=None) -> Tensor:
-        if packed_seq_params is not None or attention_bias is not None:
-            raise NotImplementedError("SDPAttention takes neither packed sequences nor an attention bias")
+                packed_seq_params: Optional[PackedSeqParams] = None) -> Tensor:
+        if attention_bias is not None:
+            raise NotImplementedError("SDPAttention takes no attention bias")
+        if packed_seq_params is not None:
+            _refuse_unsupported(attention_mask, attn_mask_type, self)
+            return attend_per_segment(lambda q, k, v: self.forward(q, k, v, None, AttnMaskType.causal),
+                                      query, key, value, packed_seq_params)
         if self.softmax_offset is not None:
             raise NotImplementedError(f"SDPAttention computes the vanilla softmax, not {self.config.softmax_type!r}")
         causal = (attn_mask_type or self.attn_mask_type) == AttnMaskType.causal and attention_mask is None
@@ -57,7 +111,7 @@ class SDPAttention(DotProductAttention):
 
 def core_attention() -> type:
     """The core attention module of the layer spec: :class:`SDPAttention` on CUDA, Megatron's
-    ``DotProductAttention`` on the CPU (see the module docstring)."""
+    ``DotProductAttention`` on the CPU (with packed sequences segment by segment; see the module docstring)."""
     if torch.cuda.is_available():
         return SDPAttention
-    return DotProductAttention
+    return PackedDotProductAttention

@@ -37,6 +37,7 @@ from rlkit.policy.in_process import InProcessPolicy, add_metrics, sum_grad_over
 from rlkit.policy.megatron import convert, parallel, pipeline
 from rlkit.policy.megatron.build import Architecture, bf16_twin_of, build_gpt_model, transformer_config
 from rlkit.policy.megatron.scores import shifted_entropy, shifted_token_logprobs
+from rlkit.policy.packing import PackedRows, pack_rows
 from rlkit.trajectories import LossCounts, Trajectories
 from rlkit.weights import HFGroup
 
@@ -197,6 +198,25 @@ class MegatronPolicy(InProcessPolicy):
         t = input_ids.shape[1]
         ids = torch.nn.functional.pad(input_ids, (0, self._padded_length(t) - t))
         return self._scaled(self._stage_forward(ids)[:, :t])
+
+    def _pack(self, input_ids: Tensor, attention_mask: Tensor) -> PackedRows:
+        """Under sequence parallelism the packed sequence is split over the tensor-parallel ranks: its length is
+        padded to a multiple of their number by a filler segment."""
+        multiple = self.tp_size if self.layout.sequence_parallel else 1
+        return pack_rows(input_ids, attention_mask.sum(1).tolist(), multiple_of=multiple)
+
+    def _packed_logits(self, packed: PackedRows) -> Tensor:
+        """Packed rows -> logits [1, L, V/tp] / temperature: Megatron's "thd" format (``PackedSeqParams``), whose
+        ``cu_seqlens`` restart RoPE per row and which the core attention runs row by row
+        (:mod:`rlkit.policy.megatron.attention`)."""
+        from megatron.core.packed_seq_params import PackedSeqParams
+
+        cu = packed.cu_seqlens.to(self.device)
+        params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=packed.max_seqlen,
+                                 max_seqlen_kv=packed.max_seqlen)
+        self._forward_module.train(self.model.training)
+        return self._scaled(self._forward_module(packed.input_ids.to(self.device), packed.position_ids.to(self.device),
+                                                 None, packed_seq_params=params))
 
     def _rows_group(self):
         return parallel.dp_group()

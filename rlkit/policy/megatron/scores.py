@@ -20,8 +20,10 @@ def shifted_token_logprobs(logits: Tensor, input_ids: Tensor) -> Tensor:
     """
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-    # vocab_parallel_cross_entropy modifies its input in place, so it gets its own copy.
-    nll = vocab_parallel_cross_entropy(logits[:, :-1].contiguous().float(), input_ids[:, 1:].contiguous())
+    # vocab_parallel_cross_entropy modifies its input in place, so it gets its own copy (always: for one row of
+    # fp32 logits, [:, :-1] is already contiguous and .contiguous().float() would hand over the logits themselves)
+    nll = vocab_parallel_cross_entropy(logits[:, :-1].to(torch.float32, copy=True).contiguous(),
+                                       input_ids[:, 1:].contiguous())
     return torch.nn.functional.pad(-nll, (1, 0))
 
 
