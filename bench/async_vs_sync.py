@@ -7,15 +7,23 @@ runs on a GPU machine unchanged (the components pick CUDA when it is there).
 
 What to expect: async overlaps sampling step k+1 with training step k, so the best case is
 max(generate, train) per step instead of their sum. In-process, the two share the interpreter (the GIL) and
-the same cores; with the engine in its own process they share only the cores.
+the same cores; with the engine in its own process they share only the cores, split between them
+(:func:`rlkit.generation.remote.split_cores`).
+
+Each placement runs in a fresh Python process: once an in-process vLLM engine has started, vLLM makes
+``torch.set_num_threads`` a no-op for the rest of the process, so a remote placement measured after a
+colocated one would run with the cores not split, as no user's session would.
 Usage: python bench/async_vs_sync.py [--steps 20] [--warmup 3] [--placements colocated,remote] [--preset tiny]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -59,15 +67,27 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--placements", default="colocated,remote")
     parser.add_argument("--preset", default="tiny", help="model preset (tiny: the quickstart's ~0.8M model)")
+    parser.add_argument("--json-out", help=argparse.SUPPRESS)  # one placement, results as JSON (the child's mode)
     args = parser.parse_args()
+
+    if args.json_out:
+        with tempfile.TemporaryDirectory() as tmp:
+            results = {str(a): run(args.placements, a, args, tmp) for a in (False, True)}
+        with open(args.json_out, "w") as f:
+            json.dump(results, f)
+        return
 
     import torch
 
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
         for placement in args.placements.split(","):
-            for asynchronous in (False, True):
-                results[placement, asynchronous] = run(placement, asynchronous, args, tmp)
+            out = f"{tmp}/{placement}.json"
+            subprocess.run([sys.executable, __file__, "--placements", placement, "--json-out", out, "--steps",
+                            str(args.steps), "--warmup", str(args.warmup), "--preset", args.preset], check=True)
+            with open(out) as f:
+                for asynchronous, r in json.load(f).items():
+                    results[placement, asynchronous == "True"] = r
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU, {os.cpu_count()} cores"
     load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
@@ -83,9 +103,8 @@ def main() -> None:
               f"{sync['steps_per_minute']:.1f} = {asyn['steps_per_minute'] / sync['steps_per_minute']:.2f}x")
     figures = {f"{p}_async_over_sync": results[p, True]["steps_per_minute"] / results[p, False]["steps_per_minute"]
                for p in args.placements.split(",")}
-    if "colocated" in args.placements.split(","):  # the default placement, in this process
-        figures["async_over_sync"] = figures["colocated_async_over_sync"]
-        print(f"async / sync, engine in this process (the default): {figures['async_over_sync']:.2f}x (target >= 1.0)")
+    figures["async_over_sync"] = min(figures.values())  # issue 17: async at least as fast on every placement
+    print(f"async / sync, the lower of the placements: {figures['async_over_sync']:.2f}x (target >= 1.0)")
     print(" ".join(f"{k}={v:.3f}" for k, v in figures.items()))
 
 

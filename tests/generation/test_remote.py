@@ -5,6 +5,8 @@ sync, built as one pair by ``build_generation`` (as a session does), a real gloo
 Tolerance (fp32): max abs 1e-3 over all completion tokens.
 """
 
+import os
+
 import pytest
 import torch
 
@@ -37,10 +39,19 @@ def engines(tmp_path_factory):
         "policy.generation.vllm_cfg.max_model_len": MAX_LEN,
         "policy.generation.refit_bucket_size_mb": 1e-6,  # one fused group per bucket: several per refit
     })
-    generator, sync = build_generation(config)
+    thread_counts = []  # what the generator sets this process's torch threads to (vLLM may have made the call a no-op)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "set_num_threads", thread_counts.append)
+        before = torch.get_num_threads()
+        generator, sync = build_generation(config)
+        # the engine shares this CPU: the trainer gets the cores the engine's threads do not take
+        assert thread_counts == [max(1, os.cpu_count() - generator.threads)]
     assert type(generator) is RemoteGenerator and type(sync) is BroadcastWeightSync and sync.generator is generator
     yield path, policy, generator, sync
-    generator.close()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "set_num_threads", thread_counts.append)
+        generator.close()
+    assert thread_counts[1:] == [before]  # given back on close
     policy.close()
     assert ray.is_initialized() == ray_was_up  # the generator shut down the Ray it started
 
