@@ -93,6 +93,7 @@ def cross_section_problems(sections: Mapping[str, Any], partial: bool) -> list[s
                        "samples per prompt (or use advantage_estimator=reinforce_baseline)")
     if policy is not None:
         out += precision_problems(policy)
+        out += distributed_optimizer_problems(policy)
         if policy.megatron_cfg.enabled == policy.dtensor_cfg.enabled:
             out.append("policy.megatron_cfg.enabled / policy.dtensor_cfg.enabled: enable exactly one training backend")
         if not policy.generation.colocated.enabled and policy.generation.backend != "vllm":
@@ -137,6 +138,29 @@ def precision_problems(policy: Any) -> list[str]:
         out.append(f"{key}=fp8: vLLM's online FP8 weight quantization needs a CUDA GPU (FP8 matmuls: NVIDIA Ada or "
                    "Hopper); this machine has none. Fix: use bfloat16 or float32 here, fp8 on a GPU machine")
     return out
+
+
+def distributed_optimizer_problems(policy: Any) -> list[str]:
+    """Megatron's distributed optimizer (ZeRO-1) needs CUDA: ``DistributedOptimizer`` accepts only
+    ``torch.cuda.*Tensor`` parameters (megatron-core 0.16.1 ``optimizer/distrib_optimizer.py:361,420``, a
+    TypeError for CPU tensors) and its mixed-precision base allocates ``device='cuda'`` tensors
+    (``optimizer/optimizer.py:473,481,485``). On a GPU it is refused too, for now: rlkit's step (clipping, the
+    learning-rate schedule, checkpoints of the optimizer state) is written for one AdamW over whole tensors
+    and has not been ported to sharded state. Megatron's DistributedDataParallel runs everywhere (gloo too)."""
+    import torch
+
+    m = policy.megatron_cfg
+    if not (m.enabled and m.optimizer.use_distributed_optimizer):
+        return []
+    key = "policy.megatron_cfg.optimizer.use_distributed_optimizer=true"
+    if not torch.cuda.is_available():
+        return [f"{key}: needs CUDA, which this machine lacks: Megatron's distributed optimizer (megatron-core "
+                "0.16.1 optimizer/distrib_optimizer.py:361,420 accept only torch.cuda tensors; optimizer/optimizer.py:"
+                "473-485 allocate on 'cuda'). Fix: set it false (gradients still go through Megatron's "
+                "DistributedDataParallel)"]
+    return [f"{key}: not built yet: rlkit's optimizer step (clipping, schedule, optimizer-state checkpoints) runs "
+            "one AdamW over whole tensors, not Megatron's sharded optimizer state. Fix: set it false (gradients "
+            "still go through Megatron's DistributedDataParallel)"]
 
 
 def run_name_problems(name: str, log_dir: str) -> list[str]:

@@ -44,6 +44,21 @@ class SchedulerConfig(Section):
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
 
 
+class MegatronDDPConfig(Section):
+    """Megatron-Core's ``DistributedDataParallel`` (NeMo-RL's ``policy.megatron_cfg.distributed_data_parallel_config``):
+    gradients accumulate in contiguous buffers and are reduced bucket by bucket over the data-parallel group."""
+
+    grad_reduce_in_fp32: bool = True  # fp32 gradient buffers (and reduction) under policy.precision=bfloat16
+    overlap_grad_reduce: bool = False  # start each bucket's reduce during the last microbatch's backward
+    bucket_size: Optional[int] = Field(None, ge=1)  # parameters per bucket; None: Megatron's default
+
+
+class MegatronOptimizerConfig(Section):
+    """NeMo-RL's ``policy.megatron_cfg.optimizer`` switch (learning rate and betas stay in ``policy.optimizer``)."""
+
+    use_distributed_optimizer: bool = False  # ZeRO-1: optimizer state sharded over data parallel (CUDA only)
+
+
 class MegatronConfig(Section):
     enabled: bool = True
     tensor_model_parallel_size: int = Field(1, ge=1)
@@ -58,6 +73,8 @@ class MegatronConfig(Section):
     moe_router_load_balancing_type: Literal["none", "aux_loss", "seq_aux_loss"] = "none"
     moe_aux_loss_coeff: float = Field(0.0, ge=0)
     freeze_moe_router: bool = False
+    distributed_data_parallel_config: MegatronDDPConfig = MegatronDDPConfig()
+    optimizer: MegatronOptimizerConfig = MegatronOptimizerConfig()
 
 
 class DTensorConfig(Section):

@@ -94,14 +94,6 @@ def sum_metrics_over_ranks(sums: dict[str, Tensor], group, device: torch.device)
     return {k: float(v) for k, v in sums.items()}
 
 
-def sum_grad_over(param: Tensor, group) -> None:
-    """Add ``param``'s gradient up over ``group``; a rank whose gradient is None (e.g. an expert no token
-    reached) joins with zeros, so every rank takes part in the collective and applies the same update."""
-    if param.grad is None:
-        param.grad = torch.zeros_like(param)
-    dist.all_reduce(param.grad, group=group)
-
-
 def add_metrics(sums: dict[str, Tensor], metrics: Mapping[str, Tensor]) -> None:
     """Accumulate a microbatch's metrics (float64 scalars) into ``sums``."""
     for k, v in metrics.items():

@@ -6,11 +6,13 @@ reduced in fp32, the optimizer updates fp32 master weights with fp32 state, and 
 refreshed from the masters. An update far below bf16's resolution (a step of 1e-4 on a weight of 1.0, whose
 bf16 neighbours are 2^-7 apart) is kept in the master and reaches the bf16 copy once the updates add up.
 
-Here the fp32 master is the policy's ``model`` (what the optimizer, gradient reductions, checkpoints, weight
-export and refit see, so all of them are unchanged) and :class:`Bf16Twin` holds its bf16 copy. Megatron's own
-mixed-precision optimizer does the same but allocates its CUDA buffers with literal ``device="cuda"`` and
-checks ``torch.cuda.*Tensor`` types (megatron-core 0.16: ``optimizer.py``, ``distrib_optimizer.py``), so it
-cannot run on a CPU; this path runs on both.
+Here the fp32 master is the policy's ``model`` (what the optimizer, checkpoints, weight export and refit see,
+so all of them are unchanged) and :class:`Bf16Twin` holds its bf16 copy, which Megatron's
+``DistributedDataParallel`` wraps: it accumulates the bf16 gradients into its fp32 ``main_grad`` buffers and
+reduces them in fp32, and the policy hands those to the masters as their ``.grad``. Megatron's own
+mixed-precision optimizer would keep the masters instead, but it allocates its CUDA buffers with literal
+``device="cuda"`` and checks ``torch.cuda.*Tensor`` types (megatron-core 0.16.1 ``optimizer/optimizer.py:473-485,
+671-699``), so it cannot run on a CPU; this path runs on both.
 
 The DTensor backend needs none of this: FSDP2's ``MixedPrecisionPolicy`` keeps the sharded parameters fp32,
 gathers them in bf16 for compute and reduces gradients in fp32 (:func:`fsdp_mixed_precision`).
@@ -21,7 +23,6 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-from torch import Tensor
 
 Precision = Literal["float32", "bfloat16"]
 DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -46,11 +47,10 @@ def fsdp_mixed_precision(precision: Precision):
 class Bf16Twin:
     """The bf16 copy of an fp32 master module that runs forward and backward.
 
-    ``master`` and ``compute`` have the same parameter names and shapes. Each compute parameter's gradient is
-    added, in fp32, to its master's ``.grad`` as soon as backward produces it (a post-accumulate hook, as
-    Megatron's DDP does into its fp32 ``main_grad``) and dropped from the bf16 parameter, so microbatches
-    accumulate in fp32 and the bf16 copy never holds a gradient. :meth:`pull` copies the masters into the bf16
-    weights (after an optimizer step, a load, a checkpoint restore).
+    ``master`` and ``compute`` have the same parameter names and shapes; ``pairs`` lists (fp32, bf16) per
+    parameter. The gradients of the bf16 copy go to Megatron's DDP (fp32 ``main_grad``), which the policy
+    hands to the masters. :meth:`pull` copies the masters into the bf16 weights (after an optimizer step, a
+    load, a checkpoint restore).
     """
 
     def __init__(self, master: torch.nn.Module, compute: torch.nn.Module):
@@ -64,8 +64,6 @@ class Bf16Twin:
             if fp32.dtype != torch.float32:
                 raise ValueError(f"master weights must be float32, got {fp32.dtype}")
             bf16.requires_grad_(fp32.requires_grad)  # (a frozen MoE router stays frozen)
-            if fp32.requires_grad:
-                bf16.register_post_accumulate_grad_hook(_accumulate_into(fp32))
         self.compute = compute
         self.pull()
 
@@ -74,15 +72,3 @@ class Bf16Twin:
         """bf16 weights <- fp32 master weights (round to nearest)."""
         for fp32, bf16 in self.pairs:
             bf16.copy_(fp32)
-
-
-def _accumulate_into(master: Tensor):
-    def hook(param: Tensor) -> None:
-        grad = param.grad.float()
-        if master.grad is None:
-            master.grad = grad
-        else:
-            master.grad.add_(grad)
-        param.grad = None
-
-    return hook

@@ -151,7 +151,7 @@ class RMSNorm(torch.nn.RMSNorm):
     Megatron's torch-norm wrapper refuses sequence parallelism because it does not mark the weight: with the
     sequence split over tensor-parallel ranks each rank's norm sees only its chunk, so the weight's gradient
     must be summed over the tensor-parallel group. The ``sequence_parallel`` attribute marks that (Megatron's
-    router marks its weight the same way); the policy does the sum.
+    router marks its weight the same way); Megatron's ``finalize_model_grads`` does the sum.
     """
 
     def __init__(self, config, hidden_size: int, eps: float = 1e-5, **unused_megatron_options):
@@ -161,12 +161,11 @@ class RMSNorm(torch.nn.RMSNorm):
 
 class HeadRMSNorm(torch.nn.RMSNorm):
     """Qwen3's q/k norm: one RMSNorm weight [head_dim] shared by every head. Under tensor parallelism each rank
-    normalises only its heads, so the weight's gradient is partial on every rank and is summed over the
-    tensor-parallel group (``tensor_parallel_partial_grad``; Megatron's own DDP sums q/k layernorm grads too)."""
+    normalises only its heads, so the weight's gradient is partial on every rank: Megatron's
+    ``finalize_model_grads`` sums it over the tensor-parallel group (by its ``q_layernorm``/``k_layernorm`` name)."""
 
     def __init__(self, config, hidden_size: int, eps: float = 1e-5, **unused_megatron_options):
         super().__init__(hidden_size, eps=eps)
-        self.weight.tensor_parallel_partial_grad = config.tensor_model_parallel_size > 1
 
 
 def block_spec(config, num_experts: int = 0):
@@ -205,6 +204,22 @@ def bf16_twin_of(master, arch: Architecture, config, num_experts: int = 0):
     bf16_config = dataclasses.replace(config, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16, bf16=True)
     compute = build_gpt_model(arch, bf16_config, num_experts)
     return Bf16Twin(master, compute), Float16Module(bf16_config, compute)
+
+
+def data_parallel_wrapper(module, ddp_cfg):
+    """Megatron's ``DistributedDataParallel`` around ``module`` (the GPTModel, or at bf16 the ``Float16Module``
+    that runs its bf16 copy), configured by ``policy.megatron_cfg.distributed_data_parallel_config``: each
+    parameter's gradient accumulates into ``param.main_grad``, a view of a contiguous buffer (fp32 with
+    ``grad_reduce_in_fp32``), and is reduced bucket by bucket. No gradient is averaged: the module's config
+    has ``calculate_per_token_loss``, so the buffers are summed over data parallel, as rlkit's losses (normalised
+    by global counts) need. The config's ``no_sync_func`` is DDP's, so Megatron's pipeline schedule holds the
+    reduce until the last microbatch (the policy clears it on close). Runs on the CPU over gloo too: its
+    buffers are allocated on ``torch.cuda.current_device()``, which :mod:`.cpu` makes the CPU."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+
+    ddp = DistributedDataParallel(module.config, DistributedDataParallelConfig(**ddp_cfg.model_dump()), module)
+    module.config.no_sync_func = ddp.no_sync
+    return ddp
 
 
 def build_gpt_model(arch: Architecture, config, num_experts: int = 0):

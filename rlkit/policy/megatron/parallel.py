@@ -189,13 +189,3 @@ def ep_group():
 def is_expert_parallel(param) -> bool:
     """True for a parameter of an expert that only some ranks hold (Megatron marks them ``allreduce=False``)."""
     return not getattr(param, "allreduce", True)
-
-
-def grad_reduce_group(param):
-    """The ranks that hold ``param`` and see different data: the data-parallel group, or for an expert split
-    by expert parallelism the expert-data-parallel group (the ranks that hold the same experts)."""
-    from megatron.core import parallel_state
-
-    if is_expert_parallel(param):
-        return parallel_state.get_expert_data_parallel_group()
-    return parallel_state.get_data_parallel_group()

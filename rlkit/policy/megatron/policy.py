@@ -10,18 +10,26 @@ What is shared with the DTensor backend (the logprob and microbatch loops, the o
 reference swap, checkpoint state) lives in :class:`rlkit.policy.in_process.InProcessPolicy`; this class adds
 the model, its vocabulary-parallel logprobs, its gradient reductions and its HF mapping.
 
-Precision (``policy.precision``): float32, or bfloat16 with fp32 master weights: ``self.model`` is then the
-fp32 master (what the optimizer, gradient reductions, checkpoints and refit see) and a bf16 copy run through
-Megatron's ``Float16Module`` does forward and backward (:mod:`rlkit.policy.precision`).
+Gradients: Megatron-Core's own ``DistributedDataParallel`` (contiguous gradient buffers, bucketed reduce,
+optional ``overlap_grad_reduce``: ``policy.megatron_cfg.distributed_data_parallel_config``) and its
+``finalize_model_grads`` (sequence-parallel norms, Qwen3's q/k norms and a tied embedding), on GPUs and on the
+CPU (gloo) alike; after the reduce each parameter's ``.grad`` is its ``main_grad``.
 
-Deliberate simplifications: plain ``torch.optim.AdamW`` over the fp32 weights (Megatron's
-``DistributedDataParallel`` and mixed-precision / distributed optimizers allocate with ``device="cuda"`` and
-check ``torch.cuda`` tensor types: they cannot run on a CPU). Without pipeline parallelism microbatches run one after another in a plain loop
-(what a researcher steps through); with it Megatron's schedule runs them (:mod:`.pipeline`).
+Precision (``policy.precision``): float32, or bfloat16 with fp32 master weights: ``self.model`` is then the
+fp32 master (what the optimizer, checkpoints and refit see) and a bf16 copy run through Megatron's
+``Float16Module`` inside DDP does forward and backward, its gradients accumulated in DDP's fp32 buffers
+(:mod:`rlkit.policy.precision`).
+
+Deliberate simplifications: plain ``torch.optim.AdamW`` over the fp32 weights (Megatron's mixed-precision and
+distributed optimizers allocate with ``device="cuda"`` and check ``torch.cuda`` tensor types: they cannot run
+on a CPU, and the distributed one is refused by the config check). Without pipeline parallelism microbatches
+run one after another in a plain loop (what a researcher steps through); with it Megatron's schedule runs
+them (:mod:`.pipeline`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 from pathlib import Path
@@ -33,9 +41,10 @@ from torch import Tensor
 
 from rlkit.config.components import PolicyConfig
 from rlkit.policy.base import LossFn, TokenLogprobs
-from rlkit.policy.in_process import InProcessPolicy, add_metrics, sum_grad_over
+from rlkit.policy.in_process import InProcessPolicy, add_metrics
 from rlkit.policy.megatron import convert, parallel, pipeline
-from rlkit.policy.megatron.build import Architecture, bf16_twin_of, build_gpt_model, transformer_config
+from rlkit.policy.megatron.build import (Architecture, bf16_twin_of, build_gpt_model, data_parallel_wrapper,
+                                         transformer_config)
 from rlkit.policy.megatron.scores import shifted_entropy, shifted_token_logprobs
 from rlkit.policy.packing import PackedRows, pack_rows
 from rlkit.trajectories import LossCounts, Trajectories
@@ -69,9 +78,13 @@ class MegatronPolicy(InProcessPolicy):
         self._layer_offset = pipeline.stage_layer_offset(self.model.config)
         self.load_hf_state(load_hf_state(cfg.model_name))
         self._forward_module = self.model
+        self._grad_pairs = [(p, p) for p in self.model.parameters() if p.requires_grad]  # (optimizer's, DDP's)
         if cfg.precision == "bfloat16":
             self._twin, self._forward_module = bf16_twin_of(self.model, self.arch, self.model.config,
                                                             getattr(self.arch, "num_experts", 0))
+            self._grad_pairs = [(fp32, bf16) for fp32, bf16 in self._twin.pairs if fp32.requires_grad]
+        self._forward_module = data_parallel_wrapper(self._forward_module, mc.distributed_data_parallel_config)
+        self._no_sync = None  # Megatron's no_sync() context, held over all but the last microbatch
         self._start_training()
 
     @staticmethod
@@ -304,6 +317,8 @@ class MegatronPolicy(InProcessPolicy):
         t = self._forward_length(batch.attention_mask)
         padded = torch.nn.functional.pad(batch.input_ids[:, :t], (0, self._padded_length(t) - t))
         micros = [slice(s, s + mbs) for s in range(0, batch.batch_size, mbs)]
+        if backward:  # (the schedule itself holds DDP's no_sync over all but the last microbatch)
+            self._forward_module.zero_grad_buffer()
         infos = pipeline.run_schedule(
             self._forward_module, micros, lambda rows: self._stage_forward(padded[rows]),
             lambda output, rows: self._micro_loss(self._scaled(output[:, :t]), batch.select(rows), t, loss_fn, counts),
@@ -313,40 +328,45 @@ class MegatronPolicy(InProcessPolicy):
             add_metrics(sums, info)
         return pipeline.broadcast_from_last_stage(sums), len(micros)
 
+    def _microbatch_starting(self, index: int, count: int) -> None:
+        """Gradients accumulate in DDP's buffers, zeroed before the first microbatch; every microbatch but the
+        last runs under DDP's ``no_sync`` so that, with ``overlap_grad_reduce``, each bucket's reduce starts
+        during the last backward only (a context left open by an interrupted step is closed first)."""
+        if index == 0:
+            self._forward_module.zero_grad_buffer()
+            self._end_no_sync()
+            if count > 1:
+                self._no_sync = contextlib.ExitStack()
+                self._no_sync.enter_context(self._forward_module.no_sync())
+        if index == count - 1:
+            self._end_no_sync()
+
+    def _end_no_sync(self) -> None:
+        if self._no_sync is not None:
+            self._no_sync.close()
+            self._no_sync = None
+
     def _reduce_grads(self) -> None:
-        """Sum gradients where ranks hold the same weights: partial ones over TP, a tied embedding
-        over its first and last pipeline stages, everything over the (expert-)data-parallel group."""
-        self._sum_tensor_parallel_partial_grads()
-        self._sum_tied_embedding_grads()
-        for p in self.model.parameters():
-            group = parallel.grad_reduce_group(p)
-            if p.requires_grad and dist.get_world_size(group) > 1:
-                sum_grad_over(p, group)
+        """Megatron's ``finalize_model_grads``: DDP's bucketed reduce over the (expert-)data-parallel group, the
+        sum over TP of the gradients each rank holds a part of (norms under sequence parallelism, the MoE
+        router, Qwen3's q/k norms), a tied embedding over its first and last pipeline stages. Each optimizer
+        parameter's ``.grad`` is then its fp32 ``main_grad`` (a view of DDP's buffer; at bf16 the compute
+        copy's), so clipping, the optimizer and a notebook read per-parameter gradients as usual."""
+        from megatron.core.distributed import finalize_model_grads
 
-    def _sum_tied_embedding_grads(self) -> None:
-        """With tied embeddings split over pipeline stages the first stage's embedding and the last stage's
-        output layer are one weight: summing their gradients keeps the two copies equal after each step."""
-        from megatron.core import parallel_state
-
-        if self.pp_size == 1 or not self.arch.tie_word_embeddings or not parallel_state.is_rank_in_embedding_group():
-            return
-        sum_grad_over(self.model.shared_embedding_or_output_weight(), parallel_state.get_embedding_group())
-
-    def _sum_tensor_parallel_partial_grads(self) -> None:
-        """Sum over the tensor-parallel group the gradients each rank holds only a part of: under sequence
-        parallelism the norms (and MoE router) that saw one chunk of the sequence (Megatron marks them
-        ``sequence_parallel``), and Qwen3's q/k norms, which saw only this rank's heads
-        (``tensor_parallel_partial_grad``)."""
-        for p in self.model.parameters():
-            chunked = self.layout.sequence_parallel and getattr(p, "sequence_parallel", False)
-            if p.requires_grad and (chunked or getattr(p, "tensor_parallel_partial_grad", False)):
-                sum_grad_over(p, parallel.tp_group())
+        finalize_model_grads([self._forward_module])
+        for param, computed in self._grad_pairs:
+            grad = computed.main_grad
+            param.grad = grad if grad.dtype == param.dtype else grad.to(param.dtype)
 
     def close(self) -> None:
         """Release the model, Megatron's global parallel state and the default group (a new policy can be
         built after)."""
         super().close()
-        self._forward_module = None  # the model itself at fp32: it holds Megatron's process groups
+        if self._forward_module is not None:
+            self._forward_module.config.no_sync_func = None  # (set by data_parallel_wrapper: a reference cycle)
+        self._forward_module = None  # DDP around the model: it holds Megatron's process groups
+        self._grad_pairs = []
         parallel.destroy_parallel()
 
     def __repr__(self) -> str:
