@@ -89,6 +89,17 @@ def pack_rows(input_ids: Tensor, lengths: Sequence[int], multiple_of: int = 1, p
                       cu_seqlens=cu, lengths=lengths)
 
 
+def segments_by_length(cu_seqlens: Tensor) -> dict[int, Tensor]:
+    """Segment length -> packed positions of all segments of that length, [segments, length] (row-major), for
+    attention that runs the segments of one length together as rows of a batch: fewer calls than one per row,
+    the same sum(l_i^2) work."""
+    bounds = cu_seqlens.tolist()
+    starts: dict[int, list[int]] = {}
+    for s, e in zip(bounds[:-1], bounds[1:]):
+        starts.setdefault(e - s, []).append(s)
+    return {length: torch.tensor(first).unsqueeze(1) + torch.arange(length) for length, first in starts.items()}
+
+
 def packed_tokens(plan: list[list[int]], lengths: Sequence[int]) -> int:
     """Positions a forward pass over ``plan`` computes with packing: every row's real tokens, no padding."""
     return sum(max(int(lengths[i]), 1) for rows in plan for i in rows)

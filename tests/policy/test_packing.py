@@ -89,17 +89,18 @@ def test_packed_core_attention_equals_each_row_alone():
         attention = PackedDotProductAttention(transformer_config(arch), layer_number=1,
                                               attn_mask_type=AttnMaskType.causal, attention_type="self")
         g = torch.Generator().manual_seed(0)
-        lengths = [5, 1, 9]
+        lengths = [5, 1, 9, 5, 1]  # equal lengths share one call (as rows of a batch)
         q = torch.randn(sum(lengths), 4, 32, generator=g)
         k, v = (torch.randn(sum(lengths), 2, 32, generator=g) for _ in range(2))
-        cu = torch.tensor([0, 5, 6, 15], dtype=torch.int32)
+        cu = torch.tensor([0, 5, 6, 15, 20, 21], dtype=torch.int32)
         params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=9, max_seqlen_kv=9)
         packed = attention(q, k, v, None, packed_seq_params=params)
-        assert packed.shape == (15, 1, 128)
-        for s, e in ((0, 5), (5, 6), (6, 15)):
+        assert packed.shape == (21, 1, 128)
+        for s, e in zip(cu[:-1].tolist(), cu[1:].tolist()):
             alone = attention(q[s:e, None], k[s:e, None], v[s:e, None], None)
             assert (packed[s:e] - alone).abs().max() < 1e-6
-        assert torch.allclose(packed[5, 0], v[5].repeat_interleave(2, 0).flatten())  # a one-token row: its own value
+        for i in (5, 20):  # a one-token row: its own value
+            assert torch.allclose(packed[i, 0], v[i].repeat_interleave(2, 0).flatten())
         # the same sequence attended as one row differs (rows 2 and 3 would see row 1)
         whole = attention(q[:, None], k[:, None], v[:, None], None)
         assert (whole[5:] - packed[5:]).abs().max() > 1e-2
