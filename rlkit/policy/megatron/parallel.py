@@ -8,8 +8,9 @@ Who creates which group, and who destroys it (each gloo group runs two worker th
 and the default group's rendezvous store a server thread and sockets, so a group left alive leaks them):
 
 - the default group: :func:`acquire_process_group` creates it for the first in-process policy (from
-  ``RANK``/``WORLD_SIZE`` in a Ray worker, else a single-process gloo group) and destroys it when its last
-  holder releases it (:func:`release_process_group`); one that was there before (your script's) is left alone.
+  ``RANK``/``WORLD_SIZE`` in a Ray worker, else a single-process gloo group, its store in memory) and destroys
+  it when its last holder releases it (:func:`release_process_group`); one that was there before (your
+  script's) is left alone.
   vLLM's in-process engine uses the group it finds, and its shutdown destroys the default group whoever made
   it (vLLM's ``cleanup_dist_env_and_memory``); a release after that has nothing left to do.
 - Megatron's subgroups: made by ``initialize_model_parallel``; :func:`destroy_parallel` drops every reference
@@ -19,7 +20,6 @@ and the default group's rendezvous store a server thread and sockets, so a group
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 
 import torch
@@ -43,12 +43,6 @@ class ParallelLayout:
         return self.tensor_model_parallel_size * self.pipeline_model_parallel_size * self.context_parallel_size
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 _created_group = None  # the default group acquire_process_group() created, until its last holder releases it
 _holders = 0  # acquire_process_group() calls not yet released
 
@@ -62,7 +56,9 @@ def acquire_process_group() -> None:
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
             dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
         else:
-            dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+            # one process needs no rendezvous: an in-memory store, no port (a port picked free and bound later
+            # could be taken in between by another process starting a group)
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
         _created_group = dist.group.WORLD
     _holders += 1
 
