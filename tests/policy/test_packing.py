@@ -72,14 +72,15 @@ def test_pack_rows_restarts_positions_and_unpack_puts_values_back():
     assert values.grad.tolist() == [[0, 1, 0, 1, 1, 1, 0, 0]]
 
 
-def test_packed_core_attention_equals_each_row_alone():
-    """Megatron's core attention on the CPU: a packed sequence [L, heads, hn] gives each row what the same
-    module gives that row alone, and nothing of another row leaks in."""
+@pytest.mark.parametrize("kind", ["unfused", "sdpa"])
+def test_packed_core_attention_equals_each_row_alone(kind):
+    """Megatron's core attentions (the CPU's unfused one; SDPA, CUDA's, runs on the CPU too): a packed sequence
+    [L, heads, hn] gives each row what the same module gives that row alone, and nothing of another row leaks in."""
     from megatron.core.packed_seq_params import PackedSeqParams
     from megatron.core.transformer.enums import AttnMaskType
 
     from rlkit.policy.megatron import parallel
-    from rlkit.policy.megatron.attention import PackedDotProductAttention
+    from rlkit.policy.megatron.attention import PackedDotProductAttention, SDPAttention
     from rlkit.policy.megatron.build import Architecture, transformer_config
 
     parallel.init_parallel(parallel.ParallelLayout(), seed=0)
@@ -87,8 +88,9 @@ def test_packed_core_attention_equals_each_row_alone():
         arch = Architecture(family="llama", hidden_size=128, num_layers=1, num_attention_heads=4, num_key_value_heads=2,
                             head_dim=32, ffn_hidden_size=256, vocab_size=64, max_position_embeddings=64,
                             rope_theta=1e4, rms_norm_eps=1e-6, tie_word_embeddings=False, qkv_bias=False)
-        attention = PackedDotProductAttention(transformer_config(arch), layer_number=1,
-                                              attn_mask_type=AttnMaskType.causal, attention_type="self")
+        module = PackedDotProductAttention if kind == "unfused" else SDPAttention
+        attention = module(transformer_config(arch), layer_number=1, attn_mask_type=AttnMaskType.causal,
+                           attention_type="self")
         g = torch.Generator().manual_seed(0)
         lengths = [5, 1, 9, 5, 1]  # equal lengths share one call (as rows of a batch)
         q = torch.randn(sum(lengths), 4, 32, generator=g)
