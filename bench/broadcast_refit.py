@@ -6,12 +6,17 @@ the actor reloads them into vLLM; then the prefix cache is reset. The baseline b
 of the same size to the same actor over the same group and discards it (a Ray call + one broadcast; its
 receiving end, ``RawReceiver``, is benchmark code, mixed into the actor next to the refit's receiver).
 The two alternate, so drift in machine load hits both equally; medians over repeats.
+
+It also counts CPU-seconds (all threads) in this process and in the actor for each: on a machine with few
+cores their sum over the cores is a floor under the wall time that no overlap can beat, printed as a ratio
+to the raw broadcast next to the measured one.
 Usage: python bench/broadcast_refit.py [--preset small] [--repeats 7] [--bucket-mb 256]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import tempfile
 import time
@@ -25,10 +30,17 @@ from rlkit.weight_sync import BroadcastReceiver
 class RawReceiver(BroadcastReceiver):
     """The actor's end of the refit, plus the baseline's: receive a broadcast of ``nbytes`` and discard it."""
 
-    def receive_bytes(self, nbytes: int) -> int:
+    def receive_bytes(self, nbytes: int) -> float:
+        """Receive and discard ``nbytes``; returns this process's CPU-seconds for it."""
+        c0 = time.process_time()
         flat = torch.empty(nbytes, dtype=torch.uint8, device=self.weight_device)
         broadcast(self.weight_group, flat, root=0)
-        return flat.numel()
+        return time.process_time() - c0
+
+    def receive_weights(self) -> dict[str, float]:
+        c0 = time.process_time()
+        clock = super().receive_weights()
+        return dict(clock, cpu=time.process_time() - c0)
 
 
 def main() -> None:
@@ -60,36 +72,44 @@ def main() -> None:
             device = next(t for g in policy.export_hf_groups() for _, t in g).device
             flat = torch.ones(nbytes, dtype=torch.uint8, device=device)
 
-            def raw() -> float:
-                t0 = time.perf_counter()
+            def raw() -> tuple[float, float]:
+                """Wall seconds of a raw broadcast, and the CPU-seconds it took here and in the actor."""
+                t0, c0 = time.perf_counter(), time.process_time()
                 receiving = generator.actor.receive_bytes.remote(nbytes)
                 start_broadcast(sync.group, flat).wait()
-                ray.get(receiving)
-                return time.perf_counter() - t0
+                actor_cpu = ray.get(receiving)
+                return time.perf_counter() - t0, time.process_time() - c0 + actor_cpu
 
             raw()  # warm-up
-            refit, baseline, store, load = [], [], [], []
+            refit, baseline, store, load, refit_cpu, raw_cpu = [], [], [], [], [], []
             for _ in range(args.repeats):
+                c0 = time.process_time()
                 report = sync.sync(policy, generator)
+                refit_cpu.append(time.process_time() - c0 + sync.last_actor_seconds["cpu"])
                 refit.append(report.seconds)
                 load.append(sync.last_actor_seconds["load"])
-                baseline.append(raw())
+                wall, cpu = raw()
+                baseline.append(wall)
+                raw_cpu.append(cpu)
             for _ in range(max(1, args.repeats // 2)):  # for reference: tensors through Ray's object store
                 store.append(ColocatedWeightSync().sync(policy, generator).seconds)
         finally:
             generator.close()
             policy.close()
 
-    r, b, o, lo = (statistics.median(x) for x in (refit, baseline, store, load))
+    r, b, o, lo, rc, bc = (statistics.median(x) for x in (refit, baseline, store, load, refit_cpu, raw_cpu))
+    cores = len(os.sched_getaffinity(0))
     print(f"model: {args.preset} llama, {params / 1e6:.1f}M parameters, {nbytes / 1e6:.1f} MB, "
           f"{report.num_buckets} bucket(s) of <= {args.bucket_mb:.0f} MB, {sync.backend}, {args.repeats} repeats")
     print(f"broadcast refit (export, broadcast, vLLM reload, cache reset): {r * 1e3:8.1f} ms  ({nbytes / r / 1e9:.2f} GB/s)")
     print(f"  of which vLLM reload_weights in the actor:                   {lo * 1e3:8.1f} ms")
     print(f"raw broadcast of the same bytes to the same actor:             {b * 1e3:8.1f} ms  ({nbytes / b / 1e9:.2f} GB/s)")
     print(f"(reference) refit through Ray's object store:                  {o * 1e3:8.1f} ms")
-    print(f"ratio broadcast refit / raw broadcast: {r / b:.2f}")
+    print(f"CPU-seconds, this process + the actor: refit {rc * 1e3:.1f} ms, raw broadcast {bc * 1e3:.1f} ms; on "
+          f"{cores} cores a refit cannot take less than {rc / cores * 1e3:.1f} ms = {rc / cores / b:.2f}x the raw broadcast")
+    print(f"ratio broadcast refit / raw broadcast: {r / b:.2f} (load average {os.getloadavg()[0]:.1f})")
     print(f"broadcast_refit_over_raw={r / b:.3f} broadcast_refit_ms={r * 1e3:.1f} raw_broadcast_ms={b * 1e3:.1f} "
-          f"actor_reload_ms={lo * 1e3:.1f} buckets={report.num_buckets}")
+          f"actor_reload_ms={lo * 1e3:.1f} buckets={report.num_buckets} refit_cpu_floor_over_raw={rc / cores / b:.3f}")
 
 
 if __name__ == "__main__":
