@@ -1,7 +1,13 @@
 """vLLM generator, in this process (colocated with the policy).
 
-Settings measured to work on CPU machines (see the project's STACK notes): the engine runs in-process
-(``VLLM_ENABLE_V1_MULTIPROCESSING=0``: no spawn, and weights can be passed as tensors), eager mode (compiling
+The engine core runs in this process on every device (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; vLLM's default
+on a GPU is a separate engine-core process): a refit hands the policy's tensors to vLLM's ``reload_weights`` by
+reference, one at a time as the export yields them. On a GPU they are CUDA tensors copied device to device
+into the engine: no CUDA IPC handles and no copy through host memory are needed, which is what NeMo-RL's IPC
+hand-off achieves between processes. (Through a separate engine-core process the refit could not work at all:
+``collective_rpc`` serializes its arguments, and the stream of tensors is a Python generator.)
+
+Settings measured to work on CPU machines (see the project's STACK notes): eager mode (compiling
 adds 20-50 s of start-up and no speed), a fixed KV-cache size (``kv_cache_memory_bytes`` from
 ``vllm_cfg.kv_cache_space_gib``, fractions of a GiB too: the cache is allocated and zeroed, so it is resident
 memory; the automatic size reads NUMA meminfo and has failed), and ``OMP_NUM_THREADS`` set (else the engine
@@ -54,7 +60,6 @@ def _quiet_rotary_reload_notice() -> None:
 
 def _cpu_engine_environment() -> None:
     # no VLLM_CPU_KVCACHE_SPACE: it counts whole GiB and, when set, overrides kv_cache_memory_bytes
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
@@ -81,6 +86,7 @@ class VllmGenerator:
         config = read_hf_config(model_path)
         head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
         on_cpu = not torch.cuda.is_available()
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process (module docstring)
         if on_cpu:
             check_head_dim(head_dim)  # fail here, not at the first generate call deep inside vLLM
             _cpu_engine_environment()

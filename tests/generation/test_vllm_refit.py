@@ -145,3 +145,26 @@ def test_only_the_rotary_cache_reload_notice_is_silenced():
 
     assert not layerwise.filter(record("RotaryEmbedding"))
     assert layerwise.filter(record("QKVParallelLinear"))  # a real load failure still shows
+
+
+def test_refit_hands_the_policys_tensors_to_the_engine_in_this_process(engines, monkeypatch):
+    """The colocated hand-off: the engine core runs in this process (on a GPU too, where vLLM's default is a
+    separate process), and vLLM's ``reload_weights`` receives the export's tensors where the policy holds them
+    (on a GPU: CUDA tensors, no trip through host memory) - what NeMo-RL's CUDA IPC hand-off achieves across
+    processes. Runs on any device; on a CPU machine the device check is trivially CPU."""
+    _, policy, generator = engines
+    assert type(generator.llm.llm_engine.engine_core).__name__ == "InprocClient"
+    seen_devices, rpc = set(), generator.llm.collective_rpc
+
+    def spying_rpc(method, *args, kwargs=None, **rest):
+        if method == "reload_weights":
+            stream = kwargs["weights_iterator"]
+            kwargs = dict(kwargs, weights_iterator=((n, seen_devices.add(t.device) or t) for n, t in stream))
+        return rpc(method, *args, kwargs=kwargs, **rest)
+
+    monkeypatch.setattr(generator.llm, "collective_rpc", spying_rpc)
+    report = ColocatedWeightSync().sync(policy, generator)
+    policy_devices = {p.device for p in policy.model.parameters()}
+    assert report.num_tensors > 0 and seen_devices == policy_devices, (seen_devices, policy_devices)
+    worst, mean, _ = mismatch(policy, generator, seed=3)
+    assert worst < 1e-3 and mean < 1e-4, (worst, mean)
