@@ -262,8 +262,9 @@ class Session(RunLoop):
         """This step's batch from the rollout source the config chose (plain: not scored; dynamic sampling:
         scored; async GRPO: the producer's next ready batch, ``seed`` unused), see
         :mod:`rlkit.stages.rollout_sources`. Within a step it is the same batch again. ``rows``: G samples of
-        exactly these prompts instead, not scored, whatever the source. The batch is marked with the step it is
-        for (``rollout_step``), so that ``train()`` can tell a batch of an earlier step."""
+        exactly these prompts instead, whatever the source: not scored, or with a multi-turn environment G
+        conversations each, scored as they are played. The batch is marked with the step it is for
+        (``rollout_step``), so that ``train()`` can tell a batch of an earlier step."""
         self._refuse_if_closed("rollout")
         if rows is None:
             batch = self.rollouts.batch(self.run_state, self.sampling(seed).seed, self.generator_version,
