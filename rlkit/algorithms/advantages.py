@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from rlkit.algorithms.registry import Registry
+from rlkit.algorithms.returns import discounted_returns
 
 AdvantageEstimatorName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_baseline"]
 
@@ -203,18 +204,6 @@ def rloo(
     return _to_tokens(_centred(_grouped(rewards, group_size), leave_one_out=True), mask)
 
 
-def discounted_returns(token_rewards: Tensor, gamma: float) -> Tensor:  # [B, T] -> [B, T]
-    """``G_t = sum_{s >= t} gamma^(s - t) r_s`` along the last dim (discounting by position)."""
-    if gamma == 1.0:
-        return token_rewards.flip(-1).cumsum(-1).flip(-1)
-    out = torch.empty_like(token_rewards)
-    running = torch.zeros_like(token_rewards[:, 0])
-    for t in range(token_rewards.shape[1] - 1, -1, -1):
-        running = token_rewards[:, t] + gamma * running
-        out[:, t] = running
-    return out
-
-
 @ADVANTAGE_ESTIMATORS.register("reinforce_pp")
 def reinforce_pp(
     rewards: Tensor,  # [B]
@@ -227,7 +216,9 @@ def reinforce_pp(
     """REINFORCE++ (Hu 2025): per-token return with KL in the reward, whitened over the whole batch.
 
     ``r_t = R * [t = last valid token] - kl_coef * kl_t`` (on valid tokens),
-    ``G_t = sum_{s >= t} gamma^(s - t) r_s``, ``A_t = (G_t - mean(G)) / (std(G) + eps)`` where mean and
+    ``G_t = sum_{s >= t} gamma^(k(s) - k(t)) r_s`` over valid tokens, ``k`` counting valid tokens (so a
+    conversation's environment messages are not discounted over: :mod:`rlkit.algorithms.returns`),
+    ``A_t = (G_t - mean(G)) / (std(G) + eps)`` where mean and
     std run over every valid token of the batch (population std, as OpenRLHF's masked whitening), not per
     group. ``kl`` ``[B, T]`` is the per-token KL estimate (see ``rlkit.algorithms.kl``); it is required
     when ``kl_coef != 0``. Without ``normalize_rewards`` the return is only mean-centred.
@@ -244,7 +235,7 @@ def reinforce_pp(
         if kl is None:
             raise ValueError("reinforce_pp with kl_coef != 0 needs the per-token kl [B, T]: pass kl=...")
         token_rewards = token_rewards - cfg.kl_coef * torch.where(mask, kl.detach().to(r.dtype), 0.0)
-    returns = discounted_returns(token_rewards, cfg.gamma)
+    returns = discounted_returns(token_rewards, mask, cfg.gamma)
     valid = returns[mask]
     if valid.numel() == 0:
         return torch.zeros_like(returns)

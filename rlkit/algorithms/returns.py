@@ -31,6 +31,8 @@ def discounted_returns(token_rewards: Tensor, mask: Tensor, gamma: float = 1.0) 
         raise ValueError("a reward sits on a position outside the mask (a token the policy did not generate); put "
                          "each reward on a generated token, e.g. the last token of the turn it answers")
     rewards = token_rewards.detach()
+    if gamma == 1.0:  # no discount: holes change nothing, the return is the reversed cumulative sum
+        return torch.where(mask, rewards.flip(-1).cumsum(-1).flip(-1), 0.0)
     out = torch.zeros_like(rewards)
     running = torch.zeros_like(rewards[:, 0])
     for t in range(rewards.shape[1] - 1, -1, -1):  # holes carry the running return on, undiscounted

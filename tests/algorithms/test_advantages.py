@@ -12,7 +12,6 @@ from rlkit.algorithms import (
     group_stats,
     zero_variance_group_fraction,
 )
-from rlkit.algorithms.advantages import discounted_returns
 
 SQRT_1_3 = math.sqrt(1 / 3)  # unbiased std of (1, 0, 0): sum of squared deviations 6/9, / (G - 1) = 1/3
 
@@ -98,11 +97,15 @@ def test_group_stats_and_zero_variance_fraction():
     assert zero_variance_group_fraction(torch.tensor([1.0, 0.0]), 1) == 1.0
 
 
-def test_discounted_returns():
-    r = torch.tensor([[0.0, 0.0, 1.0], [1.0, 2.0, 3.0]])
-    # gamma 0.5: (0.25, 0.5, 1); (1 + 0.5*2 + 0.25*3, 2 + 0.5*3, 3) = (2.75, 3.5, 3)
-    torch.testing.assert_close(discounted_returns(r, 0.5), torch.tensor([[0.25, 0.5, 1.0], [2.75, 3.5, 3.0]]))
-    torch.testing.assert_close(discounted_returns(r, 1.0), torch.tensor([[1.0, 1.0, 1.0], [6.0, 5.0, 3.0]]))
+def test_reinforce_pp_discounts_a_conversation_by_its_generated_tokens():
+    # prompt, turn 1, tool result, turn 2: generated positions 2, 3, 7, 8 are steps 0..3; reward 1 on the last.
+    # gamma 0.5: returns (0.125, 0.25, 0.5, 1) (by position, position 3 would get 0.5**5); mean 0.46875
+    mask = torch.tensor([[0, 0, 1, 1, 0, 0, 0, 1, 1, 0]], dtype=torch.bool)
+    cfg = AdvantageParams(gamma=0.5, normalize_rewards=False)
+    adv = compute_advantages("reinforce_pp", torch.tensor([1.0]), mask, 1, cfg)
+    m = 0.46875
+    expected = torch.tensor([[0, 0, 0.125 - m, 0.25 - m, 0, 0, 0, 0.5 - m, 1 - m, 0]])
+    torch.testing.assert_close(adv, expected, atol=1e-7, rtol=0)
 
 
 def test_reinforce_pp_kl_in_reward_and_global_whitening():

@@ -21,10 +21,10 @@ def test_without_holes_it_is_the_usual_return_in_float64():
     torch.manual_seed(0)
     rewards = torch.randn(3, 6, dtype=torch.float64)
     mask = torch.ones(3, 6, dtype=torch.bool)
-    gamma = 0.9
-    reference = torch.tensor([[sum(gamma ** (s - t) * rewards[b, s].item() for s in range(t, 6)) for t in range(6)]
-                              for b in range(3)], dtype=torch.float64)
-    assert torch.allclose(discounted_returns(rewards, mask, gamma), reference, atol=1e-12)
+    for gamma in (0.9, 1.0):  # (1.0 takes the cumulative-sum path)
+        reference = torch.tensor([[sum(gamma ** (s - t) * rewards[b, s].item() for s in range(t, 6)) for t in range(6)]
+                                  for b in range(3)], dtype=torch.float64)
+        assert torch.allclose(discounted_returns(rewards, mask, gamma), reference, atol=1e-12), gamma
 
 
 def test_a_reward_outside_the_mask_is_an_error():
