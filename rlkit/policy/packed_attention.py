@@ -5,7 +5,8 @@ position_ids that restart per row, but its SDPA path does so with a block-diagon
 work than the padding packing saves), and its varlen path needs the flash-attn package (CUDA only). The
 function here runs transformers' own ``sdpa_attention_forward`` on each row's segment of the packed sequence
 (given as ``cu_seq_lens_q``, the keyword transformers' flash-attention path uses), causal by flag, the segments
-of one length together as rows of a batch: sum(l_i^2) work and the same kernel as an unpacked batch. RoPE needs nothing: the model rotates by ``position_ids``, which
+of about one length together as rows of a batch (:func:`rlkit.policy.packing.segment_groups`): about sum(l_i^2)
+work and the same kernel as an unpacked batch. RoPE needs nothing: the model rotates by ``position_ids``, which
 the caller passes restarting at 0 for each row (:class:`rlkit.policy.packing.PackedRows`).
 
 The model gets it with ``attn_implementation=PACKED_SDPA`` after :func:`register`; every forward pass must
@@ -20,7 +21,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from rlkit.policy.packing import segments_by_length
+from rlkit.policy.packing import segment_groups
 
 PACKED_SDPA = "rlkit_packed_sdpa"
 
@@ -44,11 +45,11 @@ def packed_sdpa_attention(module: torch.nn.Module, query: Tensor, key: Tensor, v
     if bounds[-1] != query.shape[2]:
         raise ValueError(f"cu_seq_lens_q ends at {bounds[-1]}, but the packed sequence holds {query.shape[2]} positions")
     context = query.new_empty(1, query.shape[2], query.shape[1], query.shape[3])
-    for length, positions in segments_by_length(cu_seq_lens_q).items():  # [n, l]: the segments of one length
-        index = positions.to(query.device)
-        q, k, v = (t[0][:, index].transpose(0, 1) for t in (query, key, value))  # [n, heads, l, d]
-        out = sdpa_attention_forward(module, q, k, v, None, is_causal=True, **kwargs)[0]  # [n, l, heads, d]
-        context[0, index.flatten()] = out.reshape(-1, *out.shape[2:])
+    for positions, real in segment_groups(cu_seq_lens_q):  # [n, r]: segments of about one length together
+        index, real = positions.to(query.device), real.to(query.device)
+        q, k, v = (t[0][:, index].transpose(0, 1) for t in (query, key, value))  # [n, heads, r, d]
+        out = sdpa_attention_forward(module, q, k, v, None, is_causal=True, **kwargs)[0]  # [n, r, heads, d]
+        context[0, index[real]] = out[real]
     return context, None
 
 

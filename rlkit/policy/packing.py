@@ -89,15 +89,27 @@ def pack_rows(input_ids: Tensor, lengths: Sequence[int], multiple_of: int = 1, p
                       cu_seqlens=cu, lengths=lengths)
 
 
-def segments_by_length(cu_seqlens: Tensor) -> dict[int, Tensor]:
-    """Segment length -> packed positions of all segments of that length, [segments, length] (row-major), for
-    attention that runs the segments of one length together as rows of a batch: fewer calls than one per row,
-    the same sum(l_i^2) work."""
+SEGMENT_ROUND = 8  # segment lengths are rounded up to this for grouping (see segment_groups)
+
+
+def segment_groups(cu_seqlens: Tensor, round_to: int = SEGMENT_ROUND) -> list[tuple[Tensor, Tensor]]:
+    """The segments grouped by length rounded up to ``round_to``, for attention that runs each group as the rows
+    of one batch: ``(positions [n, r], real [n, r])`` per group, ``positions`` the packed positions of its n
+    segments, right-padded to the group's length r by repeating each segment's last position, ``real`` False
+    on that padding. Causal attention keeps the padding out of every real position (it comes after them), so
+    each real output is its segment's alone, at about sum(l_i^2) work in far fewer calls than one per row
+    (128 rows of 24..64 tokens: 6 calls instead of 41 for exact lengths)."""
     bounds = cu_seqlens.tolist()
-    starts: dict[int, list[int]] = {}
+    groups: dict[int, list[tuple[int, int]]] = {}
     for s, e in zip(bounds[:-1], bounds[1:]):
-        starts.setdefault(e - s, []).append(s)
-    return {length: torch.tensor(first).unsqueeze(1) + torch.arange(length) for length, first in starts.items()}
+        groups.setdefault(-(-(e - s) // round_to) * round_to, []).append((s, e))
+    out = []
+    for width, segments in groups.items():
+        first = torch.tensor([s for s, _ in segments]).unsqueeze(1)
+        last = torch.tensor([e - 1 for _, e in segments]).unsqueeze(1)
+        positions = first + torch.arange(width)
+        out.append((torch.minimum(positions, last), positions <= last))
+    return out
 
 
 def packed_tokens(plan: list[list[int]], lengths: Sequence[int]) -> int:

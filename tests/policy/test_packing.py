@@ -92,7 +92,7 @@ def test_packed_core_attention_equals_each_row_alone(kind):
         attention = module(transformer_config(arch), layer_number=1, attn_mask_type=AttnMaskType.causal,
                            attention_type="self")
         g = torch.Generator().manual_seed(0)
-        lengths = [5, 1, 9, 5, 1]  # equal lengths share one call (as rows of a batch)
+        lengths = [5, 1, 9, 5, 1]  # 5 and 1 share one call (rounded up to 8, as rows of a batch), 9 another
         q = torch.randn(sum(lengths), 4, 32, generator=g)
         k, v = (torch.randn(sum(lengths), 2, 32, generator=g) for _ in range(2))
         cu = torch.tensor([0, 5, 6, 15, 20, 21], dtype=torch.int32)

@@ -39,15 +39,15 @@ from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.transformer.enums import AttnMaskType
 from torch import Tensor
 
-from rlkit.policy.packing import segments_by_length
+from rlkit.policy.packing import segment_groups
 
 
 def attend_per_segment(attend: Callable[[Tensor, Tensor, Tensor], Tensor], query: Tensor, key: Tensor, value: Tensor,
                        packed: PackedSeqParams) -> Tensor:
     """Causal self-attention within each segment of a packed sequence. Query [L, np, hn], key/value [L, ng, hn]
     (the "thd" format: Megatron squeezes the batch dimension of one) -> context [L, 1, np * hn]. ``attend`` runs
-    the segments of one length together in the unpacked layout, as rows of a batch: [l, n, np, hn],
-    [l, n, ng, hn] x 2 -> [l, n, np * hn] (fewer calls for many short rows; still sum(l_i^2) work)."""
+    the segments of about one length together in the unpacked layout, as rows of a batch
+    (:func:`rlkit.policy.packing.segment_groups`): [r, n, np, hn], [r, n, ng, hn] x 2 -> [r, n, np * hn]."""
     if packed.qkv_format != "thd":
         raise NotImplementedError(f"packed sequences in the 'thd' format only, not {packed.qkv_format!r}")
     cu_q = packed.cu_seqlens_q_padded if packed.cu_seqlens_q_padded is not None else packed.cu_seqlens_q
@@ -58,10 +58,11 @@ def attend_per_segment(attend: Callable[[Tensor, Tensor, Tensor], Tensor], query
     if bounds[-1] != query.shape[0]:
         raise ValueError(f"cu_seqlens end at {bounds[-1]}, but the packed sequence holds {query.shape[0]} positions")
     context = query.new_empty(query.shape[0], 1, query.shape[1] * query.shape[2])
-    for length, positions in segments_by_length(cu_q).items():  # [n, l]: the segments of one length together
-        index = positions.to(query.device)
-        q, k, v = (t[index].transpose(0, 1) for t in (query, key, value))  # [l, n, heads, hn]
-        context[index.flatten()] = attend(q, k, v).transpose(0, 1).reshape(-1, 1, context.shape[-1])
+    for positions, real in segment_groups(cu_q):  # [n, r] each: segments of about one length together
+        index, real = positions.to(query.device), real.to(query.device)
+        q, k, v = (t[index].transpose(0, 1) for t in (query, key, value))  # [r, n, heads, hn]
+        out = attend(q, k, v).transpose(0, 1)  # [n, r, np * hn]
+        context[index[real]] = out[real].unsqueeze(1)
     return context
 
 
