@@ -235,7 +235,8 @@ class InProcessPolicy:
         logprobs = torch.nn.functional.pad(logprobs, (0, micro.input_ids.shape[1] - t))
         return self._loss_of(logprobs, micro, loss_fn, counts)
 
-    def _packed_micro_loss(self, micro: Trajectories, loss_fn: LossFn, counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:
+    def _packed_micro_loss(self, micro: Trajectories, loss_fn: LossFn,
+                           counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:
         """:meth:`_micro_loss` with the microbatch's rows packed into one sequence."""
         packed = self._pack(micro.input_ids, micro.attention_mask)
         logits = self._packed_logits(packed)

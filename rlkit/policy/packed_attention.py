@@ -43,9 +43,10 @@ def packed_sdpa_attention(module: torch.nn.Module, query: Tensor, key: Tensor, v
         kwargs.pop(key_, None)
     bounds = cu_seq_lens_q.tolist()
     if bounds[-1] != query.shape[2]:
-        raise ValueError(f"cu_seq_lens_q ends at {bounds[-1]}, but the packed sequence holds {query.shape[2]} positions")
+        raise ValueError(f"cu_seq_lens_q ends at {bounds[-1]}, but the packed sequence holds {query.shape[2]} "
+                         "positions")
     context = query.new_empty(1, query.shape[2], query.shape[1], query.shape[3])
-    for positions, real in segment_groups(cu_seq_lens_q):  # [n, r]: segments of about one length together
+    for positions, real in segment_groups(cu_seq_lens_q):  # [n, r]: segments of about one length
         index, real = positions.to(query.device), real.to(query.device)
         q, k, v = (t[0][:, index].transpose(0, 1) for t in (query, key, value))  # [n, heads, r, d]
         out = sdpa_attention_forward(module, q, k, v, None, is_causal=True, **kwargs)[0]  # [n, r, heads, d]

@@ -5,11 +5,11 @@ The reference is the same policy on the same weights and batch without packing (
 each padded to its longest row). The tolerances are test_token_budget's, for the same reasons: logprobs, loss and
 every gradient within 1e-6 (fp32: only the grouping of tokens into forward passes differs; measured 1.1e-8 for
 the gradients), entropy within 1e-6 of its scale, the weights after an optimizer step within 1e-5 wherever the
-gradient decided Adam's step (|g| above ~1e-6: the reference moved by over 0.99 lr). Where it did not, Adam's first step (lr * g / (|g| + eps)) turns the gradient's rounding
-into the update itself: measured on Megatron, one element of 12,288 in a down projection, whose gradient differs
-by ~1e-8 between the two paths, moved 1.03e-5 apart. If each row did not attend only within itself, the logprobs
-would be off by far more (checked below on purpose). The batch holds
-a row of one token and a row that fills the whole train budget (48 tokens).
+gradient decided Adam's step (|g| above ~1e-6: the reference moved by over 0.99 lr). Where it did not, Adam's
+first step (lr * g / (|g| + eps)) turns the gradient's rounding into the update itself: measured on Megatron,
+one element of 12,288 in a down projection, whose gradient differs by ~1e-8 between the two paths, moved 1.03e-5
+apart. If each row did not attend only within itself, the logprobs would be off by far more (checked below on
+purpose). The batch holds a row of one token and a row that fills the whole train budget (48 tokens).
 """
 
 import pytest
@@ -33,7 +33,8 @@ def assert_same(got, ref):
     moved = max((ref["after"][k] - ref["before"][k]).abs().max().item() for k in ref["after"])
     assert moved > 100 * STEP_TOL
     # where Adam's first step was decided by the gradient: |g| / (|g| + eps) > 0.99, i.e. the reference moved by
-    # more than 0.99 lr (no weight decay here); that is |g| > ~1e-6: 97.6% of the elements (the rest are mostly embedding rows of tokens not in the batch, which do not move)
+    # more than 0.99 lr (no weight decay here); that is |g| > ~1e-6: 97.6% of the elements (the rest are mostly
+    # embedding rows of tokens not in the batch, which do not move)
     lr = ref["step"].learning_rate
     decided = {k: (ref["after"][k] - ref["before"][k]).abs() > 0.99 * lr for k in ref["after"]}
     assert sum(int(m.sum()) for m in decided.values()) > 0.9 * sum(m.numel() for m in decided.values())
