@@ -22,7 +22,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Literal, Mapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -272,7 +272,7 @@ class InProcessPolicy:
         return sums, len(plan)
 
     def _microbatch_plan(self, attention_mask: Tensor, rows_per_microbatch: int,
-                         budget_key: str) -> list[slice | Tensor]:
+                         budget_key: Literal["train_mb_tokens", "logprob_mb_tokens"]) -> list[slice | Tensor]:
         """The rows of each forward pass over ``attention_mask`` [B, T]: ``rows_per_microbatch`` consecutive rows
         at a time; with ``policy.dynamic_batching`` rows of similar length up to a budget of padded tokens; with
         ``policy.sequence_packing`` packs of rows up to a budget of tokens. The budget is the enabled section's

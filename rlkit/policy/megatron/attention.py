@@ -16,9 +16,10 @@ TP=2+SP weights after one Adam step moved from within 1e-5 to 1.6e-5 of one proc
 sequences CPU runs use it saves nothing (0.96x the CPU-seconds at 256 tokens; 0.67x at 1024).
 
 Packed sequences (``policy.sequence_packing``: several rows in one sequence, Megatron's ``PackedSeqParams`` in
-the "thd" format, query [L, heads, hn]): both core attentions here run causal attention segment by segment over
-``cu_seqlens``, each segment through the same kernel as an unpacked row (:func:`attend_per_segment`). That costs
-sum(l_i^2) where a block-diagonal [L, L] mask would cost L^2. Megatron's own ``DotProductAttention`` refuses
+the "thd" format, query [L, heads, hn]): both core attentions here run causal attention within each segment of
+``cu_seqlens``, the segments of about one length together as the rows of a batch, through the same kernel as
+unpacked rows (:func:`attend_per_segment`). That costs about sum(l_i^2) where a block-diagonal [L, L] mask would
+cost L^2. Megatron's own ``DotProductAttention`` refuses
 packed sequences (it leaves them to Transformer Engine), so on the CPU :class:`PackedDotProductAttention` adds
 the segment loop around it and leaves its unpacked path as it is. RoPE restarts per segment in Megatron itself
 (``apply_rotary_pos_emb`` with ``cu_seqlens``).
@@ -34,8 +35,8 @@ from typing import Callable, Optional
 
 import torch
 from megatron.core import tensor_parallel
-from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 from torch import Tensor
 
