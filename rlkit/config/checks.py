@@ -100,7 +100,7 @@ def cross_section_problems(sections: Mapping[str, Any], partial: bool) -> list[s
             out.append(f"policy.generation.colocated.enabled=false: runs vLLM in a Ray actor, but "
                        f"policy.generation.backend={policy.generation.backend!r}; set backend=vllm or colocated.enabled=true")
         out += _model_problems(policy)
-        out += _dynamic_batching_problems(policy)
+        out += _token_budget_problems(policy, "dynamic_batching") + _token_budget_problems(policy, "sequence_packing")
         out += _sequence_packing_problems(policy)
     if sft is not None and policy is not None and sft.enabled:
         dp = _data_parallel_size(policy)
@@ -295,40 +295,34 @@ def _divisor_near(n: int, target: int) -> int:
     return min((d for d in range(1, n + 1) if n % d == 0), key=lambda d: abs(d - target))
 
 
-def _sequence_packing_problems(policy: Any) -> list[str]:
-    """Packing replaces dynamic batching (NeMo-RL: the two are exclusive), a budget must hold one whole sequence,
-    and Megatron's pipeline schedule runs microbatches of one shape [rows, length], which packs are not.
-    (Context parallelism is refused for every run: see the layout checks.)"""
-    packing = policy.sequence_packing
-    if not packing.enabled:
+def _token_budget_problems(policy: Any, name: str) -> list[str]:
+    """``policy.<name>`` (dynamic_batching or sequence_packing), when enabled: a budget must hold one whole
+    sequence, and Megatron's pipeline schedule runs microbatches of one shape [rows, length] only."""
+    section = getattr(policy, name)
+    if not section.enabled:
         return []
-    out = [f"policy.sequence_packing.{key}={budget}: smaller than one sequence (policy.max_total_sequence_length="
+    out = [f"policy.{name}.{key}={budget}: smaller than one sequence (policy.max_total_sequence_length="
            f"{policy.max_total_sequence_length}); raise it to at least that, or leave it unset"
-           for key, budget in (("train_mb_tokens", packing.train_mb_tokens), ("logprob_mb_tokens", packing.logprob_mb_tokens))
+           for key, budget in (("train_mb_tokens", section.train_mb_tokens), ("logprob_mb_tokens", section.logprob_mb_tokens))
            if budget is not None and budget < policy.max_total_sequence_length]
+    if _pipelined(policy):
+        out.append(f"policy.{name}.enabled: not with pipeline parallelism (Megatron's schedule runs microbatches "
+                   "of one shape); set it false or policy.megatron_cfg.pipeline_model_parallel_size=1")
+    return out
+
+
+def _sequence_packing_problems(policy: Any) -> list[str]:
+    """Beyond the budget rules: packing replaces dynamic batching (NeMo-RL: the two are exclusive), and Megatron's
+    expert dispatch needs equal token counts per rank. (Context parallelism is refused for every run: see the
+    layout checks.)"""
+    if not policy.sequence_packing.enabled:
+        return []
+    out = []
     if policy.dynamic_batching.enabled:
         out.append("policy.sequence_packing.enabled: exclusive with policy.dynamic_batching.enabled (packing already "
                    "leaves no padding); set one of them false")
-    if _pipelined(policy):
-        out.append("policy.sequence_packing.enabled: not with pipeline parallelism (Megatron's schedule runs "
-                   "microbatches of one shape); set it false or policy.megatron_cfg.pipeline_model_parallel_size=1")
     if policy.megatron_cfg.enabled and policy.megatron_cfg.expert_model_parallel_size > 1:
         out.append("policy.sequence_packing.enabled: not with expert parallelism (Megatron's all-gather token "
                    "dispatcher needs as many tokens from every expert-parallel rank, and packs differ in length); "
                    "set it false or policy.megatron_cfg.expert_model_parallel_size=1")
-    return out
-
-
-def _dynamic_batching_problems(policy: Any) -> list[str]:
-    """A token budget must hold one whole sequence; Megatron's pipeline schedule runs equal microbatches only."""
-    dynamic = policy.dynamic_batching
-    if not dynamic.enabled:
-        return []
-    out = [f"policy.dynamic_batching.{key}={budget}: smaller than one sequence (policy.max_total_sequence_length="
-           f"{policy.max_total_sequence_length}); raise it to at least that, or leave it unset"
-           for key, budget in (("train_mb_tokens", dynamic.train_mb_tokens), ("logprob_mb_tokens", dynamic.logprob_mb_tokens))
-           if budget is not None and budget < policy.max_total_sequence_length]
-    if _pipelined(policy):
-        out.append("policy.dynamic_batching.enabled: not with pipeline parallelism (Megatron's schedule runs "
-                   "microbatches of one shape); set it false or policy.megatron_cfg.pipeline_model_parallel_size=1")
     return out

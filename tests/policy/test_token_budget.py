@@ -141,3 +141,11 @@ def test_a_budget_smaller_than_a_sequence_is_refused_before_loading(tmp_path):
     with pytest.raises(ConfigError, match="policy.dynamic_batching.train_mb_tokens=32"):
         load_config("quickstart", ["policy.dynamic_batching.enabled=true", "policy.dynamic_batching.train_mb_tokens=32",
                                    "policy.max_total_sequence_length=64"])
+
+
+def test_pipeline_parallelism_is_refused_before_loading():
+    from rlkit.config.loading import load_config
+
+    with pytest.raises(ConfigError, match=r"policy.dynamic_batching.enabled: not with pipeline parallelism"):
+        load_config("quickstart", ["policy.dynamic_batching.enabled=true", "policy.num_workers=2",
+                                   "policy.megatron_cfg.pipeline_model_parallel_size=2"])
