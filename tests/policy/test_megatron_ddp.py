@@ -140,3 +140,13 @@ def test_distributed_optimizer_is_refused_on_the_cpu_before_any_model_loads(mode
     assert "distrib_optimizer.py:361,420" in problems[0] and "set it false" in problems[0]
     plain = PolicyConfig(model_name=str(model_path))
     assert not [p for p in cross_section_problems({"policy": plain}, partial=True) if "distributed_optimizer" in p]
+
+
+def test_distributed_optimizer_on_a_gpu_is_refused_as_not_built_yet(model_path, monkeypatch):
+    """The GPU branch of the check, run here with CUDA reported present (only the check reads it)."""
+    from rlkit.config.checks import distributed_optimizer_problems
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cfg = PolicyConfig(model_name=str(model_path), megatron_cfg={"optimizer": {"use_distributed_optimizer": True}})
+    (problem,) = distributed_optimizer_problems(cfg)
+    assert problem.startswith("policy.megatron_cfg.optimizer.use_distributed_optimizer=true: not built yet")
