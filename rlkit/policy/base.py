@@ -80,6 +80,17 @@ class Policy(Protocol):
         """Freeze the current weights as the KL reference."""
         ...
 
+    def offload_optimizer_state(self) -> None:
+        """Move the optimizer state (and free the gradient buffers) to host memory while a colocated engine
+        generates; the session's refit calls it when the engine sleeps between rollouts. Nothing happens where
+        the weights live on the CPU already."""
+        ...
+
+    def restore_optimizer_state(self) -> None:
+        """Bring back what :meth:`offload_optimizer_state` moved. A policy does this by itself before anything
+        that needs the state (a train step, a checkpoint save or load), so a caller never has to."""
+        ...
+
     # ---- weights and state ------------------------------------------------------------------------
     def load_hf_state(self, hf: Mapping[str, Tensor]) -> None:
         """Load HF-named full tensors (each rank keeps its shard). Strict on names and shapes."""

@@ -6,7 +6,8 @@ A backend subclass builds ``self.model`` and supplies only what differs between 
 split over, gradient reductions and the gradient norm, HF import/export, and how its parameters are named
 in a checkpoint. Everything else is here once: the chunked logprob loop, global token counts, the
 microbatch loop, the all-or-nothing optimizer step with Ctrl-C deferred, the reference-weight swap, the
-learning-rate schedule and the checkpoint state.
+learning-rate schedule, the checkpoint state, and the optimizer state's offload to host memory while a
+colocated engine generates.
 
 Numerics both backends follow: logits divided by the sampling temperature, the loss normalised by counts
 over the *global* batch (so gradients are summed, never averaged, over data-parallel ranks), clipping by the
@@ -22,11 +23,12 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Literal, Mapping, Optional
+from typing import Literal, Mapping, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
 from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
 from rlkit.policy.base import LossFn, TokenLogprobs, TrainStepResult
@@ -100,6 +102,32 @@ def add_metrics(sums: dict[str, Tensor], metrics: Mapping[str, Tensor]) -> None:
         sums[k] = sums.get(k, 0.0) + v
 
 
+class HostCopy(NamedTuple):
+    """One optimizer state tensor while it is offloaded: its (local shard's) copy in host memory, and for a
+    DTensor (FSDP2's state) what rebuilds it around that shard on the way back."""
+
+    host: Tensor  # same shape, dtype and strides as the (local) tensor; pinned when CUDA is present
+    dtensor_layout: Optional[tuple]  # (device_mesh, placements, shape, stride) of a DTensor; None for a plain tensor
+
+    @classmethod
+    def of(cls, value: Tensor, pin: bool) -> "HostCopy":
+        """Copy ``value`` into new host memory (a DTensor's local shard only: a DTensor built around a host
+        tensor is moved back to its mesh's device by ``DTensor.from_local``)."""
+        local = value.to_local() if isinstance(value, DTensor) else value
+        host = torch.empty_like(local, device="cpu", pin_memory=pin)
+        host.copy_(local, non_blocking=pin)
+        layout = (value.device_mesh, value.placements, value.shape, value.stride()) if isinstance(value, DTensor) else None
+        return cls(host, layout)
+
+    def to(self, device: torch.device) -> Tensor:
+        """The tensor again, on ``device``."""
+        local = self.host.to(device, non_blocking=True)
+        if self.dtensor_layout is None:
+            return local
+        mesh, placements, shape, stride = self.dtensor_layout
+        return DTensor.from_local(local, mesh, placements, run_check=False, shape=shape, stride=stride)
+
+
 class InProcessPolicy:
     """The shared machinery; a subclass sets ``cfg``, ``model`` and ``device``, then calls ``_start_training``."""
 
@@ -110,6 +138,9 @@ class InProcessPolicy:
     # bf16 copy that runs forward and backward while ``model`` holds the fp32 master weights (Megatron at
     # policy.precision=bfloat16; a :class:`rlkit.policy.precision.Bf16Twin`); None when ``model`` itself computes
     _twin = None
+    # while the optimizer state is offloaded (:meth:`offload_optimizer_state`): parameter -> its state tensors'
+    # host copies (empty after a reset_optimizer: nothing to bring back but the gradient buffers); None otherwise
+    _offloaded_state: Optional[dict[Tensor, dict[str, HostCopy]]] = None
 
     def _start_training(self) -> None:
         """Optimizer, schedule, version 0 and the reference: the state right after the model is loaded."""
@@ -157,6 +188,13 @@ class InProcessPolicy:
     def _reduce_grads(self) -> None:
         """Sum gradients over the ranks that hold the same weights (FSDP does it during backward)."""
 
+    def _release_gradient_buffers(self) -> None:
+        """Free the memory gradients accumulate in between steps, if the backend keeps it (Megatron's DDP
+        buffers); their contents are dropped. Undone by :meth:`_reallocate_gradient_buffers`."""
+
+    def _reallocate_gradient_buffers(self) -> None:
+        """Allocate (zeroed) what :meth:`_release_gradient_buffers` freed."""
+
     def _microbatch_starting(self, index: int, count: int) -> None:
         """Called before the backward microbatch ``index`` of ``count`` (FSDP: sync gradients on the last)."""
 
@@ -175,7 +213,10 @@ class InProcessPolicy:
 
     # ---- optimizer and reference --------------------------------------------------------------------
     def reset_optimizer(self, optimizer: OptimizerConfig, scheduler: SchedulerConfig) -> None:
-        """A fresh AdamW and learning-rate schedule (e.g. between an SFT warm start and RL)."""
+        """A fresh AdamW and learning-rate schedule (e.g. between an SFT warm start and RL). An offloaded state
+        is dropped, not brought back (the new optimizer starts empty)."""
+        if self._offloaded_state is not None:
+            self._offloaded_state = {}  # still offloaded: the gradient buffers come back at the next step
         self.optimizer = torch.optim.AdamW(
             self.model.parameters(), lr=optimizer.lr, betas=optimizer.betas, eps=optimizer.eps,
             weight_decay=optimizer.weight_decay,
@@ -185,6 +226,60 @@ class InProcessPolicy:
     def set_reference_to_current(self) -> None:
         """Freeze the current weights as the KL reference (a copy of this rank's shards, no optimizer state)."""
         self.reference_state = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+
+    # ---- optimizer state offload (colocated generation) --------------------------------------------
+    def _offload_frees_memory(self) -> bool:
+        """Whether the weights, and so the optimizer state and gradient buffers, live in accelerator memory:
+        only then does an offload free anything (on a CPU machine it would copy host memory to host memory)."""
+        return self.device.type != "cpu"
+
+    @torch.no_grad()
+    def offload_optimizer_state(self) -> None:
+        """Move every optimizer state tensor on the weights' device (AdamW's fp32 ``exp_avg`` and ``exp_avg_sq``,
+        2x the parameters) to host memory, pinned when CUDA is present, and free the gradient buffers (Megatron's
+        DDP ``main_grad`` buffers, fp32, 1x the parameters; their contents are not needed between steps), so a
+        colocated generator has that memory while it generates. Gradients left in ``.grad`` by
+        :meth:`compute_gradients` are dropped. Brought back by :meth:`restore_optimizer_state`, which
+        :meth:`train_step` and :meth:`compute_gradients` call first; :meth:`save_state` and :meth:`load_state`
+        bring it back for their call and offload it again after. Nothing happens when the weights live on the
+        CPU already, or when the state is offloaded already."""
+        if self._offloaded_state is not None or not self._offload_frees_memory():
+            return
+        self.optimizer.zero_grad(set_to_none=True)  # (Megatron: views of the buffers freed below)
+        on_cuda = self.device.type == "cuda"
+        offloaded: dict[Tensor, dict[str, HostCopy]] = {}
+        for param, state in self.optimizer.state.items():
+            on_device = [k for k, v in state.items() if isinstance(v, Tensor) and v.device.type == self.device.type]
+            offloaded[param] = {k: HostCopy.of(state.pop(k), pin=on_cuda) for k in on_device}
+        self._release_gradient_buffers()
+        self._offloaded_state = offloaded
+        if on_cuda:  # the copies are asynchronous; cached blocks go back to the driver, where the engine allocates
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
+    @torch.no_grad()
+    def restore_optimizer_state(self) -> None:
+        """Bring back what :meth:`offload_optimizer_state` moved: the state tensors onto the weights' device, the
+        gradient buffers reallocated (zeroed). Nothing happens when nothing is offloaded."""
+        if self._offloaded_state is None:
+            return
+        for param, copies in self._offloaded_state.items():
+            state = self.optimizer.state[param]
+            for key, copy in copies.items():
+                state[key] = copy.to(self.device)
+        self._reallocate_gradient_buffers()
+        self._offloaded_state = None
+
+    @contextlib.contextmanager
+    def _optimizer_state_in_place(self):
+        """The optimizer state where the optimizer keeps it for the block, offloaded again after if it was."""
+        offloaded = self._offloaded_state is not None
+        self.restore_optimizer_state()
+        try:
+            yield
+        finally:
+            if offloaded:
+                self.offload_optimizer_state()
 
     # ---- logprobs -----------------------------------------------------------------------------------
     @torch.no_grad()
@@ -302,6 +397,7 @@ class InProcessPolicy:
     def compute_gradients(self, batch: Trajectories, loss_fn: LossFn) -> dict[str, float]:
         """Fill ``.grad`` of every parameter with the gradient of the global-batch loss; no update (for
         inspecting gradients in a notebook or a test)."""
+        self.restore_optimizer_state()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         metrics, _ = self._run_microbatches(batch, loss_fn, backward=True)
@@ -318,6 +414,7 @@ class InProcessPolicy:
         and dropped if anything (a KeyboardInterrupt included) interrupts them; clipping, the optimizer and
         the schedule then run with Ctrl-C deferred, so weights and optimizer state are never half updated."""
         t0 = time.perf_counter()
+        self.restore_optimizer_state()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         try:
@@ -358,12 +455,14 @@ class InProcessPolicy:
     def save_state(self, folder: Path) -> None:
         from rlkit.policy.state import save_policy_state
 
-        save_policy_state(self, Path(folder))
+        with self._optimizer_state_in_place():
+            save_policy_state(self, Path(folder))
 
     def load_state(self, folder: Path) -> None:
         from rlkit.policy.state import load_policy_state
 
-        load_policy_state(self, Path(folder))
+        with self._optimizer_state_in_place():
+            load_policy_state(self, Path(folder))
         self._master_weights_changed()
 
     def _master_weights_changed(self) -> None:
@@ -379,6 +478,7 @@ class InProcessPolicy:
         self.model = None
         self._twin = None
         self.optimizer = None
+        self._offloaded_state = None
         self.reference_state = None
         if self._holds_process_group:
             self._holds_process_group = False

@@ -441,6 +441,12 @@ class RayPolicyGroup:
     def reset_optimizer(self, optimizer: OptimizerConfig, scheduler: SchedulerConfig) -> None:
         self._call_all("reset_optimizer", optimizer, scheduler)
 
+    def offload_optimizer_state(self) -> None:
+        self._call_all("offload_optimizer_state")
+
+    def restore_optimizer_state(self) -> None:
+        self._call_all("restore_optimizer_state")
+
     def save_state(self, folder: Path) -> None:
         """Every rank writes its shard of one distributed checkpoint into ``folder`` (see the module docstring)."""
         self._call_all("save_state", Path(folder).resolve())

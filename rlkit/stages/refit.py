@@ -1,4 +1,12 @@
-"""Refit stage: push the policy's weights into the generator (see :mod:`rlkit.weight_sync`)."""
+"""Refit stage: push the policy's weights into the generator (see :mod:`rlkit.weight_sync`).
+
+Colocated with an engine that sleeps between rollouts (``generator.sleeps_between_rollouts``: vLLM in this
+process on a GPU), the refit is where the policy's optimizer state stops being needed until the next train
+step, so it is offloaded to host memory first, before the engine wakes for the new weights: the engine then
+has that memory while it loads and generates, and the policy brings the state back by itself at its next
+train step. NeMo-RL's colocated refit does the same (``offload_before_refit``) with no config key; so does
+rlkit. Anywhere else (an engine that stays awake, one in another process, a policy on the CPU) nothing moves.
+"""
 
 from __future__ import annotations
 
@@ -8,4 +16,6 @@ from rlkit.weight_sync import ColocatedWeightSync, RefitReport, WeightSync
 
 
 def refit(policy: Policy, generator: Generator, sync: WeightSync | None = None) -> RefitReport:
+    if getattr(generator, "sleeps_between_rollouts", False):  # (only vLLM's generator can sleep)
+        policy.offload_optimizer_state()
     return (sync or ColocatedWeightSync()).sync(policy, generator)

@@ -359,6 +359,12 @@ class MegatronPolicy(InProcessPolicy):
             grad = computed.main_grad
             param.grad = grad if grad.dtype == param.dtype else grad.to(param.dtype)
 
+    def _release_gradient_buffers(self) -> None:
+        self._forward_module.offload_grad_buffers(synchronize=self.device.type == "cuda", empty_cache=False)
+
+    def _reallocate_gradient_buffers(self) -> None:
+        self._forward_module.restore_grad_buffers(synchronize=False)
+
     def close(self) -> None:
         """Release the model, Megatron's global parallel state and the default group (a new policy can be
         built after)."""
