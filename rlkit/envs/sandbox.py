@@ -2,7 +2,9 @@
 
 What a model writes in a ``<python>`` block is run by a fresh interpreter in its own process group:
 
-- **wall time**: killed (the whole group) after ``wall_seconds``;
+- **wall time**: killed (the whole group) ``wall_seconds`` after the program starts; the interpreter's own
+  start-up (~50 ms, seconds on a loaded machine) is allowed ``startup_seconds`` apart, so a busy machine
+  does not time out a correct program before its first line;
 - **CPU time and memory**: ``RLIMIT_CPU`` and ``RLIMIT_AS`` set by the child's first lines, before the user's
   code (not in a ``preexec_fn``: that forces a full ``fork`` of the parent, which in a process holding vLLM and
   the policy took seconds per call; without it Python starts the child by ``vfork``);
@@ -15,8 +17,8 @@ What a model writes in a ``<python>`` block is run by a fresh interpreter in its
   files for writing, and removing or renaming files, outside it.
 
 Whatever happens (a timeout, a crash, a limit), :func:`run_python` returns a :class:`SandboxResult` with a
-short message; it never raises on the program's behalf and never waits past ``wall_seconds`` (plus the
-interpreter's start, ~50 ms).
+short message; it never raises on the program's behalf and never waits past ``wall_seconds`` after the
+program's start (plus the interpreter's start-up).
 
 Deliberate simplifications: the audit hook is a Python-level guard (a C extension loaded by the program
 could bypass it); the kernel-level guards are the resource limits and, where available, the network
@@ -26,6 +28,7 @@ namespace. No seccomp filter. For hostile code use a container; this is for a po
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -41,6 +44,7 @@ _GUARD = r'''
 import os, resource, sys
 for _limit, _value in {limits}:
     resource.setrlimit(getattr(resource, _limit), _value)
+os.write({ready_fd}, b"."); os.close({ready_fd})  # the program starts now: the parent's wall clock begins
 _root = os.path.realpath(os.getcwd())
 def _inside(path):
     try:
@@ -69,7 +73,8 @@ exec(compile(_code, "<tool>", "exec"), {"__name__": "__main__"})
 class SandboxLimits:
     """Limits of one sandboxed run."""
 
-    wall_seconds: float = 2.0  # the whole process group is killed after this
+    wall_seconds: float = 2.0  # the whole process group is killed this long after the program starts
+    startup_seconds: float = 30.0  # allowed for the interpreter to start, apart from wall_seconds
     cpu_seconds: int = 2  # RLIMIT_CPU (whole seconds)
     memory_mb: int = 512  # RLIMIT_AS
     max_file_bytes: int = 1_000_000  # RLIMIT_FSIZE: output file and any file written in the temp dir
@@ -83,7 +88,8 @@ class SandboxResult:
     output: str  # at most max_output_chars of stdout + stderr ("... [truncated]" appended when cut)
     ok: bool  # exit status 0 within the limits
     reason: str  # "ok", "timeout", "exit <code>", "killed by <signal>"
-    seconds: float
+    seconds: float  # the whole call
+    startup_seconds: float = 0.0  # of which before the program started (the interpreter's start-up)
 
 
 @lru_cache(maxsize=1)
@@ -105,21 +111,33 @@ def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxRes
     with tempfile.TemporaryDirectory(prefix="rlkit-sandbox-") as tmp:
         Path(tmp, "program.py").write_text(code)
         out_path = Path(tmp, "output.txt")
-        command = [sys.executable, "-I", "-S", "-c", _GUARD.replace("{limits}", repr(_rlimits(limits)))]
+        ready, ready_in_child = os.pipe()  # the guard writes one byte when the program starts
+        guard = _GUARD.replace("{limits}", repr(_rlimits(limits))).replace("{ready_fd}", str(ready_in_child))
+        command = [sys.executable, "-I", "-S", "-c", guard]
         if network_namespace_available():
             command = ["unshare", "-rn", *command]
         with open(out_path, "wb") as out:
-            child = subprocess.Popen(command, cwd=tmp, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                     env={"PATH": "/usr/bin:/bin", "HOME": tmp, "TMPDIR": tmp},
-                                     start_new_session=True)
             try:
+                child = subprocess.Popen(command, cwd=tmp, stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=subprocess.STDOUT, env={"PATH": "/usr/bin:/bin", "HOME": tmp,
+                                                                        "TMPDIR": tmp},
+                                         start_new_session=True, pass_fds=(ready_in_child,))
+            finally:
+                os.close(ready_in_child)
+            try:
+                started = select.select([ready], [], [], limits.startup_seconds)[0]  # (or ended: EOF)
+                startup = time.perf_counter() - t0
+                if not started:
+                    raise subprocess.TimeoutExpired(command, limits.startup_seconds)
                 code_ = child.wait(timeout=limits.wall_seconds)
                 reason = "ok" if code_ == 0 else _exit_reason(code_)
             except subprocess.TimeoutExpired:
                 _kill_group(child)
-                reason = "timeout"
+                reason = "timeout" if started else f"timeout (the interpreter did not start in {limits.startup_seconds:g} s)"
+            finally:
+                os.close(ready)
         output = _read_head(out_path, limits.max_output_chars)
-    return SandboxResult(output, reason == "ok", reason, time.perf_counter() - t0)
+    return SandboxResult(output, reason == "ok", reason, time.perf_counter() - t0, startup)
 
 
 def _rlimits(limits: SandboxLimits) -> list[tuple[str, tuple[int, int]]]:

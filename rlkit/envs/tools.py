@@ -92,7 +92,8 @@ class PythonTool(Tool):
 
     def __init__(self, limits: SandboxLimits = SandboxLimits()):
         self.limits = limits
-        self.timeout_seconds = limits.wall_seconds + 5.0  # the sandbox enforces the wall time itself
+        # the sandbox enforces its limits itself; this outer bound only catches a sandbox that does not return
+        self.timeout_seconds = limits.startup_seconds + limits.wall_seconds + 5.0
 
     def run(self, text: str) -> str:
         result = run_python(text, self.limits)
