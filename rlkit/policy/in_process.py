@@ -113,10 +113,12 @@ class HostCopy(NamedTuple):
     def of(cls, value: Tensor, pin: bool) -> "HostCopy":
         """Copy ``value`` into new host memory (a DTensor's local shard only: a DTensor built around a host
         tensor is moved back to its mesh's device by ``DTensor.from_local``)."""
-        local = value.to_local() if isinstance(value, DTensor) else value
+        if isinstance(value, DTensor):
+            local, layout = value.to_local(), (value.device_mesh, value.placements, value.shape, value.stride())
+        else:
+            local, layout = value, None
         host = torch.empty_like(local, device="cpu", pin_memory=pin)
         host.copy_(local, non_blocking=pin)
-        layout = (value.device_mesh, value.placements, value.shape, value.stride()) if isinstance(value, DTensor) else None
         return cls(host, layout)
 
     def to(self, device: torch.device) -> Tensor:
