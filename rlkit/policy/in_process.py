@@ -250,11 +250,12 @@ class InProcessPolicy:
         self.optimizer.zero_grad(set_to_none=True)  # (Megatron: views of the buffers freed below)
         on_cuda = self.device.type == "cuda"
         offloaded: dict[Tensor, dict[str, HostCopy]] = {}
-        for param, state in self.optimizer.state.items():
-            on_device = [k for k, v in state.items() if isinstance(v, Tensor) and v.device.type == self.device.type]
-            offloaded[param] = {k: HostCopy.of(state.pop(k), pin=on_cuda) for k in on_device}
-        self._release_gradient_buffers()
-        self._offloaded_state = offloaded
+        with defer_keyboard_interrupt():  # a state half moved would be half lost
+            for param, state in self.optimizer.state.items():
+                on_device = [k for k, v in state.items() if isinstance(v, Tensor) and v.device.type == self.device.type]
+                offloaded[param] = {k: HostCopy.of(state.pop(k), pin=on_cuda) for k in on_device}
+            self._release_gradient_buffers()
+            self._offloaded_state = offloaded
         if on_cuda:  # the copies are asynchronous; cached blocks go back to the driver, where the engine allocates
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
@@ -265,12 +266,13 @@ class InProcessPolicy:
         gradient buffers reallocated (zeroed). Nothing happens when nothing is offloaded."""
         if self._offloaded_state is None:
             return
-        for param, copies in self._offloaded_state.items():
-            state = self.optimizer.state[param]
-            for key, copy in copies.items():
-                state[key] = copy.to(self.device)
-        self._reallocate_gradient_buffers()
-        self._offloaded_state = None
+        with defer_keyboard_interrupt():
+            for param, copies in self._offloaded_state.items():
+                state = self.optimizer.state[param]
+                for key, copy in copies.items():
+                    state[key] = copy.to(self.device)
+            self._reallocate_gradient_buffers()
+            self._offloaded_state = None
 
     @contextlib.contextmanager
     def _optimizer_state_in_place(self):
