@@ -89,11 +89,14 @@ def test_every_backend_implements_the_whole_contract(backend, model_cfg, ray_clu
 
         # checkpoint replay: save at version 1, step to 2, load version 1, step again -> the same weights
         policy.save_state(tmp_path / "v1")
-        second = policy.train_step(batch, pg_token_mean_loss)
+        policy.offload_optimizer_state()  # (as while a colocated engine generates; where weights are on the CPU
+        second = policy.train_step(batch, pg_token_mean_loss)  # nothing moves) the step restores it by itself
         after_two = policy.hf_state_dict()
         policy.load_state(tmp_path / "v1")
         assert policy.version == 1 and max_diff(policy.hf_state_dict(), after_one) < REPLAY_TOL
         assert torch.equal(policy.reference_logprobs(ids, mask).logprobs, scores.logprobs)  # reference restored
+        policy.offload_optimizer_state()
+        policy.restore_optimizer_state()
         replay = policy.train_step(batch, pg_token_mean_loss)
         assert replay.learning_rate == second.learning_rate  # schedule position restored (warm-up: it differs per step)
         assert max_diff(policy.hf_state_dict(), after_two) < REPLAY_TOL  # Adam moments restored
