@@ -8,8 +8,9 @@ NCCL when the weights are on a GPU), and on the actor's side one ``reload_weight
     for each bucket k (whole fused groups, <= bucket_bytes):
       header k: its length, then JSON TensorSpecs ---->  posts bucket k's receives into buffer k % 2
       one broadcast per tensor, from the exported ---->  (buffers pre-allocated, kept across refits)
-      tensor itself (no packing copy)                     before vLLM reloads bucket k, bucket k+1's
-      (bucket k+1 is exported while k is on the wire)     receives are posted: reload k || transfer k+1
+      tensor itself (no packing copy)                     each tensor goes to vLLM as soon as it lands;
+      (bucket k+1 is exported while k is on the wire)     bucket k+1's receives are posted once bucket k
+                                                          has landed: reload k || transfer k+1
     end header (length 0) ---------------------------->  the stream ends, the reload finishes
     reset_prefix_cache (a Ray call)
 
@@ -142,18 +143,24 @@ class BroadcastReceiver:
         return clock
 
     def _incoming(self, clock: dict[str, float], failures: list[BaseException]) -> Iterator[tuple[str, torch.Tensor]]:
-        """The received tensors, bucket by bucket; bucket k+1's receives are posted before bucket k is
-        handed on, and bucket k+2's (into bucket k's buffer) once bucket k has been consumed."""
+        """The received tensors, each handed on as soon as its own broadcast has landed (vLLM reloads a layer
+        while the next ones are on the wire, within a bucket too). Bucket k+1's receives are posted once bucket
+        k's last broadcast has landed (its header follows it on the wire), into the other buffer; bucket k+2's
+        only once bucket k has been consumed (they reuse its buffer)."""
         try:
             slot, current = 0, self._post(0, clock)
             while current is not None:
-                upcoming = self._post(1 - slot, clock)
                 specs, works, flat = current
-                t0 = time.perf_counter()
-                for work in works:
+                posted, upcoming = False, None
+                for work, pair in zip(works, unpack_bucket(flat, specs)):
+                    t0 = time.perf_counter()
                     work.wait()
-                clock["receive"] += time.perf_counter() - t0
-                yield from unpack_bucket(flat, specs)
+                    clock["receive"] += time.perf_counter() - t0
+                    if not posted and works[-1].is_completed():
+                        posted, upcoming = True, self._post(1 - slot, clock)
+                    yield pair
+                if not posted:
+                    upcoming = self._post(1 - slot, clock)
                 slot, current = 1 - slot, upcoming
         except Exception as e:  # noqa: BLE001 - raised by receive_weights once vLLM's reload has finished
             failures.append(e)
