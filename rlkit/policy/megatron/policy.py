@@ -33,7 +33,7 @@ import contextlib
 import dataclasses
 import re
 from pathlib import Path
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -197,14 +197,16 @@ class MegatronPolicy(InProcessPolicy):
         first ``t`` positions."""
         return t + (-t % self.tp_size if self.layout.sequence_parallel else 0)
 
-    def _stage_forward(self, input_ids: Tensor) -> Tensor:
+    def _stage_forward(self, input_ids: Tensor, positions: Optional[Tensor] = None, **packed) -> Tensor:
         """input_ids [b, t] (t already padded) -> this stage's output: logits [b, t, V/tp] (fp32) on the last
         stage, hidden states for the next stage otherwise. Causal attention by the layer spec's mask type: no
-        mask tensor. The bf16 copy follows the fp32 model's train/eval mode."""
+        mask tensor. ``positions`` [b, t] default to 0..t-1 per row; ``packed``: ``packed_seq_params`` of packed
+        rows. The bf16 copy follows the fp32 model's train/eval mode."""
         b, t = input_ids.shape
-        positions = torch.arange(t, device=self.device).unsqueeze(0).expand(b, t)
+        if positions is None:
+            positions = torch.arange(t, device=self.device).unsqueeze(0).expand(b, t)
         self._forward_module.train(self.model.training)
-        return self._forward_module(input_ids.to(self.device), positions, None)
+        return self._forward_module(input_ids.to(self.device), positions.to(self.device), None, **packed)
 
     def _logits(self, input_ids: Tensor) -> Tensor:
         """input_ids [b, T] -> logits [b, T, V/tp], divided by the sampling temperature (one stage only)."""
@@ -227,9 +229,7 @@ class MegatronPolicy(InProcessPolicy):
         cu = packed.cu_seqlens.to(self.device)
         params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=packed.max_seqlen,
                                  max_seqlen_kv=packed.max_seqlen)
-        self._forward_module.train(self.model.training)
-        return self._scaled(self._forward_module(packed.input_ids.to(self.device), packed.position_ids.to(self.device),
-                                                 None, packed_seq_params=params))
+        return self._scaled(self._stage_forward(packed.input_ids, packed.position_ids, packed_seq_params=params))
 
     def _rows_group(self):
         return parallel.dp_group()
