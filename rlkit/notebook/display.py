@@ -67,9 +67,9 @@ def _backend_and_layout(cfg: Any, policy: Any) -> tuple[str, str]:
     if dp is None:
         dp = "?"
         try:
-            from rlkit.policy.megatron import parallel
+            from megatron.core import parallel_state
 
-            dp = parallel.dp_size()
+            dp = parallel_state.get_data_parallel_world_size()
         except Exception:  # noqa: BLE001 - a display never raises
             pass
     mc = cfg.policy.megatron_cfg

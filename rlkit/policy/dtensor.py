@@ -139,22 +139,15 @@ class DTensorPolicy(InProcessPolicy):
                                        position_ids=packed.position_ids.to(self.device),
                                        cu_seq_lens_q=packed.cu_seqlens.to(self.device), use_cache=False).logits)
 
-    def _token_logprobs(self, logits: Tensor, input_ids: Tensor) -> Tensor:
-        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-        return torch.nn.functional.pad(logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1), (1, 0))
-
-    @torch.no_grad()
-    def _token_entropy(self, logits: Tensor) -> Tensor:
-        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
-        return torch.nn.functional.pad(-(logp.exp() * logp).sum(-1), (1, 0))
-
-    @torch.no_grad()
     def _token_logprobs_and_entropy(self, logits: Tensor, input_ids: Tensor,
                                     with_entropy: bool) -> tuple[Tensor, Tensor | None]:
-        """One log-softmax over the vocabulary for both (scoring only: no gradient)."""
+        """One log-softmax over the full vocabulary (in fp32) for both."""
         logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
         token = torch.nn.functional.pad(logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1), (1, 0))
-        return token, torch.nn.functional.pad(-(logp.exp() * logp).sum(-1), (1, 0)) if with_entropy else None
+        if not with_entropy:
+            return token, None
+        with torch.no_grad():
+            return token, torch.nn.functional.pad(-(logp.exp() * logp).sum(-1), (1, 0))
 
     def _microbatch_starting(self, index: int, count: int) -> None:
         self.model.set_requires_gradient_sync(index == count - 1)  # reduce-scatter once, after the last backward

@@ -170,18 +170,12 @@ class InProcessPolicy:
         """The rows of ``input_ids`` [b, T] (real tokens where ``attention_mask`` [b, T]) packed into one sequence."""
         return pack_rows(input_ids, attention_mask.sum(1).tolist())
 
-    def _token_logprobs(self, logits: Tensor, input_ids: Tensor) -> Tensor:
-        """Logits [b, t, V(/tp)] and ids [b, t] -> logprobs [b, t] (position 0: 0), differentiable."""
-        raise NotImplementedError
-
-    def _token_entropy(self, logits: Tensor) -> Tensor:
-        """Logits [b, t, V(/tp)] -> entropy [b, t] of the distribution that predicted each token (position 0: 0)."""
-        raise NotImplementedError
-
     def _token_logprobs_and_entropy(self, logits: Tensor, input_ids: Tensor,
                                     with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
-        """Both of the above for scoring (a backend that shares work between them overrides this)."""
-        return self._token_logprobs(logits, input_ids), self._token_entropy(logits) if with_entropy else None
+        """Logits [b, t, V(/tp)] and ids [b, t] -> logprobs [b, t] (position 0: 0), differentiable; with
+        ``with_entropy`` also the entropy [b, t] of the distribution that predicted each token (position 0: 0,
+        no gradient: a metric), else None."""
+        raise NotImplementedError
 
     def _grad_norm(self) -> float:
         """The global gradient norm over every rank's (sharded) gradients."""
@@ -294,21 +288,10 @@ class InProcessPolicy:
         logprobs = torch.zeros(input_ids.shape, device=input_ids.device)
         entropy = torch.zeros(input_ids.shape, device=input_ids.device) if with_entropy else None
         for rows in self._microbatch_plan(attention_mask, self.cfg.logprob_batch_size, "logprob_mb_tokens"):
-            if self.cfg.sequence_packing.enabled:
-                packed = self._pack(input_ids[rows], attention_mask[rows])
-                logits = self._packed_logits(packed)
-                lp, ent = self._token_logprobs_and_entropy(logits, packed.input_ids.to(logits.device), with_entropy)
-                logprobs[rows] = packed.unpack(lp, input_ids.shape[1]).to(logprobs.device)
-                if with_entropy:
-                    entropy[rows] = packed.unpack(ent, input_ids.shape[1]).to(entropy.device)
-                continue
-            t = self._forward_length(attention_mask[rows])
-            ids, mask = input_ids[rows, :t], attention_mask[rows, :t]
-            logits = self._logits(ids)
-            lp, ent = self._token_logprobs_and_entropy(logits, ids.to(logits.device), with_entropy)
-            logprobs[rows, :t] = lp.to(mask.device) * mask
+            lp, *ent = self._per_token(input_ids[rows], attention_mask[rows], with_entropy)
+            logprobs[rows] = lp.to(logprobs.device)
             if with_entropy:
-                entropy[rows, :t] = ent.to(mask.device) * mask
+                entropy[rows] = ent[0].to(entropy.device)
         return TokenLogprobs(logprobs, entropy)
 
     def reference_logprobs(self, input_ids: Tensor, attention_mask: Tensor) -> TokenLogprobs:
@@ -326,22 +309,30 @@ class InProcessPolicy:
         tokens, seqs, n = (int(x) for x in local.tolist())
         return LossCounts(valid_tokens=tokens, valid_sequences=seqs, num_sequences=n)
 
+    def _per_token(self, input_ids: Tensor, attention_mask: Tensor, with_entropy: bool) -> list[Tensor]:
+        """[logprobs] or with ``with_entropy`` [logprobs, entropy] of the rows ``input_ids`` [b, T], each [b, T]
+        with 0 at position 0 and on padding, from one forward pass (the rows packed into one sequence with
+        ``policy.sequence_packing``, else trimmed to :meth:`_forward_length`)."""
+        width = input_ids.shape[1]
+        if self.cfg.sequence_packing.enabled:
+            packed = self._pack(input_ids, attention_mask)
+            logits = self._packed_logits(packed)
+            values = self._token_logprobs_and_entropy(logits, packed.input_ids.to(logits.device), with_entropy)
+            return [packed.unpack(v, width).to(input_ids.device) for v in values if v is not None]
+        t = self._forward_length(attention_mask)
+        logits, mask = self._logits(input_ids[:, :t]), attention_mask[:, :t]
+        values = self._token_logprobs_and_entropy(logits, input_ids[:, :t].to(logits.device), with_entropy)
+        return [torch.nn.functional.pad(v.to(mask.device) * mask, (0, width - t)) for v in values if v is not None]
+
     def _micro_loss(self, logits: Tensor, micro: Trajectories, t: int, loss_fn: LossFn,
                     counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:
-        """The loss of one microbatch from its scaled logits [b, t, V(/tp)], and its metrics as float64 scalars."""
+        """The loss of one microbatch from its scaled logits [b, t, V(/tp)] (Megatron's pipeline schedule runs
+        the forward pass itself), and its metrics as float64 scalars."""
         ids = micro.input_ids[:, :t]
-        logprobs = self._token_logprobs(logits, ids.to(logits.device)).to(ids.device) * micro.attention_mask[:, :t]
+        logprobs, _ = self._token_logprobs_and_entropy(logits, ids.to(logits.device), with_entropy=False)
+        logprobs = logprobs.to(ids.device) * micro.attention_mask[:, :t]
         logprobs = torch.nn.functional.pad(logprobs, (0, micro.input_ids.shape[1] - t))
         return self._loss_of(logprobs, micro, loss_fn, counts)
-
-    def _packed_micro_loss(self, micro: Trajectories, loss_fn: LossFn,
-                           counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:
-        """:meth:`_micro_loss` with the microbatch's rows packed into one sequence."""
-        packed = self._pack(micro.input_ids, micro.attention_mask)
-        logits = self._packed_logits(packed)
-        logprobs = self._token_logprobs(logits, packed.input_ids.to(logits.device))
-        return self._loss_of(packed.unpack(logprobs, micro.input_ids.shape[1]).to(micro.input_ids.device),
-                             micro, loss_fn, counts)
 
     @staticmethod
     def _loss_of(logprobs: Tensor, micro: Trajectories, loss_fn: LossFn,
@@ -360,11 +351,8 @@ class InProcessPolicy:
             micro = batch.select(rows)
             if backward:
                 self._microbatch_starting(i, len(plan))
-            if self.cfg.sequence_packing.enabled:
-                loss, metrics = self._packed_micro_loss(micro, loss_fn, counts)
-            else:
-                t = self._forward_length(micro.attention_mask)
-                loss, metrics = self._micro_loss(self._logits(micro.input_ids[:, :t]), micro, t, loss_fn, counts)
+            logprobs, = self._per_token(micro.input_ids, micro.attention_mask, with_entropy=False)
+            loss, metrics = self._loss_of(logprobs, micro, loss_fn, counts)
             if backward:
                 loss.backward()
             add_metrics(sums, metrics)

@@ -48,12 +48,13 @@ from typing import Callable, Iterator, Mapping
 
 import torch
 import torch.distributed as dist
+from megatron.core import parallel_state as ps
 from torch import Tensor
 
 from rlkit.config.components import MegatronConfig
 from rlkit.errors import ModelError
 from rlkit.models.folder import num_experts_of
-from rlkit.policy.megatron import convert, parallel
+from rlkit.policy.megatron import convert
 from rlkit.policy.megatron.build import Architecture, build_gpt_model, transformer_config
 from rlkit.policy.megatron.policy import MegatronPolicy
 from rlkit.weights import HFGroup
@@ -184,7 +185,7 @@ class MegatronMoEPolicy(MegatronPolicy):
         return MoEArchitecture.from_hf_folder(folder)
 
     def _build_model(self):
-        self.ep_rank, self.ep_size = parallel.ep_rank_and_size()
+        self.ep_rank, self.ep_size = ps.get_expert_model_parallel_rank(), ps.get_expert_model_parallel_world_size()
         self.experts_per_rank = self.arch.num_experts // self.ep_size
         self._gathered_experts: dict[str, Tensor] = {}  # experts of the layer being exported, from other ranks
         return build_moe_gpt_model(self.arch, self.tp_size, self.pp_size, self.cfg.megatron_cfg)
@@ -206,7 +207,9 @@ class MegatronMoEPolicy(MegatronPolicy):
 
     def _shard_rank_and_size(self, name: str) -> tuple[int, int]:
         """Expert weights are split over the expert-tensor-parallel group, the rest over tensor parallelism."""
-        return parallel.etp_rank_and_size() if _LOCAL_EXPERT.search(name) else (self.tp_rank, self.tp_size)
+        if _LOCAL_EXPERT.search(name):
+            return ps.get_expert_tensor_parallel_rank(), ps.get_expert_tensor_parallel_world_size()
+        return self.tp_rank, self.tp_size
 
     def _forward_length(self, attention_mask: Tensor) -> int:
         """Under expert parallelism the longest row over the expert-parallel group: Megatron's all-gather token
@@ -215,7 +218,7 @@ class MegatronMoEPolicy(MegatronPolicy):
         if self.ep_size == 1:
             return t
         longest = torch.tensor(t, device=self.device)
-        dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=parallel.ep_group())
+        dist.all_reduce(longest, op=dist.ReduceOp.MAX, group=ps.get_expert_model_parallel_group())
         return int(longest)
 
     def _stage_full_tensor(self, name: str, params: Mapping[str, Tensor]) -> Tensor:
@@ -230,11 +233,11 @@ class MegatronMoEPolicy(MegatronPolicy):
             return self._gathered_experts.pop(name)
         owner, j = divmod(int(match.group(1)), self.experts_per_rank)
         mine = _with_expert(name, match, self.ep_rank * self.experts_per_rank + j)
-        local = self._full_tensor(mine, params, group=parallel.etp_group())  # whole over expert-tensor parallelism
+        local = self._full_tensor(mine, params, group=ps.get_expert_tensor_parallel_group())  # whole over expert-TP
         if self.ep_size == 1:
             return local
         pieces = [torch.empty_like(local) for _ in range(self.ep_size)]
-        dist.all_gather(pieces, local.contiguous(), group=parallel.ep_group())
+        dist.all_gather(pieces, local.contiguous(), group=ps.get_expert_model_parallel_group())
         for r, piece in enumerate(pieces):
             if r != owner:
                 self._gathered_experts[_with_expert(name, match, r * self.experts_per_rank + j)] = piece

@@ -39,9 +39,6 @@ class ParallelLayout:
     expert_tensor_parallel_size: int | None = None
     sequence_parallel: bool = False
 
-    def model_parallel_size(self) -> int:
-        return self.tensor_model_parallel_size * self.pipeline_model_parallel_size * self.context_parallel_size
-
 
 _created_group = None  # the default group acquire_process_group() created, until its last holder releases it
 _holders = 0  # acquire_process_group() calls not yet released
@@ -123,63 +120,6 @@ def _drop_megatron_group_references(parallel_state) -> None:
             setattr(parallel_state, name, None)
     for rotary in (RotaryEmbedding, YarnRotaryEmbedding):
         rotary.forward.cache_clear()
-
-
-def tp_group():
-    from megatron.core import parallel_state
-
-    return parallel_state.get_tensor_model_parallel_group()
-
-
-def tp_rank_and_size() -> tuple[int, int]:
-    from megatron.core import parallel_state
-
-    return parallel_state.get_tensor_model_parallel_rank(), parallel_state.get_tensor_model_parallel_world_size()
-
-
-def dp_group():
-    from megatron.core import parallel_state
-
-    return parallel_state.get_data_parallel_group()
-
-
-def dp_size() -> int:
-    from megatron.core import parallel_state
-
-    return parallel_state.get_data_parallel_world_size()
-
-
-def ep_rank_and_size() -> tuple[int, int]:
-    """This rank's place in the expert-parallel group (experts are split over its ranks)."""
-    from megatron.core import parallel_state
-
-    return parallel_state.get_expert_model_parallel_rank(), parallel_state.get_expert_model_parallel_world_size()
-
-
-def etp_rank_and_size() -> tuple[int, int]:
-    """This rank's place in the expert-tensor-parallel group (each expert's weights are split over it)."""
-    from megatron.core import parallel_state
-
-    return parallel_state.get_expert_tensor_parallel_rank(), parallel_state.get_expert_tensor_parallel_world_size()
-
-
-def etp_group():
-    from megatron.core import parallel_state
-
-    return parallel_state.get_expert_tensor_parallel_group()
-
-
-def expert_model_group():
-    """The ranks that together hold one copy of every expert (expert-tensor x expert-parallel)."""
-    from megatron.core import parallel_state
-
-    return parallel_state.get_expert_tensor_and_model_parallel_group()
-
-
-def ep_group():
-    from megatron.core import parallel_state
-
-    return parallel_state.get_expert_model_parallel_group()
 
 
 def is_expert_parallel(param) -> bool:

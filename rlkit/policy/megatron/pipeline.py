@@ -24,24 +24,13 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
+from megatron.core import parallel_state as ps
 from torch import Tensor
 
 from rlkit.policy.megatron.cpu import cuda_literals_on_cpu
+from rlkit.policy.megatron.parallel import device
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
-_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.bool)
-
-
-def pp_group():
-    from megatron.core import parallel_state
-
-    return parallel_state.get_pipeline_model_parallel_group()
-
-
-def pp_rank_and_size() -> tuple[int, int]:
-    from megatron.core import parallel_state
-
-    return parallel_state.get_pipeline_model_parallel_rank(), parallel_state.get_pipeline_model_parallel_world_size()
 
 
 def stage_layer_offset(config) -> int:
@@ -68,30 +57,21 @@ def owner_stage(global_name: str, num_layers: int, num_stages: int) -> int:
 
 def broadcast_from_stage(tensor: Optional[Tensor], owner: int) -> Tensor:
     """``tensor`` from stage ``owner`` of the pipeline group on every stage (others pass None)."""
-    from rlkit.policy.megatron.parallel import device
-
-    group, on = pp_group(), device()  # NCCL sends device tensors only
+    group, on = ps.get_pipeline_model_parallel_group(), device()  # NCCL sends device tensors only
     src = dist.get_global_rank(group, owner)
-    header = torch.full((6,), -1, dtype=torch.int64)  # [dtype code, ndim, d0, d1, d2, d3]
-    if tensor is not None:
-        header[0], header[1] = _DTYPES.index(tensor.dtype), tensor.dim()
-        header[2:2 + tensor.dim()] = torch.tensor(tensor.shape)
-    header = header.to(on)
-    dist.broadcast(header, src, group=group)
-    if tensor is None:
-        header = header.cpu()
-        tensor = torch.empty(header[2:2 + int(header[1])].tolist(), dtype=_DTYPES[int(header[0])], device=on)
-    else:
-        tensor = tensor.to(on).contiguous()
+    shape_and_dtype = [None if tensor is None else (tuple(tensor.shape), tensor.dtype)]
+    dist.broadcast_object_list(shape_and_dtype, src, group=group, device=on)
+    shape, dtype = shape_and_dtype[0]
+    tensor = torch.empty(shape, dtype=dtype, device=on) if tensor is None else tensor.to(on).contiguous()
     dist.broadcast(tensor, src, group=group)
     return tensor
 
 
 def broadcast_from_last_stage(obj: Any) -> Any:
     """A small picklable ``obj`` (metric sums) from the last stage to every stage."""
-    rank, size = pp_rank_and_size()
-    box = [obj if rank == size - 1 else None]
-    dist.broadcast_object_list(box, dist.get_global_rank(pp_group(), size - 1), group=pp_group())
+    group, last = ps.get_pipeline_model_parallel_group(), ps.get_pipeline_model_parallel_world_size() - 1
+    box = [obj if ps.get_pipeline_model_parallel_rank() == last else None]
+    dist.broadcast_object_list(box, dist.get_global_rank(group, last), group=group)
     return box[0]
 
 

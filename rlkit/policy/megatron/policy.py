@@ -37,6 +37,7 @@ from typing import Callable, Iterator, Mapping, Optional
 
 import torch
 import torch.distributed as dist
+from megatron.core import parallel_state as ps
 from torch import Tensor
 
 from rlkit.config.components import PolicyConfig
@@ -71,8 +72,8 @@ class MegatronPolicy(InProcessPolicy):
         self.layout = parallel.ParallelLayout(**mc.model_dump(include=set(parallel.ParallelLayout.__dataclass_fields__)))
         parallel.init_parallel(self.layout, seed)
         self._holds_process_group = True
-        self.tp_rank, self.tp_size = parallel.tp_rank_and_size()
-        self.pp_rank, self.pp_size = pipeline.pp_rank_and_size()
+        self.tp_rank, self.tp_size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
+        self.pp_rank, self.pp_size = ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()
         self.device = parallel.device()  # the model's; batches and results stay where the caller keeps them
         self.model = self._build_model()
         self._layer_offset = pipeline.stage_layer_offset(self.model.config)
@@ -150,7 +151,7 @@ class MegatronPolicy(InProcessPolicy):
     def _full_tensor(self, name: str, params: Mapping[str, Tensor], group=None) -> Tensor:
         """Parameter ``name`` gathered over its tensor-parallel ``group`` (default: Megatron's TP group)."""
         local = params[name].detach()
-        group = parallel.tp_group() if group is None else group
+        group = ps.get_tensor_model_parallel_group() if group is None else group
         size = dist.get_world_size(group)
         if size == 1 or convert.shard_dim(name) is None:
             return local
@@ -178,7 +179,8 @@ class MegatronPolicy(InProcessPolicy):
         yield from self._megatron_to_hf_groups(full)
 
     def parallel_layout(self) -> dict[str, int | str | bool | None]:
-        return dict(dataclasses.asdict(self.layout), backend="megatron", data_parallel_size=parallel.dp_size())
+        return dict(dataclasses.asdict(self.layout), backend="megatron",
+                    data_parallel_size=ps.get_data_parallel_world_size())
 
     def _checkpoint_names(self) -> dict[str, str]:
         """Global names (layers numbered across stages, experts globally), with the shard's rank for a tensor
@@ -232,13 +234,12 @@ class MegatronPolicy(InProcessPolicy):
         return self._scaled(self._stage_forward(packed.input_ids, packed.position_ids, packed_seq_params=params))
 
     def _rows_group(self):
-        return parallel.dp_group()
+        return ps.get_data_parallel_group()
 
-    def _token_logprobs(self, logits: Tensor, input_ids: Tensor) -> Tensor:
-        return shifted_token_logprobs(logits, input_ids)
-
-    def _token_entropy(self, logits: Tensor) -> Tensor:
-        return shifted_entropy(logits, parallel.tp_group())
+    def _token_logprobs_and_entropy(self, logits: Tensor, input_ids: Tensor,
+                                    with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
+        entropy = shifted_entropy(logits, ps.get_tensor_model_parallel_group()) if with_entropy else None
+        return shifted_token_logprobs(logits, input_ids), entropy
 
     @torch.no_grad()
     def logprobs(self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False) -> TokenLogprobs:
@@ -263,9 +264,10 @@ class MegatronPolicy(InProcessPolicy):
 
         def on_last_stage(output: Tensor, rows_: slice) -> tuple[Tensor, dict]:
             logits, mask = self._scaled(output[:, :t]), mask_all[rows_]
-            lp = self._token_logprobs(logits, ids_all[rows_].to(logits.device)).to(mask.device) * mask
+            lp, ent = self._token_logprobs_and_entropy(logits, ids_all[rows_].to(logits.device), with_entropy)
+            lp = lp.to(mask.device) * mask
             if with_entropy:
-                lp = torch.stack([lp, self._token_entropy(logits).to(mask.device) * mask])
+                lp = torch.stack([lp, ent.to(mask.device) * mask])
             return output.new_zeros(()), {"scores": lp}
 
         infos = pipeline.run_schedule(self._forward_module, micros, lambda rows_: self._stage_forward(padded[rows_]),
@@ -295,12 +297,12 @@ class MegatronPolicy(InProcessPolicy):
             elif param_is_not_tensor_parallel_duplicate(p):
                 sq += p.grad.double().pow(2).sum()
         if self.tp_size > 1:
-            dist.all_reduce(sq, group=parallel.tp_group())
-        if parallel.ep_rank_and_size()[1] > 1:  # (experts only split by TP are in ``sq``)
-            dist.all_reduce(expert_sq, group=parallel.expert_model_group())
+            dist.all_reduce(sq, group=ps.get_tensor_model_parallel_group())
+        if ps.get_expert_model_parallel_world_size() > 1:  # (experts only split by TP are in ``sq``)
+            dist.all_reduce(expert_sq, group=ps.get_expert_tensor_and_model_parallel_group())
         total = sq + expert_sq
         if self.pp_size > 1:
-            dist.all_reduce(total, group=pipeline.pp_group())
+            dist.all_reduce(total, group=ps.get_pipeline_model_parallel_group())
         return float(total.sqrt())
 
     def _microbatch_losses(self, batch: Trajectories, loss_fn: LossFn, counts: LossCounts,
@@ -380,5 +382,5 @@ class MegatronPolicy(InProcessPolicy):
         return (
             f"MegatronPolicy({a.family}, {a.num_layers}x{a.hidden_size}, {self.cfg.precision}, TP={self.tp_size}, "
             f"{f'PP={self.pp_size}, ' if self.pp_size > 1 else ''}"
-            f"DP={parallel.dp_size() if self.model is not None else '?'}, version={self.version})"
+            f"DP={ps.get_data_parallel_world_size() if self.model is not None else '?'}, version={self.version})"
         )
