@@ -19,20 +19,6 @@ class Logger(Protocol):
     def finish(self) -> None: ...
 
 
-class NullLogger:
-    def log(self, metrics: Mapping[str, float], step: int) -> None:
-        pass
-
-    def log_config(self, config: Mapping[str, Any]) -> None:
-        pass
-
-    def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], step: int) -> None:
-        pass
-
-    def finish(self) -> None:
-        pass
-
-
 def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
@@ -113,6 +99,4 @@ def build_logger(cfg: Any, run_dir: str | Path, name: str, config: Optional[Mapp
         loggers.append(JSONLLogger(run_dir))
     if cfg.wandb_enabled and cfg.wandb_mode != "disabled":
         loggers.append(WandbLogger(run_dir, cfg.wandb_project, name, cfg.wandb_mode, cfg.wandb_group, config))
-    if not loggers:
-        return NullLogger()
-    return loggers[0] if len(loggers) == 1 else MultiLogger(loggers)
+    return loggers[0] if len(loggers) == 1 else MultiLogger(loggers)  # none: a MultiLogger of none logs nothing
