@@ -59,7 +59,8 @@ STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
 # ---- atomic folder writes -----------------------------------------------------------------------------
-def _fsync_path(path: Path) -> None:
+def fsync_path(path: Path) -> None:
+    """Flush a file or a folder (its entries: a rename into it) to the disk."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -81,17 +82,17 @@ def write_atomically(path: str | Path, write: Callable[[Path], None]) -> Path:
         write(tmp)
         for file in tmp.rglob("*"):
             if file.is_file():
-                _fsync_path(file)
-        _fsync_path(tmp)
+                fsync_path(file)
+        fsync_path(tmp)
         if path.exists():
             old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
             os.rename(path, old)
             os.rename(tmp, path)
-            _fsync_path(path.parent)
+            fsync_path(path.parent)
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(tmp, path)
-        _fsync_path(path.parent)
+        fsync_path(path.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -25,6 +25,8 @@ import uuid
 from pathlib import Path
 from typing import Optional
 
+from rlkit.tracking.checkpoint import fsync_path
+
 LOGS = ("metrics.jsonl", "tables.jsonl")
 
 
@@ -72,8 +74,4 @@ def start_records(run_dir: str | Path, config_yaml: str, resumed_step: Optional[
             tmp.unlink(missing_ok=True)
         raise
     (run_dir / "summary.json").unlink(missing_ok=True)
-    fd = os.open(run_dir, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(run_dir)
