@@ -26,6 +26,7 @@ import itertools
 import json
 import math
 import re
+import statistics
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,19 +141,22 @@ def _mean_std(values: Sequence[Optional[float]]) -> tuple[Optional[float], Optio
     vals = [v for v in values if v is not None and math.isfinite(v)]
     if not vals:
         return None, None
-    mean = sum(vals) / len(vals)
-    std = math.sqrt(sum((v - mean) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
-    return mean, std
+    return statistics.fmean(vals), statistics.stdev(vals) if len(vals) > 1 else 0.0
+
+
+def _by_point(runs: Sequence[SweepRun]) -> dict[tuple, list[SweepRun]]:
+    """The runs of each grid point (its seeds), in the order the points first ran."""
+    points: dict[tuple, list[SweepRun]] = {}
+    for run in runs:
+        points.setdefault(run.point, []).append(run)
+    return points
 
 
 def comparison_table(runs: Sequence[SweepRun]) -> list[dict[str, Any]]:
     """Per grid point: seeds, final reward (mean of the last <= 10 steps) and held-out accuracy after RL,
     each as mean and sample std over seeds."""
-    points: dict[tuple, list[SweepRun]] = {}
-    for run in runs:
-        points.setdefault(run.point, []).append(run)
     table = []
-    for point, group in points.items():
+    for point, group in _by_point(runs).items():
         reward = _mean_std([r.summary.get("reward_last_10_steps") for r in group])
         accuracy = _mean_std([r.summary.get("accuracy_after_rl") for r in group])
         gain = _mean_std([r.summary.get("accuracy_gain_points") for r in group])
@@ -193,16 +197,11 @@ def plot_reward_curves(runs: Sequence[SweepRun], path: Path) -> Path:
     fig = Figure(figsize=(7, 4.2))
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    points: dict[tuple, list[SweepRun]] = {}
-    for run in runs:
-        points.setdefault(run.point, []).append(run)
-    for point, group in points.items():
+    for point, group in _by_point(runs).items():
         steps = min(len(r.rewards) for r in group)
         if steps == 0:
             continue
-        stats = [_mean_std([r.rewards[i] for r in group]) for i in range(steps)]
-        mean = [s[0] for s in stats]
-        std = [s[1] for s in stats]
+        mean, std = zip(*(_mean_std([r.rewards[i] for r in group]) for i in range(steps)))
         x = list(range(1, steps + 1))
         ax.plot(x, mean, marker="o", ms=3, label=f"{_label(point)} (n={len(group)})")
         ax.fill_between(x, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
