@@ -25,12 +25,6 @@ from typing import Literal
 import torch
 
 Precision = Literal["float32", "bfloat16"]
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def compute_dtype(precision: Precision) -> torch.dtype:
-    """The dtype of weights and activations in forward and backward for ``policy.precision``."""
-    return DTYPES[precision]
 
 
 def fsdp_mixed_precision(precision: Precision):
@@ -41,7 +35,7 @@ def fsdp_mixed_precision(precision: Precision):
 
     if precision == "float32":
         return MixedPrecisionPolicy()
-    return MixedPrecisionPolicy(param_dtype=compute_dtype(precision), reduce_dtype=torch.float32)
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 
 
 class Bf16Twin:

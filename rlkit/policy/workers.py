@@ -38,6 +38,7 @@ train step that completed remotely counts.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import time
@@ -322,11 +323,10 @@ class RayPolicyGroup:
         return WorkerError(f"policy worker rank {rank} of {self.world_size}: {what}() failed{where}: {error!r}",
                            error, rank)
 
-    def _call_all(self, method: str, *args: Any, leader_only: bool = True, **kwargs: Any) -> Any:
+    def _call_all(self, method: str, *args: Any, **kwargs: Any) -> Any:
         """``method`` on every rank with the same arguments; rank 0's result."""
         self._check_usable()
-        refs = [w.call.remote(method, *args, keep=(r == 0 or not leader_only), **kwargs)
-                for r, w in enumerate(self._workers)]
+        refs = [w.call.remote(method, *args, keep=r == 0, **kwargs) for r, w in enumerate(self._workers)]
         return self._gather(refs, method)[0]
 
     def _call_sliced(self, method: str, parts: list, *args: Any, unpack: bool = False, **kwargs: Any) -> list:
@@ -393,9 +393,7 @@ class RayPolicyGroup:
             self._version = self._gather([self._workers[0].get_version.remote()], "version")[0]
             raise
         self._version = result.version
-        timings = dict(result.timings, train_step_group=time.perf_counter() - t0)
-        return TrainStepResult(result.metrics, result.grad_norm, result.learning_rate, result.num_microbatches,
-                               result.version, timings)
+        return dataclasses.replace(result, timings=dict(result.timings, train_step_group=time.perf_counter() - t0))
 
     def evaluate_loss(self, batch: Trajectories, loss_fn: LossFn) -> dict[str, float]:
         return self._call_sliced("evaluate_loss", self._split_rows(batch), loss_fn)[0]
