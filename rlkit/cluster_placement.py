@@ -18,6 +18,7 @@ single-rank bundles (placed as close together as Ray manages) rather than refuse
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,10 +84,7 @@ def _not_placed(bundles: list[dict[str, float]], timeout_s: float) -> PlacementE
 
     per_node = "; ".join(f"{n['NodeManagerAddress']} (id {n['NodeID'][:8]}): {_describe(n['Resources'])}"
                          for n in _alive_nodes())
-    total: dict[str, float] = {}
-    for b in bundles:
-        for k, v in b.items():
-            total[k] = total.get(k, 0) + v
+    total = dict(sum((Counter(b) for b in bundles), Counter()))
     free = ray.available_resources()
     missing = {k: v - free.get(k, 0) for k, v in total.items() if free.get(k, 0) < v}
     return PlacementError(

@@ -180,9 +180,7 @@ class MegatronMoEPolicy(MegatronPolicy):
     experts and export gathers each layer's experts from the expert-parallel group.
     """
 
-    @staticmethod
-    def _read_architecture(folder: str) -> MoEArchitecture:
-        return MoEArchitecture.from_hf_folder(folder)
+    architecture = MoEArchitecture
 
     def _build_model(self):
         self.ep_rank, self.ep_size = ps.get_expert_model_parallel_rank(), ps.get_expert_model_parallel_world_size()

@@ -65,9 +65,11 @@ _LAYER_NAME = re.compile(r"^decoder\.layers\.(\d+)\.")
 class MegatronPolicy(InProcessPolicy):
     """A causal LM on Megatron-Core with HF weights in and out (implements :class:`rlkit.policy.base.Policy`)."""
 
+    architecture = Architecture  # what it reads from the HF folder (the MoE subclass reads more)
+
     def __init__(self, cfg: PolicyConfig, seed: int = 0):
         self.cfg = cfg
-        self.arch = self._read_architecture(cfg.model_name)
+        self.arch = self.architecture.from_hf_folder(cfg.model_name)
         mc = cfg.megatron_cfg
         self.layout = parallel.ParallelLayout(**mc.model_dump(include=set(parallel.ParallelLayout.__dataclass_fields__)))
         parallel.init_parallel(self.layout, seed)
@@ -87,10 +89,6 @@ class MegatronPolicy(InProcessPolicy):
         self._forward_module = data_parallel_wrapper(self._forward_module, mc.distributed_data_parallel_config)
         self._no_sync = None  # Megatron's no_sync() context, held over all but the last microbatch
         self._start_training()
-
-    @staticmethod
-    def _read_architecture(folder: str) -> Architecture:
-        return Architecture.from_hf_folder(folder)
 
     def _build_model(self):
         config = transformer_config(self.arch, self.tp_size, self.layout.sequence_parallel, self.pp_size)
