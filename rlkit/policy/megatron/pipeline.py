@@ -33,13 +33,6 @@ from rlkit.policy.megatron.parallel import device
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 
 
-def stage_layer_offset(config) -> int:
-    """Global index of this stage's first decoder layer."""
-    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
-
-    return get_transformer_layer_offset(config)
-
-
 def with_layer_offset(name: str, offset: int) -> str:
     """``decoder.layers.j.*`` (this stage's numbering) -> ``decoder.layers.{offset + j}.*``."""
     if offset == 0:

@@ -38,6 +38,7 @@ from typing import Callable, Iterator, Mapping, Optional
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
+from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 from torch import Tensor
 
 from rlkit.config.components import PolicyConfig
@@ -78,7 +79,7 @@ class MegatronPolicy(InProcessPolicy):
         self.pp_rank, self.pp_size = ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()
         self.device = parallel.device()  # the model's; batches and results stay where the caller keeps them
         self.model = self._build_model()
-        self._layer_offset = pipeline.stage_layer_offset(self.model.config)
+        self._layer_offset = get_transformer_layer_offset(self.model.config)  # this stage's first layer
         self.load_hf_state(load_hf_state(cfg.model_name))
         self._forward_module = self.model
         self._grad_pairs = [(p, p) for p in self.model.parameters() if p.requires_grad]  # (optimizer's, DDP's)
