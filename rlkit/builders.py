@@ -35,11 +35,14 @@ def build_policy(config: RunConfig):
 def build_generation(config: RunConfig) -> tuple[Generator, WeightSync]:
     """The generator and the weight sync that refits it, built as one pair from one setting: an engine in
     this process (vLLM, or transformers' ``generate``) takes tensors directly; a vLLM engine in its own Ray
-    actor (``policy.generation.colocated.enabled=false``) gets them by broadcast, from a sync that talks to
-    that actor and no other."""
+    actor (``policy.generation.colocated.enabled=false``, and unset with async GRPO) gets them by broadcast,
+    from a sync that talks to that actor and no other."""
+    from rlkit.config.components import ColocatedConfig, generation_colocated
     from rlkit.weight_sync import BroadcastReceiver, BroadcastWeightSync, ColocatedWeightSync
 
-    p, g = config.policy, config.policy.generation
+    p = config.policy
+    colocated = generation_colocated(p.generation, config.grpo.async_grpo.enabled)
+    g = p.generation.model_copy(update={"colocated": ColocatedConfig(enabled=colocated)})
     engine = dict(max_model_len=p.max_model_len, seed=config.seed)
     bucket_bytes = g.refit_bucket_size_mb * 1e6
     if g.backend == "hf":  # config validation allows it colocated only
@@ -51,7 +54,7 @@ def build_generation(config: RunConfig) -> tuple[Generator, WeightSync]:
     except ImportError as e:  # pragma: no cover - the CPU profile installs vLLM
         raise ImportError(f"vLLM is not installed ({e}); set policy.generation.backend=hf to use "
                           "transformers' generate instead") from e
-    if g.colocated.enabled:
+    if colocated:
         return VllmGenerator(p.model_name, g, **engine), ColocatedWeightSync()
     from rlkit.generation.remote import RemoteGenerator
 

@@ -334,7 +334,8 @@ class Session(RunLoop):
             timings["timing/train"] = seconds
             metrics = step_metrics(self.step_count + 1, self.policy.version, batch, train_metrics, timings,
                                    version_before)
-            metrics.values.update({k: v for k, v in batch.info.items() if k.startswith("rollout/")})  # async producer's
+            # the async producer's rollout/ figures, dynamic sampling's rounds (tries, kept and dropped groups)
+            metrics.values.update({k: v for k, v in batch.info.items() if k.startswith(("rollout/", "dynamic_sampling/"))})
             self.run_state.end_step(metrics)
         return metrics
 

@@ -96,7 +96,7 @@ def cross_section_problems(sections: Mapping[str, Any], partial: bool) -> list[s
         out += distributed_optimizer_problems(policy)
         if policy.megatron_cfg.enabled == policy.dtensor_cfg.enabled:
             out.append("policy.megatron_cfg.enabled / policy.dtensor_cfg.enabled: enable exactly one training backend")
-        if not policy.generation.colocated.enabled and policy.generation.backend != "vllm":
+        if policy.generation.colocated.enabled is False and policy.generation.backend != "vllm":
             out.append(f"policy.generation.colocated.enabled=false: runs vLLM in a Ray actor, but "
                        f"policy.generation.backend={policy.generation.backend!r}; set backend=vllm or colocated.enabled=true")
         out += _model_problems(policy)

@@ -12,6 +12,7 @@ import dataclasses
 import functools
 from typing import Any, Optional, Union
 
+from rlkit.config.components import generation_colocated
 from rlkit.notebook.html import CELL, MUTED, STYLE, diverging, esc, fmt, key_values, legend, metrics_table, \
     sequential, table, token_span
 
@@ -27,13 +28,13 @@ def session_facts(s: Any) -> dict[str, object]:
     arch = getattr(policy, "arch", None)
     device = "cuda" if _cuda() else "cpu"
     backend, layout = _backend_and_layout(cfg, policy)
+    colocated = generation_colocated(cfg.policy.generation, cfg.grpo.async_grpo.enabled)
     facts = {
         "model": f"{cfg.policy.model_name}" + (f" ({arch.family}, {arch.num_layers} layers x {arch.hidden_size})" if arch else ""),
         "backend": backend,
         "policy": f"{type(policy).__name__} on {device}",
         "parallel layout": layout,
-        "generator": f"{cfg.policy.generation.backend} "
-                     f"({'colocated' if cfg.policy.generation.colocated.enabled else 'separate'}): {s.generator!r}",
+        "generator": f"{cfg.policy.generation.backend} ({'colocated' if colocated else 'separate'}): {s.generator!r}",
         "environment": getattr(s.env, "name", type(s.env).__name__),
         "loss": repr(s.loss_fn),
         "advantages": cfg.grpo.advantage_estimator,

@@ -154,8 +154,24 @@ def check_is_weights_use_generator_logprobs(session):
     return lag, report
 
 
+def test_async_runs_the_engine_in_a_ray_actor_unless_told_otherwise():
+    from rlkit.config.components import generation_colocated
+    from rlkit.startup import generator_engine
+
+    def placement(**overrides):
+        cfg = load_config("quickstart", overrides)
+        return generation_colocated(cfg.policy.generation, cfg.grpo.async_grpo.enabled), generator_engine(cfg)
+
+    assert placement() == (True, "vLLM, in this process")  # sync: the engine beside the policy
+    assert placement(**ASYNC) == (False, "vLLM, in a Ray actor")
+    assert placement(**ASYNC, **{"policy.generation.colocated.enabled": True}) == (True, "vLLM, in this process")
+    assert placement(**{"policy.generation.colocated.enabled": False}) == (False, "vLLM, in a Ray actor")
+    # transformers' generate has no actor: async keeps it in this process
+    assert placement(**ASYNC, **{"policy.generation.backend": "hf"}) == (True, "transformers generate, in this process")
+
+
 def test_async_session_in_process_engine(tmp_path):
-    overrides = tiny_overrides(tmp_path, **ASYNC)
+    overrides = tiny_overrides(tmp_path, **ASYNC, **{"policy.generation.colocated.enabled": True})
     with rlkit.Session.from_config("quickstart", overrides, env=RewardFunctionEnvironment(varied_reward)) as s:
         history = check_async_run(s, 4)
         lag, _ = check_is_weights_use_generator_logprobs(s)
@@ -179,10 +195,11 @@ def test_async_session_in_process_engine(tmp_path):
 
 
 def test_async_session_with_the_engine_in_a_ray_actor(tmp_path):
+    """The default placement for async GRPO (``policy.generation.colocated.enabled`` unset)."""
     import ray
 
     ray_was_up = ray.is_initialized()
-    overrides = tiny_overrides(tmp_path, **ASYNC, **{"policy.generation.colocated.enabled": False})
+    overrides = tiny_overrides(tmp_path, **ASYNC)
     with rlkit.Session.from_config("quickstart", overrides, env=RewardFunctionEnvironment(varied_reward)) as s:
         assert type(s.generator).__name__ == "RemoteGenerator" and type(s.weight_sync).__name__ == "BroadcastWeightSync"
         check_async_run(s, 3)

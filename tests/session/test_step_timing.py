@@ -48,6 +48,7 @@ def test_dynamic_sampling_rounds_are_all_timed(timed_session):
         timed_session.env.fn = varied_reward
     info = timed_session.batch.info
     assert info["dynamic_sampling/tries"] == 3
+    assert m["dynamic_sampling/tries"] == 3 and m["dynamic_sampling/kept_groups"] == 0  # in the step's record too
     assert_accounted(m.values, "rollout", "score")
     # the batch sums its rounds' stage timers; the step's parts hold them (and the group selection)
     assert m["timing/rollout"] >= info["timing/rollout"] and m["timing/score"] >= info["timing/score"] > 0
