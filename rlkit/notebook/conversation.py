@@ -25,11 +25,6 @@ class ConversationView:
     finish: str
     pieces: tuple  # ((text, trained, number of tokens, tooltip), ...) in sequence order
 
-    @property
-    def trained_text(self) -> str:
-        """The generated text only (the policy's turns, joined)."""
-        return "".join(text for text, trained, _, _ in self.pieces if trained)
-
     def _repr_html_(self) -> str:
         spans = []
         for text, trained, _, tip in self.pieces:

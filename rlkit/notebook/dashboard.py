@@ -230,11 +230,6 @@ class Dashboard:
             self._stopped_after = self.history[-1].step  # clicked after the last redraw of the run
         self.refresh()
 
-    def stop(self) -> None:
-        """What the button does: ask ``run()`` to end after the current step."""
-        self.session.request_stop()
-        self.refresh()
-
     def _on_click(self, button: Any) -> None:
         # May run on a kernel subshell thread while run() executes on the main thread: set the flag, the
         # button's look and the header line (run() may end before the main thread redraws again).
