@@ -39,10 +39,6 @@ class CheckpointLayoutError(CheckpointError):
     """A checkpoint written under another parallel layout than the policy loading it."""
 
 
-def _is_rank0() -> bool:
-    return not dist.is_initialized() or dist.get_rank() == 0
-
-
 def _named_tensors(policy: Any) -> dict[str, tuple[str, Tensor]]:
     """Checkpoint key -> (parameter name, parameter) for this rank's parameters."""
     params = dict(policy.model.named_parameters())
@@ -65,7 +61,7 @@ def save_policy_state(policy: Any, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     save(tensors, storage_writer=HuggingFaceStorageWriter(str(folder / SHARDS), save_distributed=True),
          no_dist=not dist.is_initialized())
-    if _is_rank0():
+    if not dist.is_initialized() or dist.get_rank() == 0:
         groups = [{k: v for k, v in g.items() if k != "params"} for g in policy.optimizer.state_dict()["param_groups"]]
         meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "layout": policy.parallel_layout(),
                 "policy_version": policy.version, "param_groups": groups, "scheduler": policy.scheduler.state_dict()}
