@@ -314,18 +314,37 @@ class Session(RunLoop):
         A batch of an earlier step (one trained on already, too) warns unless ``allow_reuse``
         (:mod:`rlkit.stages.reuse`)."""
         self._refuse_if_closed("train")
-        batch = self._latest(batch, "train")
+        return self._train(self._latest(batch, "train"), allow_reuse, on_policy=False)
+
+    def _train(self, batch: Trajectories, allow_reuse: bool, on_policy: bool) -> StepMetrics:
+        """:meth:`train`; ``on_policy``: the batch has no ``prev_logprobs`` and the train step's own forward
+        fills them in, with the entropy and the mismatch figures (:meth:`_skips_logprobs_pass`)."""
         if not allow_reuse:
             warn_if_reused(batch, self.step_count)
         version_before = self.policy.version
         try:
             result = stages.train(batch, self.policy, self.loss_fn, self.config.grpo.num_epochs,
-                                  self.config.policy.train_global_batch_size, seed=self.config.seed + self.step_count)
+                                  self.config.policy.train_global_batch_size, seed=self.config.seed + self.step_count,
+                                  on_policy=on_policy)
         except stages.TrainInterrupted as interrupted:
             self._record_step(batch, interrupted.metrics(), interrupted.seconds, version_before)
             raise
+        if on_policy:
+            batch = self._keep(stages.logprobs_from_train_step(batch, result.steps[0], version_before,
+                                                               self.config.grpo.mismatch_warning_threshold))
         self.run_state.last_train = result
         return self._record_step(batch, result.metrics, result.seconds, version_before)
+
+    def _skips_logprobs_pass(self, batch: Trajectories) -> bool:
+        """Whether ``step()`` can skip the logprobs pass and take the batch's logprobs from its train step
+        (TRL's rule for on-policy steps): one update on the batch, so the step's own forward, at the weights
+        the pass would use, computes exactly its values (bitwise here: tests/session/test_step_logprobs.py);
+        rlkit's loss (a loss function of yours may read ``prev_logprobs`` itself); no reference pass needed; and
+        a policy that returns them (not a Ray worker group, not Megatron with pipeline parallelism)."""
+        return (isinstance(self.loss_fn, RLLoss) and not self.loss_fn.needs_reference
+                and self.policy.returns_step_logprobs
+                and stages.one_update(batch.batch_size, self.config.grpo.num_epochs,
+                                      self.config.policy.train_global_batch_size))
 
     def _record_step(self, batch: Trajectories, train_metrics: dict[str, float], seconds: float,
                      version_before: int) -> StepMetrics:
@@ -360,7 +379,11 @@ class Session(RunLoop):
 
     def step(self) -> StepMetrics:
         """One whole RL step: rollout, score, logprobs, advantages, train, refit. Its ``timing/`` parts add up
-        to ``timing/step_total``, the rest named ``timing/other`` (:mod:`rlkit.stages.step_clock`)."""
+        to ``timing/step_total``, the rest named ``timing/other`` (:mod:`rlkit.stages.step_clock`).
+
+        Where the batch gets one update with rlkit's loss and no reference pass, the train step's own forward
+        computes the batch's logprobs (the same values, bitwise here), and the separate pass is skipped:
+        ``timing/logprobs`` is then 0 and the batch ends with ``prev_logprobs`` and ``entropy`` all the same."""
         self._refuse_if_closed("step")
         own_clock = self._clock is None  # run() keeps its own clock open over the progress bar and evaluation
         clock = self._clock = self._clock or StepClock()
@@ -372,14 +395,19 @@ class Session(RunLoop):
                 batch = self.rollout()
             with clock.part("score"):
                 batch = self.score(batch)
-            # logprobs before advantages: estimators that fold KL into the reward need the reference logprobs
-            with clock.part("logprobs"):
-                batch = self.logprobs(batch)
-            clock.split("logprobs", "reference_logprobs", batch.info.get("timing/reference_logprobs", 0.0))
+            # logprobs before advantages: estimators that fold KL into the reward need the reference logprobs;
+            # skipped where the train step computes the same values itself (_skips_logprobs_pass)
+            on_policy = self._skips_logprobs_pass(batch)
+            if on_policy:
+                clock.skipped("logprobs")
+            else:
+                with clock.part("logprobs"):
+                    batch = self.logprobs(batch)
+                clock.split("logprobs", "reference_logprobs", batch.info.get("timing/reference_logprobs", 0.0))
             with clock.part("advantages"):
                 batch = self.advantages(batch)
             with clock.part("train"):
-                metrics = self.train(batch)
+                metrics = self._train(batch, allow_reuse=False, on_policy=on_policy)
             with clock.part("refit"):
                 self.refit()
             with clock.part("metrics"):

@@ -45,6 +45,10 @@ class TrainStepResult:
     num_microbatches: int
     version: int  # optimizer steps taken after this one
     timings: dict[str, float] = field(default_factory=dict)
+    # With train_step(return_logprobs=True): the step's own forward (at the weights before its update).
+    # Both [B, T], detached, 0 outside the completion, as the logprobs stage stores prev_logprobs and entropy.
+    logprobs: Tensor | None = None
+    entropy: Tensor | None = None
 
 
 @runtime_checkable
@@ -52,6 +56,7 @@ class Policy(Protocol):
     """A trainable causal LM with HF-named weights, a frozen KL reference and its optimizer."""
 
     version: int  # optimizer steps taken so far; settable (a reset sets 0, a checkpoint restores it)
+    returns_step_logprobs: bool  # whether train_step(return_logprobs=True) can return its forward's logprobs
 
     # ---- logprobs ---------------------------------------------------------------------------------
     def logprobs(self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False) -> TokenLogprobs:
@@ -67,9 +72,14 @@ class Policy(Protocol):
         """The loss and its metrics on ``batch`` under the current weights; no gradients, no update."""
         ...
 
-    def train_step(self, batch: Trajectories, loss_fn: LossFn) -> TrainStepResult:
+    def train_step(self, batch: Trajectories, loss_fn: LossFn, *, return_logprobs: bool = False) -> TrainStepResult:
         """One optimizer step over ``batch`` split into microbatches. All or nothing: an exception
-        (KeyboardInterrupt included) before the update leaves weights and optimizer state untouched."""
+        (KeyboardInterrupt included) before the update leaves weights and optimizer state untouched.
+
+        ``return_logprobs`` (where ``returns_step_logprobs``): the result carries the step's own forward
+        logprobs and entropy. On a batch without ``prev_logprobs``, rlkit's loss takes that forward (detached)
+        as its old policy: exact for the only update on a batch, whose logprobs pass would compute the same
+        values at these weights (TRL's on-policy rule), so ``Session.step()`` then skips the pass."""
         ...
 
     def reset_optimizer(self, optimizer: OptimizerConfig, scheduler: SchedulerConfig) -> None:

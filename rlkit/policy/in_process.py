@@ -102,6 +102,23 @@ def add_metrics(sums: dict[str, Tensor], metrics: Mapping[str, Tensor]) -> None:
         sums[k] = sums.get(k, 0.0) + v
 
 
+class StepLogprobs(NamedTuple):
+    """One microbatch's own logprobs and entropy in a train step on a batch without ``prev_logprobs``."""
+
+    rows: slice | Tensor  # the microbatch's rows of the step's batch
+    logprobs: Tensor  # [b, T] detached, 0 on padding
+    entropy: Tensor  # [b, T] detached, 0 outside the completion
+
+    @staticmethod
+    def assemble(kept: list["StepLogprobs"], loss_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """The step's logprobs and entropy [B, T] from its microbatches', 0 outside the completion (``loss_mask``
+        [B, T]), as the logprobs stage stores them."""
+        logprobs, entropy = (torch.zeros(loss_mask.shape, device=loss_mask.device) for _ in range(2))
+        for part in kept:
+            logprobs[part.rows], entropy[part.rows] = part.logprobs, part.entropy
+        return torch.where(loss_mask, logprobs, 0.0), entropy
+
+
 class HostCopy(NamedTuple):
     """One optimizer state tensor while it is offloaded: its (local shard's) copy in host memory, and for a
     DTensor (FSDP2's state) what rebuilds it around that shard on the way back."""
@@ -137,6 +154,7 @@ class InProcessPolicy:
     model: Optional[torch.nn.Module]
     device: torch.device
     _holds_process_group = False  # a subclass that acquired the default group sets it; close() releases it
+    returns_step_logprobs = True  # (the backend contract; Megatron's pipeline schedule overrides it)
     # bf16 copy that runs forward and backward while ``model`` holds the fp32 master weights (Megatron at
     # policy.precision=bfloat16; a :class:`rlkit.policy.precision.Bf16Twin`); None when ``model`` itself computes
     _twin = None
@@ -341,17 +359,22 @@ class InProcessPolicy:
         loss, metrics = loss_fn(logprobs, micro, counts)
         return loss, {k: torch.as_tensor(v).detach().double() for k, v in metrics.items()}
 
-    def _microbatch_losses(self, batch: Trajectories, loss_fn: LossFn, counts: LossCounts,
-                           backward: bool) -> tuple[dict[str, Tensor], int]:
+    def _microbatch_losses(self, batch: Trajectories, loss_fn: LossFn, counts: LossCounts, backward: bool,
+                           kept: Optional[list[StepLogprobs]] = None) -> tuple[dict[str, Tensor], int]:
         """One microbatch after another (:meth:`_microbatch_plan`), each trimmed to its longest row; returns
-        this rank's metric sums and the number of microbatches."""
+        this rank's metric sums and the number of microbatches. With ``kept``, each microbatch's own logprobs
+        and entropy, detached, are appended to it with its rows, and the entropy goes to the loss as the
+        logprobs pass's would (its ``approx_entropy``)."""
         sums: dict[str, Tensor] = {}
         plan = self._microbatch_plan(batch.attention_mask, self.cfg.train_micro_batch_size, "train_mb_tokens")
         for i, rows in enumerate(plan):
             micro = batch.select(rows)
             if backward:
                 self._microbatch_starting(i, len(plan))
-            logprobs, = self._per_token(micro.input_ids, micro.attention_mask, with_entropy=False)
+            logprobs, *entropy = self._per_token(micro.input_ids, micro.attention_mask, with_entropy=kept is not None)
+            if kept is not None:
+                micro = micro.with_(entropy=torch.where(micro.loss_mask, entropy[0].detach(), 0.0))
+                kept.append(StepLogprobs(rows, logprobs.detach(), micro.entropy))
             loss, metrics = self._loss_of(logprobs, micro, loss_fn, counts)
             if backward:
                 loss.backward()
@@ -376,12 +399,13 @@ class InProcessPolicy:
                 else token_budget_plan(lengths, budget, dynamic.sequence_length_round))
         return [as_index(rows) for rows in equal_count_over(plan, self._rows_group(), self.device)]
 
-    def _run_microbatches(self, batch: Trajectories, loss_fn: LossFn, backward: bool) -> tuple[dict[str, float], int]:
+    def _run_microbatches(self, batch: Trajectories, loss_fn: LossFn, backward: bool,
+                          kept: Optional[list[StepLogprobs]] = None) -> tuple[dict[str, float], int]:
         """The loss over ``batch`` normalised by global counts; with ``backward`` the summed gradient of the
         global batch ends up in ``.grad``. Returns global metric sums and the number of microbatches."""
         counts = self.global_counts(batch.loss_mask)
         with torch.set_grad_enabled(backward):
-            sums, n_micro = self._microbatch_losses(batch, loss_fn, counts, backward)
+            sums, n_micro = self._microbatch_losses(batch, loss_fn, counts, backward, kept)
         if backward:
             self._reduce_grads()
         return sum_metrics_over_ranks(sums, self._rows_group(), self.device), n_micro
@@ -401,7 +425,7 @@ class InProcessPolicy:
         metrics, _ = self._run_microbatches(batch, loss_fn, backward=False)
         return metrics
 
-    def train_step(self, batch: Trajectories, loss_fn: LossFn) -> TrainStepResult:
+    def train_step(self, batch: Trajectories, loss_fn: LossFn, *, return_logprobs: bool = False) -> TrainStepResult:
         """One optimizer step over ``batch`` in microbatches, all or nothing: gradients are accumulated first
         and dropped if anything (a KeyboardInterrupt included) interrupts them; clipping, the optimizer and
         the schedule then run with Ctrl-C deferred, so weights and optimizer state are never half updated."""
@@ -409,8 +433,12 @@ class InProcessPolicy:
         self.restore_optimizer_state()
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
+        if return_logprobs and not self.returns_step_logprobs:
+            raise ValueError("with pipeline parallelism only the last stage sees the logits, so a train step returns "
+                             "no logprobs (returns_step_logprobs is False): run the logprobs stage first")
+        kept: Optional[list[StepLogprobs]] = [] if return_logprobs else None
         try:
-            metrics, n_micro = self._run_microbatches(batch, loss_fn, backward=True)
+            metrics, n_micro = self._run_microbatches(batch, loss_fn, backward=True, kept=kept)
             grad_norm = self._grad_norm()
             if not math.isfinite(grad_norm):
                 raise FloatingPointError(f"gradient norm is {grad_norm}; the step was skipped, weights unchanged")
@@ -429,8 +457,10 @@ class InProcessPolicy:
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.version += 1
+        logprobs, entropy = StepLogprobs.assemble(kept, batch.loss_mask) if kept is not None else (None, None)
         return TrainStepResult(metrics=metrics, grad_norm=grad_norm, learning_rate=lr, num_microbatches=n_micro,
-                               version=self.version, timings={"train_step": time.perf_counter() - t0})
+                               version=self.version, timings={"train_step": time.perf_counter() - t0},
+                               logprobs=logprobs, entropy=entropy)
 
     # ---- weights and checkpoints --------------------------------------------------------------------
     def hf_state_dict(self) -> dict[str, Tensor]:

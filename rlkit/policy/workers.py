@@ -212,6 +212,8 @@ class _PolicyWorker:
 class RayPolicyGroup:
     """``world_size`` policy ranks in Ray actors behind the Policy protocol (see the module docstring)."""
 
+    returns_step_logprobs = False  # each rank's train step sees its slice of the rows only
+
     def __init__(self, cfg: PolicyConfig, world_size: int, seed: int = 0, ray_address: Optional[str] = None):
         from rlkit.models.factory import read_hf_config
 
@@ -383,8 +385,11 @@ class RayPolicyGroup:
         entropy = None if results[0].entropy is None else torch.cat([r.entropy for r in results])[:b]
         return TokenLogprobs(logprobs, entropy)
 
-    def train_step(self, batch: Trajectories, loss_fn: LossFn) -> TrainStepResult:
+    def train_step(self, batch: Trajectories, loss_fn: LossFn, *, return_logprobs: bool = False) -> TrainStepResult:
         """One optimizer step on every rank, each on its data-parallel slice of ``batch``."""
+        if return_logprobs:
+            raise ValueError("a Ray worker group's ranks each see a slice of the rows, so a train step returns no "
+                             "logprobs (returns_step_logprobs is False): run the logprobs stage first")
         t0 = time.perf_counter()
         parts = self._split_rows(batch)
         try:

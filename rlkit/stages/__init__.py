@@ -3,7 +3,8 @@
     rollout -> score -> logprobs -> advantages -> train (or loss) -> refit;  evaluate, sft aside.
 
 Logprobs come before advantages because estimators that fold KL into the reward need the reference
-logprobs. Where ``Session.rollout()`` gets a step's batch is a rollout source (plain, dynamic sampling, or
+logprobs. ``Session.step()`` skips the logprobs pass when a batch's one update computes the same values in its
+own forward (``logprobs_from_train_step``, :meth:`rlkit.Session.step`). Where ``Session.rollout()`` gets a step's batch is a rollout source (plain, dynamic sampling, or
 async GRPO's background producer ``AsyncRollouts``): :mod:`rlkit.stages.rollout_sources`.
 """
 
@@ -12,12 +13,12 @@ from rlkit.stages.async_rollouts import AsyncRollouts
 from rlkit.stages.conversations import conversations, is_multi_turn
 from rlkit.stages.dynamic_sampling import dynamic_sampling
 from rlkit.stages.evaluate import EvalResult, evaluate
-from rlkit.stages.logprobs import logprobs
+from rlkit.stages.logprobs import logprobs, logprobs_from_train_step
 from rlkit.stages.refit import refit
 from rlkit.stages.rollout import rollout
 from rlkit.stages.score import score
 from rlkit.stages.sft import SFTResult, sft
-from rlkit.stages.train import LossReport, TrainInterrupted, TrainResult, loss, train
+from rlkit.stages.train import LossReport, TrainInterrupted, TrainResult, loss, one_update, train
 
 __all__ = ["AsyncRollouts", "EvalResult", "LossReport", "SFTResult", "TrainInterrupted", "TrainResult", "advantages", "conversations", "dynamic_sampling", "evaluate", "is_multi_turn", "logprobs",
-           "loss", "refit", "rollout", "score", "sft", "train"]
+           "logprobs_from_train_step", "loss", "one_update", "refit", "rollout", "score", "sft", "train"]

@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 
 from rlkit.algorithms import token_mult_prob_error
-from rlkit.policy.base import Policy
+from rlkit.policy.base import Policy, TrainStepResult
 from rlkit.trajectories import Trajectories
 
 
@@ -27,26 +27,44 @@ def logprobs(batch: Trajectories, policy: Policy, with_reference: bool = True,
     t1 = time.perf_counter()
     ref = policy.reference_logprobs(batch.input_ids, batch.attention_mask).logprobs if with_reference else None
     t2 = time.perf_counter()
+    out = _with_trainer_logprobs(batch, scores.logprobs, scores.entropy, policy.version, mismatch_warning_threshold)
+    return out.with_(ref_logprobs=_on_completion(ref, batch.loss_mask), info=dict(
+        out.info, **{"timing/logprobs": t1 - t0, "timing/reference_logprobs": t2 - t1}))
+
+
+def logprobs_from_train_step(batch: Trajectories, step: TrainStepResult, version: int,
+                    mismatch_warning_threshold: float = 1e-2) -> Trajectories:
+    """The batch as :func:`logprobs` leaves it (``prev_logprobs``, ``entropy``, the mismatch figures), from a
+    train step that computed them itself: the only update on a batch without ``prev_logprobs``, taken at
+    policy ``version``, whose forward gives what the logprobs pass would have (``Policy.train_step``).
+    ``Session.step()`` saves the separate pass this way when it can (:meth:`rlkit.Session.step`)."""
+    if step.logprobs is None:
+        raise ValueError("this train step returned no logprobs: its batch had prev_logprobs, or the policy does not "
+                         "return them (Policy.returns_step_logprobs); run the logprobs stage before training")
+    return _with_trainer_logprobs(batch, step.logprobs, step.entropy, version, mismatch_warning_threshold)
+
+
+def _with_trainer_logprobs(batch: Trajectories, logprobs: torch.Tensor, entropy: Optional[torch.Tensor],
+                           version: int, mismatch_warning_threshold: float) -> Trajectories:
+    """``batch`` with the trainer's ``logprobs`` and ``entropy`` [B, T] taken at policy ``version``, and how far the
+    generator's logprobs are from them (warns past the threshold)."""
     mask = batch.loss_mask
-    error = token_mult_prob_error(scores.logprobs, batch.generator_logprobs, mask)
-    diff = (scores.logprobs - batch.generator_logprobs).abs()[mask]
+    error = token_mult_prob_error(logprobs, batch.generator_logprobs, mask)
+    diff = (logprobs - batch.generator_logprobs).abs()[mask]
     if error - 1.0 > mismatch_warning_threshold:
-        stale = policy.version != batch.policy_version
+        stale = version != batch.policy_version
         warnings.warn(
             f"generator and trainer logprobs disagree: token_mult_prob_error={error:.4f}"
             + (f" (the batch came from policy version {batch.policy_version}, the policy is at "
-               f"{policy.version}: refit before rollout)" if stale else " with the same weights: check the refit"),
-            stacklevel=2,
+               f"{version}: refit before rollout)" if stale else " with the same weights: check the refit"),
+            stacklevel=3,  # the line in rlkit.Session that ran the stage
         )
     info = dict(batch.info, **{
-        "timing/logprobs": t1 - t0,
-        "timing/reference_logprobs": t2 - t1,
         "token_mult_prob_error": error,
         "logprob_abs_diff_max": float(diff.max()) if diff.numel() else 0.0,
         "logprob_abs_diff_mean": float(diff.mean()) if diff.numel() else 0.0,
     })
-    return batch.with_(prev_logprobs=_on_completion(scores.logprobs, mask),
-                       entropy=_on_completion(scores.entropy, mask), ref_logprobs=_on_completion(ref, mask), info=info)
+    return batch.with_(prev_logprobs=_on_completion(logprobs, mask), entropy=_on_completion(entropy, mask), info=info)
 
 
 def _on_completion(values: Optional[torch.Tensor], mask: torch.Tensor) -> Optional[torch.Tensor]:

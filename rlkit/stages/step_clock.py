@@ -54,6 +54,10 @@ class StepClock:
             if self._nested:
                 self._nested[-1] += spent
 
+    def skipped(self, name: str) -> None:
+        """Record part ``name`` at 0 s: a stage this step did not need, its column kept in every record."""
+        self.seconds[name] += 0.0
+
     def split(self, name: str, sub: str, seconds: float) -> None:
         """Move ``seconds`` of part ``name`` to part ``sub`` (a stage's own timer of a piece of its work)."""
         seconds = min(seconds, self.seconds.get(name, 0.0))

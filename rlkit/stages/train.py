@@ -105,15 +105,29 @@ def loss(batch: Trajectories, policy: Policy, loss_fn: LossFn) -> LossReport:
     return LossReport(policy.evaluate_loss(batch, loss_fn), policy.version, loss_description(loss_fn))
 
 
+def one_update(batch_size: int, num_epochs: int = 1, global_batch_size: Optional[int] = None) -> bool:
+    """Whether :func:`train` takes exactly one optimizer step on a batch of ``batch_size`` rows."""
+    return num_epochs == 1 and (global_batch_size is None or global_batch_size >= batch_size)
+
+
 def train(batch: Trajectories, policy: Policy, loss_fn: LossFn, num_epochs: int = 1,
-          global_batch_size: Optional[int] = None, seed: int = 0) -> TrainResult:
+          global_batch_size: Optional[int] = None, seed: int = 0, on_policy: bool = False) -> TrainResult:
     """``num_epochs`` passes over ``batch`` in shuffled minibatches of ``global_batch_size`` rows, one
     optimizer step per minibatch. Returns every step's result and their mean metrics.
+
+    ``on_policy``: ``batch`` has no ``prev_logprobs`` and gets one update, whose own forward is the loss's old
+    policy and is returned (:meth:`rlkit.policy.base.Policy.train_step`); refused when there would be more.
 
     A KeyboardInterrupt after at least one update took effect surfaces as :class:`TrainInterrupted`, which
     says how many; one before any update is re-raised as it came (nothing changed).
     """
-    _check_ready(batch)
+    if not on_policy:
+        _check_ready(batch)
+    elif not one_update(batch.batch_size, num_epochs, global_batch_size):
+        raise ValueError(f"on_policy training takes one update, but num_epochs={num_epochs} and global_batch_size="
+                         f"{global_batch_size} over {batch.batch_size} rows take more: run the logprobs stage first")
+    else:
+        batch.require("advantages", "advantages()")
     t0 = time.perf_counter()
     version = policy.version
     size = global_batch_size or batch.batch_size
@@ -124,7 +138,7 @@ def train(batch: Trajectories, policy: Policy, loss_fn: LossFn, num_epochs: int 
             order = torch.arange(batch.batch_size) if size == batch.batch_size else torch.randperm(batch.batch_size, generator=generator)
             for start in range(0, batch.batch_size, size):
                 minibatch = batch if size == batch.batch_size else batch.select(order[start:start + size])
-                steps.append(policy.train_step(minibatch, loss_fn))
+                steps.append(policy.train_step(minibatch, loss_fn, return_logprobs=on_policy))
     except KeyboardInterrupt as interrupt:
         applied = policy.version - version
         if applied <= 0:

@@ -112,6 +112,17 @@ def test_every_backend_implements_the_whole_contract(backend, model_cfg, ray_clu
         assert policy.version == 7
         policy.load_hf_state(initial)
         assert (policy.logprobs(ids, mask).logprobs - scores.logprobs).abs().max() < 1e-6
+        # a train step's own logprobs and entropy (Session.step() skips the logprobs pass with them)
+        if policy.returns_step_logprobs:
+            own = policy.train_step(batch, pg_token_mean_loss, return_logprobs=True)
+            on_completion = lambda t: torch.where(batch.loss_mask, t, 0.0)  # noqa: E731
+            assert (own.logprobs - on_completion(scores.logprobs)).abs().max() < 1e-6  # the same weights as scores
+            assert (own.entropy - on_completion(scores.entropy)).abs().max() < 1e-6
+            policy.load_hf_state(initial)
+        else:
+            with pytest.raises(ValueError, match="returns no logprobs"):
+                policy.train_step(batch, pg_token_mean_loss, return_logprobs=True)
+        assert backend == "ray" or policy.returns_step_logprobs
         policy.reset_optimizer(OptimizerConfig(lr=1e-12), SchedulerConfig())
         step = policy.train_step(batch, pg_token_mean_loss)
         assert step.learning_rate == 1e-12 and max_diff(policy.hf_state_dict(), initial) < 1e-6

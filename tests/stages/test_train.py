@@ -20,7 +20,7 @@ class StandInPolicy:
         self.version, self.calls = 0, 0
         self.interrupt_at, self.after_update = interrupt_at, after_update
 
-    def train_step(self, batch, loss_fn) -> TrainStepResult:
+    def train_step(self, batch, loss_fn, *, return_logprobs=False) -> TrainStepResult:
         self.calls += 1
         if self.calls == self.interrupt_at and not self.after_update:
             raise KeyboardInterrupt  # during gradient accumulation: nothing applied

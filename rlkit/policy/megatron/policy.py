@@ -304,12 +304,18 @@ class MegatronPolicy(InProcessPolicy):
             dist.all_reduce(total, group=ps.get_pipeline_model_parallel_group())
         return float(total.sqrt())
 
-    def _microbatch_losses(self, batch: Trajectories, loss_fn: LossFn, counts: LossCounts,
-                           backward: bool) -> tuple[dict[str, Tensor], int]:
+    @property
+    def returns_step_logprobs(self) -> bool:
+        """Not with pipeline parallelism: the schedule's last stage alone sees the logits."""
+        return self.pp_size == 1
+
+    def _microbatch_losses(self, batch: Trajectories, loss_fn: LossFn, counts: LossCounts, backward: bool,
+                           kept: Optional[list] = None) -> tuple[dict[str, Tensor], int]:
+        # (kept is None with pipeline parallelism: train_step refuses return_logprobs, returns_step_logprobs)
         """Without pipeline parallelism the plain loop; with it the microbatches go through Megatron's schedule
         (all of one length) and the metric sums come from the last stage."""
         if self.pp_size == 1:
-            return super()._microbatch_losses(batch, loss_fn, counts, backward)
+            return super()._microbatch_losses(batch, loss_fn, counts, backward, kept)
         mbs = min(self.cfg.train_micro_batch_size, batch.batch_size)
         if batch.batch_size % mbs:
             raise ValueError(f"pipeline parallelism runs equal microbatches, but this rank's {batch.batch_size} rows "
