@@ -97,7 +97,8 @@ class VllmGenerator:
         self.max_model_len = max_model_len
         self.precision = cfg.vllm_cfg.precision
         # the colocated hand-off: asleep between rollouts so the policy trains with the engine's memory
-        self.sleeps_between_rollouts = cfg.colocated.enabled and sleep_mode_available()
+        # (unset colocated.enabled: this engine runs in this process, beside the policy; the builders decide it)
+        self.sleeps_between_rollouts = cfg.colocated.enabled is not False and sleep_mode_available()
         self._asleep = False
         kwargs = dict(
             model=self.model_path,
