@@ -86,8 +86,8 @@ def weights_swapped_in(module: torch.nn.Module, weights: Mapping[str, Tensor]):
 
 
 def sum_metrics_over_ranks(sums: dict[str, Tensor], group, device: torch.device) -> dict[str, float]:
-    """Metric sums (float64 scalars) added up over ``group`` in one all-reduce (on ``device``: NCCL reduces
-    device tensors only); unchanged for a group of one."""
+    """Sums (float64 scalars: metric sums, token counts) added up over ``group`` in one all-reduce (on ``device``:
+    NCCL reduces device tensors only); unchanged for a group of one."""
     if sums and dist.get_world_size(group) > 1:
         keys = sorted(sums)
         packed = torch.stack([sums[k].to(device) for k in keys])
@@ -319,13 +319,10 @@ class InProcessPolicy:
     # ---- training -----------------------------------------------------------------------------------
     def global_counts(self, loss_mask: Tensor) -> LossCounts:
         """Counts over this rank's rows summed over the data-parallel group."""
-        local = torch.tensor([loss_mask.sum(), (loss_mask.sum(1) > 0).sum(), loss_mask.shape[0]],
-                             dtype=torch.float64, device=self.device)  # NCCL reduces device tensors only
-        group = self._rows_group()
-        if dist.get_world_size(group) > 1:
-            dist.all_reduce(local, group=group)
-        tokens, seqs, n = (int(x) for x in local.tolist())
-        return LossCounts(valid_tokens=tokens, valid_sequences=seqs, num_sequences=n)
+        local = {"valid_tokens": loss_mask.sum(), "valid_sequences": (loss_mask.sum(1) > 0).sum(),
+                 "num_sequences": torch.tensor(loss_mask.shape[0])}
+        total = sum_metrics_over_ranks({k: v.double() for k, v in local.items()}, self._rows_group(), self.device)
+        return LossCounts(**{k: int(v) for k, v in total.items()})
 
     def _per_token(self, input_ids: Tensor, attention_mask: Tensor, with_entropy: bool) -> list[Tensor]:
         """[logprobs] or with ``with_entropy`` [logprobs, entropy] of the rows ``input_ids`` [b, T], each [b, T]
