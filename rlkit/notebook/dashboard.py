@@ -144,7 +144,6 @@ class Dashboard:
     def header_html(self) -> str:
         """The status line: latest step, policy version, reward, seconds per step, and a stop in progress."""
         history = self.history
-        s = self.session
         if not history:
             status = "no steps yet: run session.run(n) and this updates after every step"
         else:
