@@ -34,6 +34,7 @@ from typing import Any
 from rlkit.notebook.charts import line_chart, sparkline, stacked_bars
 from rlkit.notebook.display import SAMPLE_COLUMNS, sample_rows
 from rlkit.notebook.html import esc, table
+from rlkit.notebook.ipython import ipython_shell
 
 # (panel title, metric keys plotted in it)
 PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -87,15 +88,6 @@ def flat_panel_notes(session: Any) -> dict[str, str]:
                             config.policy.train_global_batch_size, g.num_epochs) == 1:
             notes["clipped fraction"] = "on-policy: ratio 1"
     return notes
-
-
-def _in_ipython_kernel() -> bool:
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
 
 
 class Dashboard:
@@ -194,7 +186,7 @@ class Dashboard:
         if metrics is not None:  # run() ends after this step if a stop is requested; else a run is going on
             self._stopped_after = metrics.step if getattr(self.session, "stop_requested", False) else None
         self.refresh()
-        if self.widget is None and self._handle is None and not _in_ipython_kernel():
+        if self.widget is None and self._handle is None and getattr(ipython_shell(), "kernel", None) is None:
             print(self.text_line())
 
     def refresh(self) -> None:
@@ -294,13 +286,7 @@ def _all_zero(series: dict[str, list[float]]) -> bool:
 def _follow_cells(dashboard: Dashboard) -> Any:
     """Register the dashboard for IPython's cell events when it lives in an IPython shell; returns the shell's
     event manager (None elsewhere, where the dashboard cannot tell when ``run()`` returns)."""
-    import sys
-
-    if "IPython" not in sys.modules:
-        return None
-    from IPython import get_ipython
-
-    shell = get_ipython()
+    shell = ipython_shell()
     if shell is None:
         return None
     shell.events.register("pre_run_cell", dashboard._cell_started)

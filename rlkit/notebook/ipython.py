@@ -18,23 +18,22 @@ from typing import Any
 HINT = "(rlkit leaves out its internal traceback here; %xmode verbose shows it)"
 
 
-def _formatter() -> Any:
-    """The running IPython shell's traceback formatter, or None outside IPython."""
+def ipython_shell() -> Any:
+    """The running IPython shell, or None outside IPython (which is not imported just to ask)."""
     import sys
 
     if "IPython" not in sys.modules:
         return None
     from IPython import get_ipython
 
-    shell = get_ipython()
-    return getattr(shell, "InteractiveTB", None)
+    return get_ipython()
 
 
 def render_error(error: BaseException, hint: bool = True) -> list[str]:
     """The structured traceback IPython shows for ``error`` (a list of text blocks): the full one under
     ``%xmode verbose``; else the exception line, the exception it was raised ``from``, and (with ``hint``)
     :data:`HINT`."""
-    tb = _formatter()
+    tb = getattr(ipython_shell(), "InteractiveTB", None)  # the traceback formatter
     if tb is None:
         return traceback.format_exception(type(error), error, error.__traceback__)
     if getattr(tb, "mode", None) == "Verbose":
