@@ -97,26 +97,12 @@ class Trajectories:
 
     def select(self, index: slice | Tensor) -> "Trajectories":
         """Rows ``index`` of every per-sample field (for microbatching). Group structure is not kept."""
-        if isinstance(index, slice):
-            idx = list(range(self.batch_size))[index]
-        else:
-            idx = index.tolist()
+        idx = list(range(self.batch_size))[index] if isinstance(index, slice) else index.tolist()
+        tensors = {f.name: getattr(self, f.name)[idx] for f in dataclasses.fields(self)
+                   if isinstance(getattr(self, f.name), Tensor)}
         pick = lambda seq: tuple(seq[i] for i in idx) if seq else seq  # noqa: E731
-        tensors = {
-            f.name: getattr(self, f.name)[idx]
-            for f in dataclasses.fields(self)
-            if isinstance(getattr(self, f.name), Tensor)
-        }
-        return dataclasses.replace(
-            self,
-            prompts=pick(self.prompts),
-            completions=pick(self.completions),
-            finish_reasons=pick(self.finish_reasons),
-            env_metadata=pick(self.env_metadata),
-            rows=(),
-            group_size=1,
-            **tensors,
-        )
+        per_sample = {n: pick(getattr(self, n)) for n in ("prompts", "completions", "finish_reasons", "env_metadata")}
+        return dataclasses.replace(self, rows=(), group_size=1, **per_sample, **tensors)
 
     def select_groups(self, groups: Tensor) -> "Trajectories":
         """The prompt groups at indices ``groups`` [K] (all G samples each), group structure kept."""
@@ -140,12 +126,9 @@ class Trajectories:
             return torch.cat([torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in values])
 
         tensors = {f.name: cat(f.name) for f in dataclasses.fields(first) if isinstance(getattr(first, f.name), Tensor)}
-        joined = lambda name: tuple(x for b in batches for x in getattr(b, name))  # noqa: E731
-        return dataclasses.replace(
-            first, prompts=joined("prompts"), completions=joined("completions"),
-            finish_reasons=joined("finish_reasons"), rows=joined("rows"), env_metadata=joined("env_metadata"),
-            reward_errors=joined("reward_errors"), **tensors,
-        )
+        joined = {name: tuple(x for b in batches for x in getattr(b, name))
+                  for name in ("prompts", "completions", "finish_reasons", "rows", "env_metadata", "reward_errors")}
+        return dataclasses.replace(first, **joined, **tensors)
 
     def __len__(self) -> int:
         return self.batch_size
