@@ -40,7 +40,7 @@ import torch
 
 from rlkit.data import render_prompt_texts
 from rlkit.envs.base import MAX_REWARD_FAILURE_FRACTION, Environment, error_sample_index
-from rlkit.generation.base import Generator, SamplingSettings
+from rlkit.generation.base import Generation, Generator, SamplingSettings
 from rlkit.stages.score import check_reward_failures
 from rlkit.trajectories import Trajectories
 
@@ -108,7 +108,7 @@ def conversations(
         if not live:
             break
         if turn == 0:
-            _generate_first_turn(generator, games, prompt_ids, num_generations, sampling)
+            _take(games, generator.generate([list(p) for p in prompt_ids], num_generations, sampling))
         else:
             _generate_turn(generator, live, replace(sampling, seed=_turn_seed(sampling.seed, turn)), max_total_tokens)
         live = [c for c in live if c.live]  # a turn with no room left ended its conversation
@@ -127,20 +127,14 @@ def _turn_seed(seed: Optional[int], turn: int) -> Optional[int]:
     return None if seed is None else seed + TURN_SEED_STRIDE * turn
 
 
-def _take(conversation: _Conversation, token_ids: Sequence[int], logprobs: Sequence[float], text: str,
-          finish_reason: str) -> None:
-    conversation.append(list(token_ids), True, logprobs)
-    conversation.messages.append({"role": "assistant", "content": text})
-    conversation.finish_reason = finish_reason
-    conversation.turns += 1
-
-
-def _generate_first_turn(generator: Generator, games: list[_Conversation], prompt_ids: list[list[int]], g: int,
-                         sampling: SamplingSettings) -> None:
-    generation = generator.generate([list(p) for p in prompt_ids], g, sampling)
-    for conversation, ids, lps, text, reason in zip(games, generation.token_ids, generation.logprobs,
+def _take(conversations: Sequence[_Conversation], generation: Generation) -> None:
+    """Append each sample of ``generation`` to its conversation as an assistant turn."""
+    for conversation, ids, lps, text, reason in zip(conversations, generation.token_ids, generation.logprobs,
                                                    generation.texts, generation.finish_reasons):
-        _take(conversation, ids, lps, text, reason)
+        conversation.append(list(ids), True, lps)
+        conversation.messages.append({"role": "assistant", "content": text})
+        conversation.finish_reason = reason
+        conversation.turns += 1
 
 
 def _generate_turn(generator: Generator, live: list[_Conversation], sampling: SamplingSettings, budget: int) -> None:
@@ -154,10 +148,7 @@ def _generate_turn(generator: Generator, live: list[_Conversation], sampling: Sa
             by_limit.setdefault(room, []).append(conversation)
     for call, (limit, group) in enumerate(sorted(by_limit.items())):
         seed = None if sampling.seed is None else sampling.seed + call * len(live)
-        generation = generator.generate([c.ids for c in group], 1, replace(sampling, max_new_tokens=limit, seed=seed))
-        for conversation, ids, lps, text, reason in zip(group, generation.token_ids, generation.logprobs,
-                                                       generation.texts, generation.finish_reasons):
-            _take(conversation, ids, lps, text, reason)
+        _take(group, generator.generate([c.ids for c in group], 1, replace(sampling, max_new_tokens=limit, seed=seed)))
 
 
 def _env_step(env: Environment, live: list[_Conversation], games: list[_Conversation], rows: Sequence[dict],
