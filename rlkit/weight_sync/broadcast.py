@@ -35,6 +35,7 @@ time, and the generator counts as stale until a refit succeeds.
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from collections import deque
@@ -234,7 +235,7 @@ class BroadcastWeightSync:
         group = self._open("nccl" if first[0][1].is_cuda else "gloo")
         receiving = self.generator.actor.receive_weights.remote()
         try:
-            sent = send_buckets(group, _chain_first(first, buckets), lambda works: _wait_watching(works, receiving))
+            sent = send_buckets(group, itertools.chain([first], buckets), lambda works: _wait_watching(works, receiving))
             self.last_actor_seconds = ray.get(receiving)
         except BaseException:
             self.close()  # the two ranks may be out of step: open a fresh group next time
@@ -269,11 +270,6 @@ class BroadcastWeightSync:
         import html
 
         return f"<code>{html.escape(repr(self))}</code>"
-
-
-def _chain_first(first: HFGroup, rest: Iterator[HFGroup]) -> Iterator[HFGroup]:
-    yield first
-    yield from rest
 
 
 def _wait_watching(works: list, receiving: Any) -> None:
