@@ -349,10 +349,8 @@ class Session(RunLoop):
     def _record_step(self, batch: Trajectories, train_metrics: dict[str, float], seconds: float,
                      version_before: int) -> StepMetrics:
         with self.timed("metrics"):
-            timings = {k: v for k, v in batch.info.items() if k.startswith("timing/")}
-            timings["timing/train"] = seconds
-            metrics = step_metrics(self.step_count + 1, self.policy.version, batch, train_metrics, timings,
-                                   version_before)
+            metrics = step_metrics(self.step_count + 1, self.policy.version, batch, train_metrics,
+                                   {"train": seconds}, version_before)
             # the async producer's rollout/ figures, dynamic sampling's rounds (tries, kept and dropped groups)
             metrics.values.update({k: v for k, v in batch.info.items() if k.startswith(("rollout/", "dynamic_sampling/"))})
             self.run_state.end_step(metrics)

@@ -53,10 +53,13 @@ def rollout_metrics(batch: Trajectories) -> dict[str, float]:
 
 def step_metrics(step: int, policy_version: int, batch: Trajectories, train_metrics: dict[str, float],
                  timings: dict[str, float], version_before_train: int) -> StepMetrics:
-    """``version_before_train - batch.policy_version`` is how many updates behind the samples were."""
+    """The batch's rollout metrics and ``timing/`` entries, ``train_metrics`` under ``train/``, and ``timings``
+    (seconds) over the batch's; ``version_before_train - batch.policy_version`` is how many updates behind
+    the samples were."""
     values = rollout_metrics(batch)
     values["rollout/policy_lag"] = float(version_before_train - batch.policy_version)
     values.update({f"train/{k}": v for k, v in train_metrics.items()})
     values["train/token_mult_prob_error"] = float(batch.info.get("token_mult_prob_error", 1.0))
+    values.update({k: v for k, v in batch.info.items() if k.startswith("timing/")})
     values.update({f"timing/{k.removeprefix('timing/')}": v for k, v in timings.items()})
     return StepMetrics(step, policy_version, values)

@@ -53,9 +53,7 @@ def skipped_step_metrics(step: int, policy_version: int, batch: Trajectories, ve
                          seconds: float, history: Sequence[StepMetrics]) -> StepMetrics:
     """The metrics of skipped step ``step`` (RL steps completed, this one included): its batch's rollout
     metrics, the step's wall time, and ``train/skipped_steps`` counting this one."""
-    timings = {k: v for k, v in batch.info.items() if k.startswith("timing/")}
-    timings["timing/step_total"] = seconds
-    metrics = step_metrics(step, policy_version, batch, {}, timings, version_before_train)
+    metrics = step_metrics(step, policy_version, batch, {}, {"step_total": seconds}, version_before_train)
     metrics.values[SKIPPED] = float(skipped_so_far(history) + 1)
     return metrics
 
