@@ -61,9 +61,9 @@ def parallel_layout_problems(megatron_cfg: Any, model_config: Mapping[str, Any],
     return out
 
 
-def cross_section_problems(sections: Mapping[str, Any], partial: bool) -> list[str]:
-    """Problems across ``sections`` (section name -> validated section). Checks needing a missing
-    section are skipped when ``partial``."""
+def cross_section_problems(sections: Mapping[str, Any]) -> list[str]:
+    """Problems across ``sections`` (section name -> validated section); checks needing a missing section
+    are skipped."""
     out: list[str] = []
     grpo, policy, data, sft = (sections.get(k) for k in ("grpo", "policy", "data", "sft"))
     if grpo is not None and policy is not None:

@@ -194,10 +194,10 @@ def validate(raw: Mapping[str, Any]) -> RunConfig:
             problems.extend(f"{key}.{p}" if not p.startswith(key) else p for p in e.problems)
     if problems:
         if not required:  # combinations with an unset value would report it again, less clearly
-            problems += cross_section_problems(sections, partial=True)
+            problems += cross_section_problems(sections)
         raise ConfigError(problems)
     config = RunConfig(**sections)
-    problems = cross_section_problems(config.__dict__, partial=False)
+    problems = cross_section_problems(config.__dict__)
     if problems:
         raise ConfigError(problems)
     return config
