@@ -131,16 +131,9 @@ def sample_rows(batch: Any, limit: int = 16) -> list[list[Any]]:
     rows = batch.row_of_sample
     rewards = batch.rewards[:n].tolist() if batch.rewards is not None else [None] * n
     lengths = batch.completion_lengths[:n]
-    if batch.advantages is not None:
-        adv = (batch.advantages[:n].sum(1) / lengths.clamp(min=1)).tolist()
-    else:
-        adv = [None] * n
-    out = []
-    for i in range(n):
-        prompt = rows[i].get("prompt", batch.prompts[i]) if rows else batch.prompts[i]
-        out.append([i, i // batch.group_size, prompt, batch.completions[i], rewards[i], adv[i], int(lengths[i]),
-                    batch.finish_reasons[i]])
-    return out
+    adv = (batch.advantages[:n].sum(1) / lengths.clamp(min=1)).tolist() if batch.advantages is not None else [None] * n
+    return [[i, i // batch.group_size, rows[i].get("prompt", batch.prompts[i]) if rows else batch.prompts[i],
+             batch.completions[i], rewards[i], adv[i], int(lengths[i]), batch.finish_reasons[i]] for i in range(n)]
 
 
 def trajectories_html(batch: Any, limit: int = 16) -> str:
@@ -282,12 +275,10 @@ def _fields(section: Any) -> list[tuple[str, Any, Any]]:
         return [(n, getattr(section, n), f.get_default(call_default_factory=True))
                 for n, f in type(section).model_fields.items()]
     if dataclasses.is_dataclass(section):
-        out = []
-        for f in dataclasses.fields(section):
-            default = f.default if f.default is not dataclasses.MISSING else (
-                f.default_factory() if f.default_factory is not dataclasses.MISSING else ...)
-            out.append((f.name, getattr(section, f.name), default))
-        return out
+        missing = dataclasses.MISSING
+        return [(f.name, getattr(section, f.name), f.default if f.default is not missing
+                 else f.default_factory() if f.default_factory is not missing else ...)
+                for f in dataclasses.fields(section)]
     return []
 
 
