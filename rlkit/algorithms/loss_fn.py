@@ -17,7 +17,6 @@ Token-level metrics are sums over the microbatch's valid tokens divided by ``cou
 
 from __future__ import annotations
 
-import html
 from dataclasses import dataclass, fields
 from typing import Optional, Union
 
@@ -30,6 +29,7 @@ from rlkit.algorithms.kl import KL_ESTIMATORS, KLEstimatorName, kl_penalty
 from rlkit.algorithms.losses import POLICY_LOSSES, PolicyLossFn, PolicyLossName, PolicyLossParams
 from rlkit.algorithms.registry import Registry
 from rlkit.errors import ConfigError, StageOrderError
+from rlkit.notebook.html import CodeRepr
 from rlkit.trajectories import LossCounts, Trajectories
 
 _P, _C = PolicyLossParams, CorrectionParams  # defaults live on those classes; LossParams reuses them
@@ -107,7 +107,7 @@ def _known(registry: Registry, name_or_fn: object) -> bool:
     return callable(name_or_fn) or name_or_fn in registry
 
 
-class RLLoss:
+class RLLoss(CodeRepr):
     """Callable loss built from ``LossParams``; see the module docstring for the formula and metrics.
 
     ``kl_in_reward`` tells the loss that the advantage estimator folded KL into the reward (REINFORCE++
@@ -189,6 +189,3 @@ class RLLoss:
         if p.off_policy_correction != "none":
             parts.append(f"correction={p.off_policy_correction}")
         return "RLLoss(" + ", ".join(parts) + ")"
-
-    def _repr_html_(self) -> str:
-        return f"<code>{html.escape(repr(self))}</code>"

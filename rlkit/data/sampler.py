@@ -18,10 +18,12 @@ from typing import Any, Optional, Sequence, Union
 import numpy as np
 from datasets import Dataset
 
+from rlkit.notebook.html import CodeRepr
+
 Rows = Union[Dataset, Sequence[dict[str, Any]]]
 
 
-class PromptSampler:
+class PromptSampler(CodeRepr):
     """``next_batch()`` returns ``batch_size`` row dicts (``next_batch(n)``: n of them, for a caller whose batch
     size changes mid-run); ``state_dict()`` / ``load_state_dict()`` resume it."""
 
@@ -78,6 +80,3 @@ class PromptSampler:
     def __repr__(self) -> str:
         return (f"PromptSampler(rows={len(self)}, batch_size={self.batch_size}, seed={self.seed}, "
                 f"epoch={self.epoch}, position={self.position})")
-
-    def _repr_html_(self) -> str:
-        return f"<code>{self.__repr__()}</code>"

@@ -27,6 +27,8 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor
 
+from rlkit.notebook.html import CodeRepr
+
 Message = dict[str, str]  # {"role": "user" | "assistant" | "system" | "tool", "content": ...}
 Conversation = list[Message]
 
@@ -37,7 +39,7 @@ MAX_REWARD_FAILURE_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
-class EnvReturn:
+class EnvReturn(CodeRepr):
     """What one ``step`` over a batch of ``B`` conversations returns."""
 
     rewards: Tensor  # [B] float32, finite; 0.0 for samples whose scoring failed
@@ -89,9 +91,6 @@ class EnvReturn:
         mean = self.rewards.mean().item() if b else float("nan")
         return (f"EnvReturn(B={b}, mean_reward={mean:.3f}, done={int(self.done.sum())}/{b}, "
                 f"errors={self.num_errors})")
-
-    def _repr_html_(self) -> str:
-        return f"<code>{self.__repr__()}</code>"
 
 
 class Environment(ABC):

@@ -31,6 +31,7 @@ from rlkit.cluster import worker_env_vars
 from rlkit.distributed import ensure_ray
 from rlkit.generation.base import Generation, SamplingSettings
 from rlkit.generation.vllm import VllmGenerator
+from rlkit.notebook.html import CodeRepr
 
 
 class _EngineActor(VllmGenerator):
@@ -54,7 +55,7 @@ def split_cores(cores: int, engine_threads: int) -> int:
     return before
 
 
-class RemoteGenerator:
+class RemoteGenerator(CodeRepr):
     """A vLLM engine in a Ray actor presenting the Generator protocol (generate, update_weights,
     reset_prefix_cache, close). Starts a local Ray instance when none is up, and then shuts it down on
     ``close()``. ``threads``: OpenMP threads of the actor (CPU only; default half the cores). When the engine
@@ -123,8 +124,3 @@ class RemoteGenerator:
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"pid {self.info.get('pid')}, {self.threads} thread(s)"
         return f"RemoteGenerator({Path(self.model_path).name}, Ray actor, {state})"
-
-    def _repr_html_(self) -> str:
-        import html
-
-        return f"<code>{html.escape(repr(self))}</code>"

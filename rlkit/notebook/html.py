@@ -19,6 +19,13 @@ def esc(value: object) -> str:
     return html.escape(str(value))
 
 
+class CodeRepr:
+    """A ``_repr_html_`` for objects whose text ``repr`` says it all: that text, escaped, as ``<code>``."""
+
+    def _repr_html_(self) -> str:
+        return f"<code>{esc(repr(self))}</code>"
+
+
 def fmt(value: object) -> str:
     """Numbers to 4 significant digits, everything else as text (HTML-escaped)."""
     if isinstance(value, bool) or value is None:

@@ -32,13 +32,14 @@ from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
 
 from rlkit.errors import StageOrderError
+from rlkit.notebook.html import CodeRepr
 from rlkit.trajectories import Trajectories
 
 MakeBatch = Callable[[int, int], Trajectories]  # (batch index, generator's policy version) -> Trajectories
 POLL_S = 0.05  # waits poll, so a notebook interrupt (Ctrl-C) is seen promptly
 
 
-class AsyncRollouts:
+class AsyncRollouts(CodeRepr):
     """The producer thread and the queue between it and the trainer (see the module docstring).
 
     ``make_batch(index, version)`` samples batch ``index`` with the generator, which holds ``version``;
@@ -232,11 +233,6 @@ class AsyncRollouts:
                 f"{s['generator_version']}, {behind} step(s) behind the trainer; ready: versions "
                 f"{s['ready_versions']}{' (+1 sampling)' if s['sampling'] else ''}; trained lags (steps): "
                 f"{s['lag_counts']}; dropped {s['dropped_batches']} batch(es))")
-
-    def _repr_html_(self) -> str:
-        import html
-
-        return f"<code>{html.escape(repr(self))}</code>"
 
 
 def updates_per_step(num_samples: int, global_batch_size: Optional[int], num_epochs: int) -> int:

@@ -8,7 +8,7 @@ keeps later steps near the policy that produced the data.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch

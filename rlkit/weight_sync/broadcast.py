@@ -44,6 +44,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, runtim
 
 import torch
 
+from rlkit.notebook.html import CodeRepr
 from rlkit.weight_sync.colocated import RefitReport, stream_refit
 from rlkit.weights import HFGroup, WeightSource, bucket_groups
 
@@ -203,7 +204,7 @@ class SendsFromRanks(Protocol):
     def broadcast_weights(self, generator: Any, bucket_bytes: float) -> tuple[RefitReport, dict[str, float]]: ...
 
 
-class BroadcastWeightSync:
+class BroadcastWeightSync(CodeRepr):
     """``sync(policy, generator) -> RefitReport`` for the one :class:`rlkit.generation.remote.RemoteGenerator`
     it was built with, whose actor carries a :class:`BroadcastReceiver`."""
 
@@ -265,11 +266,6 @@ class BroadcastWeightSync:
     def __repr__(self) -> str:
         state = f"open ({self.backend})" if self.group is not None else "not connected"
         return f"BroadcastWeightSync(bucket={self.bucket_bytes / 1e6:.0f} MB, group {state})"
-
-    def _repr_html_(self) -> str:
-        import html
-
-        return f"<code>{html.escape(repr(self))}</code>"
 
 
 def _wait_watching(works: list, receiving: Any) -> None:
