@@ -53,12 +53,11 @@ def build_sft_batch(
     response_ids = [
         tokenizer.encode(str(row[response_key]), add_special_tokens=False) + [tokenizer.eos_token_id] for row in rows
     ]
-    length = max(len(p) + len(r) for p, r in zip(prompt_ids, response_ids))
-    input_ids = torch.full((len(rows), length), tokenizer.pad_token_id, dtype=torch.int64)
-    attention_mask = torch.zeros((len(rows), length), dtype=torch.bool)
-    loss_mask = torch.zeros((len(rows), length), dtype=torch.bool)
-    for i, (p, r) in enumerate(zip(prompt_ids, response_ids)):
-        input_ids[i, : len(p) + len(r)] = torch.tensor(p + r, dtype=torch.int64)
-        attention_mask[i, : len(p) + len(r)] = True
-        loss_mask[i, len(p) : len(p) + len(r)] = True
+    ends = [len(p) + len(r) for p, r in zip(prompt_ids, response_ids)]
+    length = max(ends)
+    input_ids = torch.tensor([p + r + [tokenizer.pad_token_id] * (length - end)
+                              for p, r, end in zip(prompt_ids, response_ids, ends)], dtype=torch.int64)
+    positions = torch.arange(length)
+    attention_mask = positions < torch.tensor(ends).unsqueeze(1)
+    loss_mask = attention_mask & (positions >= torch.tensor([len(p) for p in prompt_ids]).unsqueeze(1))
     return SFTBatch(input_ids, attention_mask, loss_mask)
