@@ -24,7 +24,7 @@ from typing import Any, Optional
 from rlkit.config.loading import config_to_yaml
 from rlkit.config.run import RunConfig
 from rlkit.errors import CheckpointError, SkippedStepsError
-from rlkit.stages.skipped_steps import SKIPPED
+from rlkit.stages.skipped_steps import skipped_so_far
 from rlkit.tracking import build_logger
 from rlkit.tracking.records import start_records
 
@@ -160,7 +160,7 @@ def _summary(config: RunConfig, warm_start: dict[str, Any], after: Any, history:
         "accuracy_after_rl": after.accuracy,
         "accuracy_gain_points": None if before_acc is None else 100 * (after.accuracy - before_acc),
         "rl_steps": len(history),
-        "skipped_steps": sum(SKIPPED in m.values for m in history),
+        "skipped_steps": skipped_so_far(history),
         "sft_steps": warm_start["sft_steps"],
         "sft_final_loss": warm_start["sft_final_loss"],
         "reward_first_10_steps": _mean([m["rollout/reward_mean"] for m in history[:10]]),

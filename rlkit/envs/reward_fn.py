@@ -109,7 +109,5 @@ class RewardFunctionEnvironment(Environment):
 
 def _columns(rows: list[dict[str, Any]]) -> dict[str, list[Any]]:
     """Row fields as lists, TRL-style; a field missing from some rows is None there."""
-    keys: dict[str, None] = {}
-    for row in rows:
-        keys.update(dict.fromkeys(k for k in row if k not in _NOT_COLUMNS))
+    keys = dict.fromkeys(k for row in rows for k in row if k not in _NOT_COLUMNS)  # every row's, in order seen
     return {k: [row.get(k) for row in rows] for k in keys}
