@@ -274,12 +274,8 @@ class MegatronPolicy(InProcessPolicy):
         last = self.pp_size - 1
         scores = torch.cat([i["scores"] for i in infos], dim=-2) if self.pp_rank == last else None
         scores = pipeline.broadcast_from_stage(scores, last)[..., :b, :].to(input_ids.device)
-        logprobs = torch.zeros(b, width, device=input_ids.device)
-        entropy = torch.zeros(b, width, device=input_ids.device)
-        logprobs[:, :t] = scores[0] if with_entropy else scores
-        if with_entropy:
-            entropy[:, :t] = scores[1]
-        return TokenLogprobs(logprobs, entropy if with_entropy else None)
+        scores = torch.nn.functional.pad(scores, (0, width - t))  # [b, width], or [2, b, width] with the entropy
+        return TokenLogprobs(*scores) if with_entropy else TokenLogprobs(scores)
 
     # ---- training ---------------------------------------------------------------------------------
     def _grad_norm(self) -> float:
