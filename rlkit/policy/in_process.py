@@ -102,23 +102,6 @@ def add_metrics(sums: dict[str, Tensor], metrics: Mapping[str, Tensor]) -> None:
         sums[k] = sums.get(k, 0.0) + v
 
 
-class StepLogprobs(NamedTuple):
-    """One microbatch's own logprobs and entropy in a train step on a batch without ``prev_logprobs``."""
-
-    rows: slice | Tensor  # the microbatch's rows of the step's batch
-    logprobs: Tensor  # [b, T] detached, 0 on padding
-    entropy: Tensor  # [b, T] detached, 0 outside the completion
-
-    @staticmethod
-    def assemble(kept: list["StepLogprobs"], loss_mask: Tensor) -> tuple[Tensor, Tensor]:
-        """The step's logprobs and entropy [B, T] from its microbatches', 0 outside the completion (``loss_mask``
-        [B, T]), as the logprobs stage stores them."""
-        logprobs, entropy = (torch.zeros(loss_mask.shape, device=loss_mask.device) for _ in range(2))
-        for part in kept:
-            logprobs[part.rows], entropy[part.rows] = part.logprobs, part.entropy
-        return torch.where(loss_mask, logprobs, 0.0), entropy
-
-
 class HostCopy(NamedTuple):
     """One optimizer state tensor while it is offloaded: its (local shard's) copy in host memory, and for a
     DTensor (FSDP2's state) what rebuilds it around that shard on the way back."""
@@ -303,14 +286,10 @@ class InProcessPolicy:
         """Per-token logprobs (and entropy) [B, T] of ``input_ids`` [B, T] in chunks of
         ``logprob_batch_size`` rows, each trimmed to its longest row; 0 at position 0 and on padding."""
         self.model.eval()
-        logprobs = torch.zeros(input_ids.shape, device=input_ids.device)
-        entropy = torch.zeros(input_ids.shape, device=input_ids.device) if with_entropy else None
+        out = torch.zeros((1 + with_entropy, *input_ids.shape), device=input_ids.device)  # logprobs (, entropy)
         for rows in self._microbatch_plan(attention_mask, self.cfg.logprob_batch_size, "logprob_mb_tokens"):
-            lp, *ent = self._per_token(input_ids[rows], attention_mask[rows], with_entropy)
-            logprobs[rows] = lp.to(logprobs.device)
-            if with_entropy:
-                entropy[rows] = ent[0].to(entropy.device)
-        return TokenLogprobs(logprobs, entropy)
+            out[:, rows] = torch.stack(self._per_token(input_ids[rows], attention_mask[rows], with_entropy)).to(out.device)
+        return TokenLogprobs(out[0], out[1] if with_entropy else None)
 
     def reference_logprobs(self, input_ids: Tensor, attention_mask: Tensor) -> TokenLogprobs:
         with weights_swapped_in(self._twin.compute if self._twin else self.model, self.reference_state):
@@ -357,11 +336,12 @@ class InProcessPolicy:
         return loss, {k: torch.as_tensor(v).detach().double() for k, v in metrics.items()}
 
     def _microbatch_losses(self, batch: Trajectories, loss_fn: LossFn, counts: LossCounts, backward: bool,
-                           kept: Optional[list[StepLogprobs]] = None) -> tuple[dict[str, Tensor], int]:
+                           kept: Optional[Tensor] = None) -> tuple[dict[str, Tensor], int]:
         """One microbatch after another (:meth:`_microbatch_plan`), each trimmed to its longest row; returns
-        this rank's metric sums and the number of microbatches. With ``kept``, each microbatch's own logprobs
-        and entropy, detached, are appended to it with its rows, and the entropy goes to the loss as the
-        logprobs pass's would (its ``approx_entropy``)."""
+        this rank's metric sums and the number of microbatches. With ``kept`` ([2, B, T]), each microbatch's own
+        logprobs (0 on padding) and entropy (0 outside the completion), detached, are written into its rows of
+        ``kept[0]`` and ``kept[1]``, and the entropy goes to the loss as the logprobs pass's would (its
+        ``approx_entropy``)."""
         sums: dict[str, Tensor] = {}
         plan = self._microbatch_plan(batch.attention_mask, self.cfg.train_micro_batch_size, "train_mb_tokens")
         for i, rows in enumerate(plan):
@@ -371,7 +351,7 @@ class InProcessPolicy:
             logprobs, *entropy = self._per_token(micro.input_ids, micro.attention_mask, with_entropy=kept is not None)
             if kept is not None:
                 micro = micro.with_(entropy=torch.where(micro.loss_mask, entropy[0].detach(), 0.0))
-                kept.append(StepLogprobs(rows, logprobs.detach(), micro.entropy))
+                kept[0][rows], kept[1][rows] = logprobs.detach(), micro.entropy
             loss, metrics = self._loss_of(logprobs, micro, loss_fn, counts)
             if backward:
                 loss.backward()
@@ -397,7 +377,7 @@ class InProcessPolicy:
         return [as_index(rows) for rows in equal_count_over(plan, self._rows_group(), self.device)]
 
     def _run_microbatches(self, batch: Trajectories, loss_fn: LossFn, backward: bool,
-                          kept: Optional[list[StepLogprobs]] = None) -> tuple[dict[str, float], int]:
+                          kept: Optional[Tensor] = None) -> tuple[dict[str, float], int]:
         """The loss over ``batch`` normalised by global counts; with ``backward`` the summed gradient of the
         global batch ends up in ``.grad``. Returns global metric sums and the number of microbatches."""
         counts = self.global_counts(batch.loss_mask)
@@ -433,7 +413,8 @@ class InProcessPolicy:
         if return_logprobs and not self.returns_step_logprobs:
             raise ValueError("with pipeline parallelism only the last stage sees the logits, so a train step returns "
                              "no logprobs (returns_step_logprobs is False): run the logprobs stage first")
-        kept: Optional[list[StepLogprobs]] = [] if return_logprobs else None
+        # the step's own logprobs and entropy, each [B, T], filled in microbatch by microbatch
+        kept = torch.zeros((2, *batch.loss_mask.shape), device=batch.loss_mask.device) if return_logprobs else None
         try:
             metrics, n_micro = self._run_microbatches(batch, loss_fn, backward=True, kept=kept)
             grad_norm = self._grad_norm()
@@ -454,7 +435,8 @@ class InProcessPolicy:
             self.scheduler.step()
             self.optimizer.zero_grad(set_to_none=True)
             self.version += 1
-        logprobs, entropy = StepLogprobs.assemble(kept, batch.loss_mask) if kept is not None else (None, None)
+        # 0 outside the completion, as the logprobs stage stores them
+        logprobs, entropy = (torch.where(batch.loss_mask, kept[0], 0.0), kept[1]) if kept is not None else (None, None)
         return TrainStepResult(metrics=metrics, grad_norm=grad_norm, learning_rate=lr, num_microbatches=n_micro,
                                version=self.version, timings={"train_step": time.perf_counter() - t0},
                                logprobs=logprobs, entropy=entropy)

@@ -306,7 +306,7 @@ class MegatronPolicy(InProcessPolicy):
         return self.pp_size == 1
 
     def _microbatch_losses(self, batch: Trajectories, loss_fn: LossFn, counts: LossCounts, backward: bool,
-                           kept: Optional[list] = None) -> tuple[dict[str, Tensor], int]:
+                           kept: Optional[Tensor] = None) -> tuple[dict[str, Tensor], int]:
         # (kept is None with pipeline parallelism: train_step refuses return_logprobs, returns_step_logprobs)
         """Without pipeline parallelism the plain loop; with it the microbatches go through Megatron's schedule
         (all of one length) and the metric sums come from the last stage."""
