@@ -21,10 +21,9 @@ _SHOW_CHARS = 80
 
 def prompt_token_lengths(tokenizer: Any, prompts: Sequence[str], system_prompt: Optional[str] = None) -> list[int]:
     """Tokens of each prompt as the rollout stage feeds it to the engine (chat template, no extra specials)."""
-    from rlkit.data.prompts import render_prompt_texts
+    from rlkit.data.prompts import render_prompts
 
-    texts = render_prompt_texts(tokenizer, list(prompts), system_prompt)
-    return [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    return [len(ids) for ids in render_prompts(tokenizer, list(prompts), system_prompt)]
 
 
 def overlong_rows(
