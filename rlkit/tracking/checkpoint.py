@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import numpy as np
+import psutil
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -99,16 +100,6 @@ def write_atomically(path: str | Path, write: Callable[[Path], None]) -> Path:
     return path
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def clean_stale_temporaries(folder: str | Path) -> list[Path]:
     """Remove leftovers of writers that died (temporary folders of dead processes, pruned folders)."""
     removed = []
@@ -117,7 +108,7 @@ def clean_stale_temporaries(folder: str | Path) -> list[Path]:
         return removed
     for entry in folder.iterdir():
         m = re.match(r"^\..+\.tmp-(\d+)-[0-9a-f]+$", entry.name)
-        if (m and not _pid_alive(int(m.group(1)))) or entry.name.startswith(".trash-"):
+        if (m and not psutil.pid_exists(int(m.group(1)))) or entry.name.startswith(".trash-"):
             shutil.rmtree(entry, ignore_errors=True)
             removed.append(entry)
     return removed
