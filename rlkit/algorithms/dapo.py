@@ -18,16 +18,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from rlkit.algorithms.advantages import _constant_groups, _grouped
+
 
 def nonzero_variance_groups(rewards: Tensor, group_size: int) -> Tensor:  # [B] -> [N] bool
     """True for each prompt whose ``G`` rewards are not all equal (the groups dynamic sampling keeps).
 
     Expand to rows with ``keep.repeat_interleave(group_size)``. ``G = 1`` keeps nothing.
     """
-    if group_size < 1 or rewards.shape[0] % group_size:
-        raise ValueError(f"{rewards.shape[0]} rewards do not split into groups of {group_size}")
-    r = rewards.detach().view(-1, group_size)
-    return (r != r[:, :1]).any(dim=1)
+    return ~_constant_groups(_grouped(rewards, group_size)).squeeze(1)
 
 
 def overlong_reward_shaping(lengths: Tensor, max_len: int, buffer_len: int, penalty: float = 1.0) -> Tensor:
