@@ -9,6 +9,7 @@ reported in ``info``.
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Callable
 
 import torch
@@ -22,13 +23,11 @@ def dynamic_sampling(sample_and_score: Callable[[int], Trajectories], num_prompt
     """``sample_and_score(try_index)`` returns a scored batch of fresh prompts; keep informative groups."""
     kept: list[Trajectories] = []
     have = dropped = tries = 0
-    timings: dict[str, float] = {}  # every round's stage seconds (timing/rollout, timing/score), summed
+    timings: Counter[str] = Counter()  # every round's stage seconds (timing/rollout, timing/score), summed
     while have < num_prompts and tries < max_tries:
         batch = sample_and_score(tries)
         tries += 1
-        for key, seconds in batch.info.items():
-            if key.startswith("timing/"):
-                timings[key] = timings.get(key, 0.0) + seconds
+        timings.update({key: seconds for key, seconds in batch.info.items() if key.startswith("timing/")})
         keep = nonzero_variance_groups(batch.require("rewards", "score()"), batch.group_size)
         groups = torch.nonzero(keep).flatten()[: num_prompts - have]
         dropped += int((~keep).sum())
