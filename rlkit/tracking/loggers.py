@@ -1,4 +1,5 @@
-"""Loggers with one signature: ``log(metrics, step)``, ``log_config(config)``, ``log_table(...)``, ``finish()``.
+"""Loggers with one signature: ``log(metrics, step)``, ``log_table(...)``, ``finish()``. The run's config goes to
+wandb's run config when it starts, and to ``config.yaml`` beside the JSONL files (:mod:`.records`).
 
 wandb runs offline unless the config asks for online (``logger.wandb_mode: online``), so nothing leaves
 the machine by default; offline runs can be uploaded later with ``wandb sync``.
@@ -14,7 +15,6 @@ from typing import Any, Mapping, Optional, Protocol, Sequence
 
 class Logger(Protocol):
     def log(self, metrics: Mapping[str, float], step: int) -> None: ...
-    def log_config(self, config: Mapping[str, Any]) -> None: ...
     def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], step: int) -> None: ...
     def finish(self) -> None: ...
 
@@ -37,9 +37,6 @@ class JSONLLogger:
         self._metrics.write(json.dumps({"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}) + "\n")
         self._metrics.flush()
 
-    def log_config(self, config: Mapping[str, Any]) -> None:
-        (self.folder / "config.json").write_text(json.dumps(config, indent=2, default=str))
-
     def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], step: int) -> None:
         with open(self.folder / "tables.jsonl", "a") as f:
             f.write(json.dumps({"step": step, "name": name, "columns": list(columns), "rows": [list(r) for r in rows]},
@@ -61,9 +58,6 @@ class WandbLogger:
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         self.run.log(dict(metrics), step=step)
 
-    def log_config(self, config: Mapping[str, Any]) -> None:
-        self.run.config.update(dict(config), allow_val_change=True)
-
     def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], step: int) -> None:
         self.run.log({name: self._wandb.Table(columns=list(columns), data=[list(r) for r in rows])}, step=step)
 
@@ -78,10 +72,6 @@ class MultiLogger:
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         for lg in self.loggers:
             lg.log(metrics, step)
-
-    def log_config(self, config: Mapping[str, Any]) -> None:
-        for lg in self.loggers:
-            lg.log_config(config)
 
     def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], step: int) -> None:
         for lg in self.loggers:
