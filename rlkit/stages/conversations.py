@@ -110,7 +110,8 @@ def conversations(
         if turn == 0:
             _take(games, generator.generate([list(p) for p in prompt_ids], num_generations, sampling))
         else:
-            _generate_turn(generator, live, replace(sampling, seed=_turn_seed(sampling.seed, turn)), max_total_tokens)
+            seed = None if sampling.seed is None else sampling.seed + TURN_SEED_STRIDE * turn
+            _generate_turn(generator, live, replace(sampling, seed=seed), max_total_tokens)
         live = [c for c in live if c.live]  # a turn with no room left ended its conversation
         _env_step(env, live, games, rows, tokenizer, max_total_tokens, last_turn=turn == max_turns - 1, errors=errors)
     batch = _as_trajectories(games, texts, rows, num_generations, policy_version, tokenizer, errors)
@@ -121,10 +122,6 @@ def conversations(
             "rollout/turns_mean": float(turns.mean()), "rollout/env_tokens_mean": float(env_tokens.mean()),
             "reward_errors": len(errors)}
     return batch.with_(info=info)
-
-
-def _turn_seed(seed: Optional[int], turn: int) -> Optional[int]:
-    return None if seed is None else seed + TURN_SEED_STRIDE * turn
 
 
 def _take(conversations: Sequence[_Conversation], generation: Generation) -> None:

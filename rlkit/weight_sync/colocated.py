@@ -69,14 +69,6 @@ def stream_refit(policy: WeightSource, generator: Generator,
     return RefitReport(time.perf_counter() - t0, tally.bytes, tally.tensors, buckets, policy.version)
 
 
-def _hand_over(generator: Generator) -> Callable[[Iterator[HFGroup]], int]:
-    def transport(groups: Iterator[HFGroup]) -> int:
-        generator.update_weights(pair for group in groups for pair in group)
-        return 1
-
-    return transport
-
-
 class ColocatedWeightSync:
     """``sync(policy, generator) -> RefitReport`` for a generator in this process: the whole export in one
     ``update_weights`` call, then the prefix-cache reset. (An engine in another process gets
@@ -84,7 +76,11 @@ class ColocatedWeightSync:
     whole model in one call.)"""
 
     def sync(self, policy: WeightSource, generator: Generator) -> RefitReport:
-        return stream_refit(policy, generator, _hand_over(generator))
+        def transport(groups: Iterator[HFGroup]) -> int:
+            generator.update_weights(pair for group in groups for pair in group)
+            return 1  # load calls
+
+        return stream_refit(policy, generator, transport)
 
     def __repr__(self) -> str:
         return "ColocatedWeightSync(one streamed reload per refit)"
