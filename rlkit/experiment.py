@@ -24,20 +24,10 @@ from typing import Any, Optional
 from rlkit.config.loading import config_to_yaml
 from rlkit.config.run import RunConfig
 from rlkit.errors import CheckpointError, SkippedStepsError
+from rlkit.notebook.display import SAMPLE_COLUMNS, sample_rows
 from rlkit.stages.skipped_steps import skipped_so_far
 from rlkit.tracking import build_logger
 from rlkit.tracking.records import start_records
-
-
-def sample_rows(batch: Any, limit: int = 8) -> list[list[Any]]:
-    rewards = batch.rewards.tolist() if batch.rewards is not None else [None] * batch.batch_size
-    adv = batch.advantages.sum(1).div(batch.loss_mask.sum(1).clamp(min=1)).tolist() if batch.advantages is not None \
-        else [None] * batch.batch_size
-    return [[batch.prompts[i], batch.completions[i], rewards[i], adv[i], int(batch.completion_lengths[i]),
-             batch.finish_reasons[i]] for i in range(min(limit, batch.batch_size))]
-
-
-SAMPLE_COLUMNS = ["prompt", "completion", "reward", "advantage", "length", "finish_reason"]
 
 
 def checkpoint_folder(config: RunConfig, run_dir: Optional[str | Path] = None) -> Path:
@@ -104,7 +94,7 @@ def run_experiment(config: RunConfig, session: Any = None, progress: bool = True
                 logger.log(metrics.values, step=metrics.step)
             if period and metrics.step % period == 0 and session.batch is not None:
                 with session.timed("tables"):
-                    logger.log_table("rollout/samples", SAMPLE_COLUMNS, sample_rows(session.batch), metrics.step)
+                    logger.log_table("rollout/samples", SAMPLE_COLUMNS, sample_rows(session.batch, 8), metrics.step)
             if ckpt_cfg.enabled and (metrics.step % ckpt_cfg.save_period == 0 or metrics.step == total):
                 with session.timed("checkpoint"):
                     save_periodic(session, ckpt_dir, ckpt_cfg.keep_last, {"warm_start": warm_start})

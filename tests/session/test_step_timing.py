@@ -7,6 +7,7 @@ import json
 import pytest
 
 import rlkit
+from rlkit.notebook.display import SAMPLE_COLUMNS
 from rlkit.stages.step_clock import PARTS, accounted
 from tests.session.conftest import tiny_overrides, varied_reward
 
@@ -81,3 +82,7 @@ def test_experiment_records_account_for_logging_tables_and_checkpoints(tmp_path)
     assert "timing/checkpoint" in steps[2] and "timing/checkpoint" not in steps[1]  # step 2 saved, step 3 counts it
     assert set(k.removeprefix("timing/") for r in steps for k in r if k.startswith("timing/")) - set(PARTS) <= {
         "step_total", "samples_per_second", "tokens_per_second"}
+    tables = [json.loads(line) for line in (tmp_path / "runs" / "timing" / "tables.jsonl").read_text().splitlines()]
+    assert [(t["step"], t["name"], t["columns"]) for t in tables] == [(s, "rollout/samples", list(SAMPLE_COLUMNS))
+                                                                       for s in (1, 2, 3, 4)]
+    assert all([row[:2] for row in t["rows"]] == [[i, i // 4] for i in range(8)] for t in tables)  # 8 samples, G=4
