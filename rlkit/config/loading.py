@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import re
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -90,11 +91,40 @@ def deep_merge(base: dict, update: Mapping) -> dict:
     return out
 
 
-def apply_overrides(raw: dict, overrides: Sequence[str] | Mapping[str, Any]) -> tuple[dict, list[str]]:
-    """``["grpo.num_generations_per_prompt=8", ...]`` (values parsed as YAML) or ``{"a.b": value}``."""
+_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
+
+
+def parse_value(text: str, where: str) -> Any:
+    """``text`` as YAML (None when blank), plus the numbers YAML 1.1 reads as strings (``3e-4``); a
+    ``ConfigError`` naming ``where`` when it is not YAML."""
+    value = _parse_yaml(text, where) if text.strip() else None
+    return float(value) if isinstance(value, str) and _NUMBER.match(value) else value
+
+
+def parse_overrides(overrides: Sequence[str] | Mapping[str, Any]) -> dict[str, Any]:
+    """``["grpo.num_generations_per_prompt=8", ...]`` (values by :func:`parse_value`) or ``{"a.b": value}`` as
+    ``{"a.b": value}``; every malformed override is reported in one ``ConfigError``."""
+    if isinstance(overrides, Mapping):
+        return dict(overrides)
+    out, problems = {}, []
+    for override in overrides:
+        key, sep, value = override.partition("=")
+        if not sep:
+            problems.append(f"override {override!r} is not of the form key=value (e.g. grpo.num_prompts_per_step=8)")
+            continue
+        try:
+            out[key.strip()] = parse_value(value, f"override {override!r}: the value")
+        except ConfigError as exc:
+            problems += exc.problems
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def apply_overrides(raw: dict, overrides: Mapping[str, Any]) -> dict:
+    """``raw`` with each ``{"a.b": value}`` set; a key that passes through a value is a ``ConfigError``."""
     out, problems = copy.deepcopy(raw), []
-    items = overrides.items() if isinstance(overrides, Mapping) else [_split(o, problems) for o in overrides]
-    for key, value in (i for i in items if i is not None):
+    for key, value in overrides.items():
         node = out
         *parents, leaf = key.split(".")
         for part in parents:
@@ -104,21 +134,9 @@ def apply_overrides(raw: dict, overrides: Sequence[str] | Mapping[str, Any]) -> 
                 break
         else:
             node[leaf] = value
-    return out, problems
-
-
-def _split(override: str, problems: list[str]):
-    if "=" not in override:
-        problems.append(f"override {override!r} is not of the form key=value (e.g. grpo.num_prompts_per_step=8)")
-        return None
-    key, value = override.split("=", 1)
-    if not value.strip():
-        return key.strip(), None
-    try:
-        return key.strip(), _parse_yaml(value, f"override {override!r}: the value")
-    except ConfigError as exc:
-        problems.extend(exc.problems)
-        return None
+    if problems:
+        raise ConfigError(problems)
+    return out
 
 
 def _field_names(model: Any) -> list[str]:
@@ -209,10 +227,7 @@ def load_config(
 ) -> RunConfig:
     """A validated :class:`RunConfig` from a preset name, a YAML path or a mapping, plus overrides."""
     raw = dict(source) if isinstance(source, Mapping) else _read_yaml(source)
-    raw, problems = apply_overrides(raw, overrides)
-    if problems:
-        raise ConfigError(problems)
-    return validate(raw)
+    return validate(apply_overrides(raw, parse_overrides(overrides)))
 
 
 def config_to_yaml(config: RunConfig) -> str:

@@ -32,10 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-import yaml
-
 from rlkit.config.changes import Change, changes_needed
-from rlkit.config.loading import load_config
+from rlkit.config.loading import load_config, parse_overrides, parse_value
 from rlkit.config.run import RunConfig
 from rlkit.errors import ConfigError
 
@@ -62,18 +60,9 @@ def _split_values(text: str) -> list[str]:
     return [p.strip() for p in parts]
 
 
-_NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
-
-
-def _parse_value(text: str) -> Any:
-    """YAML, plus numbers YAML 1.1 reads as strings (``3e-4``)."""
-    value = yaml.safe_load(text) if text else None
-    return float(value) if isinstance(value, str) and _NUMBER.match(value) else value
-
-
 def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
     """``["loss_fn.ratio_clip_max=0.2,0.28", "seed=0,1,2"]`` -> ``{"loss_fn.ratio_clip_max": [0.2, 0.28],
-    "seed": [0, 1, 2]}``; each value is parsed as YAML (numbers, booleans, lists in brackets)."""
+    "seed": [0, 1, 2]}``; each value is parsed as an override's (YAML: numbers, booleans, lists in brackets)."""
     grid: dict[str, list[Any]] = {}
     problems = []
     for item in items:
@@ -84,25 +73,10 @@ def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
         elif key in grid:
             problems.append(f"{key}: given twice in the grid; list all its values in one entry")
         else:
-            grid[key] = [_parse_value(v) for v in _split_values(values)]
+            grid[key] = [parse_value(v, f"grid entry {item!r}: the value {v!r}") for v in _split_values(values)]
     if problems:
         raise ConfigError(problems)
     return grid
-
-
-def _override_mapping(overrides: Sequence[str] | Mapping[str, Any]) -> dict[str, Any]:
-    if isinstance(overrides, Mapping):
-        return dict(overrides)
-    out, problems = {}, []
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep:
-            problems.append(f"override {item!r} is not of the form key=value")
-        else:
-            out[key.strip()] = _parse_value(value.strip())
-    if problems:
-        raise ConfigError(problems)
-    return out
 
 
 def _label(point: Sequence[tuple[str, Any]]) -> str:
@@ -243,7 +217,7 @@ def run_sweep(config: str | Path | Mapping[str, Any] | RunConfig, grid: Mapping[
     folder.mkdir(parents=True, exist_ok=True)
     group = folder.name
     defaults = {"logger.wandb_enabled": True, "logger.wandb_group": group}
-    user = _override_mapping(base_overrides)
+    user = parse_overrides(base_overrides)
 
     plan = []  # (name, point, seed, config): all validated before anything heavy starts
     problems = []

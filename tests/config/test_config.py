@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 
-from rlkit.config.loading import available_presets, load_config
+from rlkit.config.loading import available_presets, load_config, parse_overrides
 from rlkit.errors import ConfigError
 
 
@@ -27,6 +27,9 @@ def test_overrides_are_typed():
     assert config.grpo.num_generations_per_prompt == 4 and config.loss_fn.ratio_clip_max == 0.28
     assert config.policy.generation.stop_strings == ("\n",)
     assert load_config("quickstart", {"grpo.num_epochs": 2}).grpo.num_epochs == 2
+    # numbers YAML 1.1 leaves as strings are floats (a sweep's base overrides go through the same parser)
+    assert parse_overrides(["policy.optimizer.lr=3e-4", "seed=1E3", "name=run-3e-4", "policy.generation.top_k="]) == {
+        "policy.optimizer.lr": 0.0003, "seed": 1000.0, "name": "run-3e-4", "policy.generation.top_k": None}
 
 
 def test_all_problems_reported_together_before_any_model_loads(tmp_path):
