@@ -30,7 +30,7 @@ PARQUET_SUFFIXES = (".parquet",)
 
 @dataclass(frozen=True)
 class PromptFile:
-    """A file's rows, its prompt column renamed to ``"prompt"``, and where each row came from."""
+    """A file's rows and where each row came from."""
 
     dataset: Dataset
     labels: tuple[str, ...]  # [rows] "line 7" (JSON lines) or "row 6" (0-based), for messages
@@ -39,8 +39,9 @@ class PromptFile:
         return PromptFile(self.dataset.select(indices), tuple(self.labels[i] for i in indices))
 
 
-def read_prompt_file(path: str, prompt_key: str, key: str) -> PromptFile:
-    """The rows of ``path`` (``key`` is the config key that named it), checked to hold text prompts."""
+def read_prompt_file(path: str, key: str) -> PromptFile:
+    """The rows of ``path`` (``key`` is the config key that named it); :func:`rlkit.data.named.map_columns`
+    then finds and checks their prompts."""
     file = Path(path)
     if file.stat().st_size == 0:
         raise DataError([f"{key}: {path!r} is empty; it needs one row per prompt"])
@@ -50,7 +51,7 @@ def read_prompt_file(path: str, prompt_key: str, key: str) -> PromptFile:
     else:
         rows, labels = _read_json_rows(file, key)
         dataset = _dataset_from_rows(rows, labels, path, key)
-    return PromptFile(_prompt_column(dataset, path, prompt_key, labels), labels)
+    return PromptFile(dataset, labels)
 
 
 def _read_parquet(path: str, key: str) -> Dataset:
@@ -142,19 +143,3 @@ def _mixed_column(rows: list[dict[str, Any]], labels: tuple[str, ...], columns: 
             elif kind(value) != first[0]:
                 return f"column {column!r} is {first[0]} on {first[1]} but {kind(value)} on {label}"
     return ""
-
-
-def _prompt_column(ds: Dataset, path: str, prompt_key: str, labels: tuple[str, ...]) -> Dataset:
-    if prompt_key not in ds.column_names:
-        raise DataError([f"data.prompt_key: {path!r} has no column {prompt_key!r}; its columns are "
-                         f"{ds.column_names}; set data.prompt_key to the one holding the prompt text"])
-    if prompt_key != "prompt":
-        if "prompt" in ds.column_names:
-            raise DataError([f"data.prompt_key: {path!r} has both {prompt_key!r} and 'prompt'; rename or drop "
-                             "one of them (the prompt column is renamed to 'prompt')"])
-        ds = ds.rename_column(prompt_key, "prompt")
-    for label, prompt in zip(labels, ds["prompt"]):
-        if not isinstance(prompt, str):
-            raise DataError([f"data.prompt_key: {path!r} {label}: the prompt {prompt_key!r} is {prompt!r}, not "
-                             "text. Fix: give every row a text prompt (quote numbers), or drop the row"])
-    return ds

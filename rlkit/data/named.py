@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Sequence
 
 from datasets import Dataset, DatasetDict
 
@@ -126,8 +126,10 @@ def _load_fix(name: str, folder: Path) -> str:
             "(or to a folder of parquet/JSONL files)")
 
 
-def map_columns(dataset: Dataset, prompt_key: str, answer_key: Optional[str], source: str) -> Dataset:
-    """``prompt_key`` renamed to ``prompt`` and ``answer_key`` (if set) to ``answer``; prompts must be text."""
+def map_columns(dataset: Dataset, prompt_key: str, answer_key: Optional[str], source: str,
+                labels: Optional[Sequence[str]] = None) -> Dataset:
+    """``prompt_key`` renamed to ``prompt`` and ``answer_key`` (if set) to ``answer``; every prompt must be text.
+    ``labels``: where each row came from (``"line 7"`` of a file), for the message; ``"row i"`` by default."""
     columns = dataset.column_names
     problems = []
     for key, column, target in (("data.prompt_key", prompt_key, "prompt"), ("data.answer_key", answer_key, "answer")):
@@ -143,10 +145,11 @@ def map_columns(dataset: Dataset, prompt_key: str, answer_key: Optional[str], so
         raise DataError(problems)
     dataset = dataset.rename_columns({c: t for c, t in ((prompt_key, "prompt"), (answer_key, "answer"))
                                       if c is not None and c != t})
-    kinds = {getattr(dataset.features["prompt"], "dtype", None)}
-    if not kinds <= {"string", "large_string"}:
-        raise DataError([f"data.prompt_key={prompt_key!r}: in {source} the column holds {dataset.features['prompt']}, "
-                         "not text. Fix: choose a text column (a message-list column is not supported)"])
+    bad = next((i for i, prompt in enumerate(dataset["prompt"]) if not isinstance(prompt, str)), None)
+    if bad is not None:
+        raise DataError([f"data.prompt_key={prompt_key!r}: {source} {labels[bad] if labels else f'row {bad}'}: the "
+                         f"prompt is {dataset[bad]['prompt']!r}, not text. Fix: choose a text column (a message "
+                         "list is not supported), or give every row a text prompt (quote numbers) or drop the row"])
     return dataset
 
 

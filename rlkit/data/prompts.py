@@ -25,8 +25,6 @@ Deliberate simplifications: one prompt column of plain text, not a message list.
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 import itertools
 import random
 import warnings
@@ -129,17 +127,16 @@ class DataParams:
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "DataParams":
-        """``DataParams(**values)``, with unknown keys reported with the nearest known key."""
-        known = [f.name for f in dataclasses.fields(cls)]
-        problems = []
-        for key in values:
-            if key not in known:
-                close = difflib.get_close_matches(key, known, n=1)
-                problems.append(f"data.{key}: unknown key" + (f"; did you mean {close[0]!r}?" if close else
-                                                              f"; known keys: {', '.join(known)}"))
-        if problems:
-            raise ConfigError(problems)
-        return cls(**values)
+        """``values`` validated as the run config's ``data`` section: unknown keys (with the nearest known key)
+        and wrong types are reported together, by dotted key."""
+        from pydantic import TypeAdapter, ValidationError
+
+        from rlkit.config.loading import describe
+
+        try:
+            return TypeAdapter(cls).validate_python(dict(values))
+        except ValidationError as e:
+            raise ConfigError([describe(error, ("data",)) for error in e.errors()]) from None
 
 
 def load_prompt_dataset(source: Union[DataParams, Mapping[str, Any], str, Path], tokenizer: Any = None,
@@ -208,8 +205,9 @@ def _generate(p: DataParams, fit: Fit) -> DatasetDict:
 
 def _from_files(p: DataParams, fit: Fit) -> DatasetDict:
     def read(path: str, key: str) -> Dataset:
-        file = read_prompt_file(path, p.prompt_key, key)
-        data = map_answers(map_columns(file.dataset, "prompt", p.answer_key, repr(path)), p.answer_format, repr(path))
+        file = read_prompt_file(path, key)
+        data = map_columns(file.dataset, p.prompt_key, p.answer_key, repr(path), file.labels)
+        data = map_answers(data, p.answer_format, repr(path))
         return fit(PromptFile(data, file.labels), repr(path)).dataset
 
     train = read(p.path, "data.path")

@@ -44,7 +44,7 @@ def test_missing_prompt_and_mixed_types_name_the_row(tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_text('{"prompt": "a"}\n{"answer": "1"}\n')
     assert only_problem(str(path)).startswith(
-        f"data.prompt_key: {str(path)!r} line 2: the prompt 'prompt' is None, not text")
+        f"data.prompt_key='prompt': {str(path)!r} line 2: the prompt is None, not text. Fix:")
     path.write_text('{"prompt": "a", "answer": 1}\n{"prompt": "b", "answer": "x"}\n')
     assert only_problem(str(path)).startswith(
         f"data.path: {str(path)!r}: column 'answer' is number on line 1 but str on line 2. Fix:")

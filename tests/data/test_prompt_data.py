@@ -33,8 +33,10 @@ def test_generated_splits_are_disjoint_even_in_a_tiny_prompt_space():
 def test_generated_config_problems_are_reported_together():
     with pytest.raises(ConfigError, match="allows only 100"):
         load_prompt_dataset({"task": "arithmetic", "digits": 1, "num_validation": 100})
-    with pytest.raises(ConfigError, match="did you mean 'num_train'"):
+    with pytest.raises(ConfigError, match=r"data.num_trian: unknown key; did you mean data.num_train\?"):
         load_prompt_dataset({"task": "arithmetic", "num_trian": 5})
+    with pytest.raises(ConfigError, match=r"data.digits: Input should be a valid integer.* \(got 'two'\)"):
+        load_prompt_dataset({"task": "arithmetic", "digits": "two"})
     with pytest.raises(ConfigError) as info:
         load_prompt_dataset({"task": "arithmetic", "digits": 0, "num_train": 0})
     assert len(info.value.problems) == 2
