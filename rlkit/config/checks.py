@@ -75,13 +75,7 @@ def cross_section_problems(sections: Mapping[str, Any]) -> list[str]:
         if policy.train_micro_batch_size < global_batch and global_batch % policy.train_micro_batch_size:
             out.append(f"policy.train_micro_batch_size={policy.train_micro_batch_size}: must divide "
                        f"the global batch ({global_batch}); e.g. use {_divisor_near(global_batch, policy.train_micro_batch_size)}")
-        dp = _data_parallel_size(policy)
-        if dp > 1 and global_batch % dp:
-            out.append(f"policy.train_global_batch_size={global_batch}: must be a multiple of the data-parallel size "
-                       f"{dp} (policy.num_workers={policy.num_workers} / model-parallel ranks)")
-        elif _pipelined(policy) and _uneven_microbatches(global_batch // dp, policy.train_micro_batch_size):
-            out.append(f"policy.train_micro_batch_size={policy.train_micro_batch_size}: must divide each data-parallel "
-                       f"rank's {global_batch // dp} rows (pipeline parallelism runs equal microbatches)")
+        out += _data_parallel_problems(policy, "policy.train_global_batch_size", global_batch)
         if policy.generation.max_new_tokens >= policy.max_total_sequence_length:
             out.append(f"policy.generation.max_new_tokens={policy.generation.max_new_tokens}: leaves no room for "
                        f"the prompt in policy.max_total_sequence_length={policy.max_total_sequence_length}")
@@ -103,14 +97,7 @@ def cross_section_problems(sections: Mapping[str, Any]) -> list[str]:
         out += _token_budget_problems(policy, "dynamic_batching") + _token_budget_problems(policy, "sequence_packing")
         out += _sequence_packing_problems(policy)
     if sft is not None and policy is not None and sft.enabled:
-        dp = _data_parallel_size(policy)
-        if sft.batch_size % dp:
-            out.append(f"sft.batch_size={sft.batch_size}: must be a multiple of the data-parallel size "
-                       f"{dp} (policy.num_workers={policy.num_workers} / model-parallel ranks)")
-        elif _pipelined(policy) and _uneven_microbatches(sft.batch_size // dp, policy.train_micro_batch_size):
-            out.append(f"sft.batch_size={sft.batch_size}: each data-parallel rank's {sft.batch_size // dp} rows must be "
-                       f"a multiple of policy.train_micro_batch_size={policy.train_micro_batch_size} (pipeline "
-                       "parallelism runs equal microbatches)")
+        out += _data_parallel_problems(policy, "sft.batch_size", sft.batch_size)
     out += _async_problems(grpo, sections.get("loss_fn"))
     if isinstance(sections.get("name"), str):
         logger = sections.get("logger")
@@ -230,17 +217,15 @@ def _head_dim_problems(policy: Any, model_config: Mapping[str, Any]) -> list[str
     (``policy.ray_address``) whose machines this check cannot see."""
     import torch
 
-    from rlkit.models.factory import VLLM_CPU_HEAD_DIMS
+    from rlkit.models.factory import check_head_dim, head_dim_of
 
     if policy.generation.backend != "vllm" or policy.ray_address is not None or torch.cuda.is_available():
         return []
-    heads = model_config.get("num_attention_heads") or 1
-    head_dim = model_config.get("head_dim") or (model_config.get("hidden_size") or 0) // heads
-    if head_dim in VLLM_CPU_HEAD_DIMS:
-        return []
-    return [f"policy.model_name={policy.model_name!r}: head_dim={head_dim} is not supported by vLLM's CPU attention "
-            f"kernels (supported: {', '.join(map(str, VLLM_CPU_HEAD_DIMS))}). Fix: use a model whose hidden_size / "
-            "num_attention_heads is one of those, or set policy.generation.backend=hf"]
+    try:
+        check_head_dim(head_dim_of(model_config))
+    except ModelError as exc:
+        return [f"policy.model_name={policy.model_name!r}: {exc}"]
+    return []
 
 
 def _preset_config(policy: Any) -> tuple[dict | None, list[str]]:
@@ -274,8 +259,17 @@ def _describe(model_config: Mapping[str, Any]) -> str:
             f"{model_config.get('num_attention_heads')} heads{experts}")
 
 
-def _uneven_microbatches(rows: int, micro_batch_size: int) -> bool:
-    return rows > micro_batch_size and rows % micro_batch_size != 0
+def _data_parallel_problems(policy: Any, key: str, rows: int) -> list[str]:
+    """The ``rows`` of one optimizer step (``key``'s value) split evenly over the data-parallel ranks, and with
+    pipeline parallelism each rank's share into equal microbatches."""
+    dp, micro = _data_parallel_size(policy), policy.train_micro_batch_size
+    if rows % dp:
+        return [f"{key}={rows}: must be a multiple of the data-parallel size {dp} (policy.num_workers="
+                f"{policy.num_workers} / model-parallel ranks)"]
+    if _pipelined(policy) and rows // dp > micro and (rows // dp) % micro:
+        return [f"{key}={rows}: each data-parallel rank's {rows // dp} rows must be a multiple of "
+                f"policy.train_micro_batch_size={micro} (pipeline parallelism runs equal microbatches)"]
+    return []
 
 
 def _pipelined(policy: Any) -> bool:

@@ -39,7 +39,7 @@ import torch
 
 from rlkit.config.components import GenerationConfig
 from rlkit.generation.base import Generation, SamplingSettings
-from rlkit.models.factory import check_head_dim, read_hf_config
+from rlkit.models.factory import check_head_dim, head_dim_of, read_hf_config
 from rlkit.quiet import quieted
 
 
@@ -84,11 +84,10 @@ class VllmGenerator:
 
     def __init__(self, model_path: str | Path, cfg: GenerationConfig, max_model_len: int, seed: int = 0):
         config = read_hf_config(model_path)
-        head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
         on_cpu = not torch.cuda.is_available()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process (module docstring)
         if on_cpu:
-            check_head_dim(head_dim)  # fail here, not at the first generate call deep inside vLLM
+            check_head_dim(head_dim_of(config))  # fail here, not at the first generate call deep inside vLLM
             _cpu_engine_environment()
         from vllm import LLM
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Mapping
 
 import torch
 
@@ -67,13 +67,19 @@ PRESETS: dict[str, TinyModelSpec] = {
 }
 
 
+def head_dim_of(model_config: Mapping[str, Any]) -> int:
+    """An HF config's attention head size: ``head_dim``, else ``hidden_size / num_attention_heads``."""
+    heads = model_config.get("num_attention_heads") or 1
+    return model_config.get("head_dim") or (model_config.get("hidden_size") or 0) // heads
+
+
 def check_head_dim(head_dim: int) -> None:
     """vLLM's CPU attention fails at the first generate on other head sizes; say so before it starts."""
     if head_dim not in VLLM_CPU_HEAD_DIMS:
         raise ModelError(
             f"head_dim={head_dim} is not supported by vLLM's CPU attention kernels "
-            f"(supported: {', '.join(map(str, VLLM_CPU_HEAD_DIMS))}). Fix: choose hidden_size and "
-            f"num_attention_heads so that hidden_size / num_attention_heads is one of those."
+            f"(supported: {', '.join(map(str, VLLM_CPU_HEAD_DIMS))}). Fix: use a model whose head size "
+            "(hidden_size / num_attention_heads) is one of those, or set policy.generation.backend=hf"
         )
 
 

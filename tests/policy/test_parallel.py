@@ -292,7 +292,8 @@ def test_config_checks_the_layout_against_the_number_of_workers(tmp_path, model_
     pipelined = dict(base, **{"policy.num_workers": 4, "policy.megatron_cfg.pipeline_model_parallel_size": 2,
                               "grpo.num_prompts_per_step": 4, "grpo.num_generations_per_prompt": 6})
     load_config("quickstart", dict(pipelined, **{"policy.train_micro_batch_size": 6}))  # 12 rows per DP rank: fine
-    with pytest.raises(ConfigError, match="must divide each data-parallel rank's 12 rows"):
+    with pytest.raises(ConfigError, match="policy.train_global_batch_size=24: each data-parallel rank's 12 rows must be "
+                                          "a multiple of policy.train_micro_batch_size=8"):
         load_config("quickstart", dict(pipelined, **{"policy.train_micro_batch_size": 8}))
 
 
