@@ -13,6 +13,7 @@ from pydantic import Field
 from rlkit.algorithms import AdvantageEstimatorName, AdvantageParams, LossParams
 from rlkit.data import DataParams
 from rlkit.envs.base import MAX_REWARD_FAILURE_FRACTION
+from rlkit.envs.registry import EnvironmentName
 from rlkit.config.components import PolicyConfig, Section
 
 _ADV = AdvantageParams()
@@ -58,7 +59,7 @@ class GRPOConfig(Section):
 
 
 class EnvConfig(Section):
-    name: Literal["arithmetic", "math", "tool_arithmetic"] = "arithmetic"
+    name: EnvironmentName = "arithmetic"
     math_timeout_s: float = Field(5.0, gt=0)
     # score() raises RewardError when more than this share of a batch's samples fail (all failing always does)
     max_reward_failure_fraction: float = Field(MAX_REWARD_FAILURE_FRACTION, ge=0, le=1)

@@ -7,9 +7,9 @@ the registry: wrap them with ``RewardFunctionEnvironment(fn)`` and hand the envi
 
 from __future__ import annotations
 
-import difflib
 from typing import Any, Callable, Literal, get_args
 
+from rlkit.algorithms.registry import Registry
 from rlkit.envs.arithmetic import ArithmeticEnvironment
 from rlkit.envs.base import Environment
 from rlkit.envs.math import MathEnvironment
@@ -18,11 +18,10 @@ from rlkit.errors import ConfigError
 
 EnvironmentName = Literal["arithmetic", "math", "tool_arithmetic"]
 
-_FACTORIES: dict[str, Callable[..., Environment]] = {
-    "arithmetic": ArithmeticEnvironment,
-    "math": MathEnvironment,
-    "tool_arithmetic": ToolArithmeticEnvironment,
-}
+_FACTORIES: Registry[Callable[..., Environment]] = Registry("environment")
+_FACTORIES.register("arithmetic")(ArithmeticEnvironment)
+_FACTORIES.register("math")(MathEnvironment)
+_FACTORIES.register("tool_arithmetic")(ToolArithmeticEnvironment)
 
 
 def available_environments() -> tuple[str, ...]:
@@ -32,13 +31,9 @@ def available_environments() -> tuple[str, ...]:
 
 def make_environment(name: EnvironmentName, **kwargs: Any) -> Environment:
     """Build the environment called ``name`` with ``kwargs`` (e.g. ``timeout_seconds`` for ``"math"``)."""
-    factory = _FACTORIES.get(name) if isinstance(name, str) else None
-    if factory is None:
-        names = available_environments()
-        close = difflib.get_close_matches(str(name), names, n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise ConfigError([f"env.name: unknown environment {name!r}{hint}; available: {', '.join(names)}"])
+    if not isinstance(name, str) or name not in _FACTORIES:
+        raise ConfigError([f"env.name: {_FACTORIES.unknown_message(name)}"])
     try:
-        return factory(**kwargs)
+        return _FACTORIES.get(name)(**kwargs)
     except TypeError as exc:
         raise ConfigError([f"env: environment {name!r} does not accept {sorted(kwargs)}: {exc}"]) from exc

@@ -23,8 +23,8 @@ def test_make_each_environment_with_kwargs():
 
 
 def test_unknown_name_lists_choices_and_suggests():
-    with pytest.raises(ConfigError, match=r"unknown environment 'maths' \(did you mean 'math'\?\); "
-                                          r"available: arithmetic, math"):
+    with pytest.raises(ConfigError, match=r"env.name: unknown environment 'maths' \(did you mean 'math'\?\); "
+                                          r"available: 'arithmetic', 'math', 'tool_arithmetic'$"):
         make_environment("maths")
 
 
