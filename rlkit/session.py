@@ -153,7 +153,7 @@ class Session(RunLoop):
             self.rollouts.close()  # async GRPO: stop the producer, drop the batches sampled for the old state
         self.run_state = run
         self.rollouts = rollout_source(self.config, self._sample, self._score, run, self.generator_version,
-                                       self._updates_per_step)
+                                       lambda: updates_per_step(self.config))
 
     def restore_run_state(self, state: Mapping[str, Any]) -> None:
         """Continue the run ``RunState.state_dict()`` saved (a checkpoint does this): the run state is replaced,
@@ -251,11 +251,6 @@ class Session(RunLoop):
             return stages.score(batch, self.env, g.overlong_buffer_length, g.overlong_penalty,
                                 self.config.policy.generation.max_new_tokens,
                                 max_failure_fraction=self.config.env.max_reward_failure_fraction)
-
-    def _updates_per_step(self) -> int:
-        g = self.config.grpo
-        return updates_per_step(g.num_prompts_per_step * g.num_generations_per_prompt,
-                                self.config.policy.train_global_batch_size, g.num_epochs)
 
     # ---- stages ----------------------------------------------------------------------------------
     def rollout(self, rows: Optional[Sequence[dict]] = None, seed: Optional[int] = None) -> Trajectories:

@@ -82,11 +82,8 @@ def flat_panel_notes(session: Any) -> dict[str, str]:
     loss_fn, config = getattr(session, "loss_fn", None), getattr(session, "config", None)
     if loss_fn is not None and getattr(loss_fn, "needs_reference", True) is False:
         notes["KL to reference"] = "KL penalty 0: not measured"
-    if config is not None:
-        g = config.grpo
-        if updates_per_step(g.num_prompts_per_step * g.num_generations_per_prompt,
-                            config.policy.train_global_batch_size, g.num_epochs) == 1:
-            notes["clipped fraction"] = "on-policy: ratio 1"
+    if config is not None and updates_per_step(config) == 1:
+        notes["clipped fraction"] = "on-policy: ratio 1"
     return notes
 
 

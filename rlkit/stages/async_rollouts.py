@@ -29,7 +29,7 @@ import threading
 import time
 from collections import Counter, deque
 from contextlib import contextmanager
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from rlkit.errors import StageOrderError
 from rlkit.notebook.html import CodeRepr
@@ -235,7 +235,7 @@ class AsyncRollouts(CodeRepr):
                 f"{s['lag_counts']}; dropped {s['dropped_batches']} batch(es))")
 
 
-def updates_per_step(num_samples: int, global_batch_size: Optional[int], num_epochs: int) -> int:
-    """Optimizer steps (policy versions) one RL step takes: epochs x minibatches."""
-    size = global_batch_size or num_samples
-    return num_epochs * max(1, num_samples // size)
+def updates_per_step(config: Any) -> int:
+    """Optimizer steps (policy versions) one RL step of ``config`` (a RunConfig) takes: epochs x minibatches."""
+    samples = config.grpo.num_prompts_per_step * config.grpo.num_generations_per_prompt
+    return config.grpo.num_epochs * max(1, samples // (config.policy.train_global_batch_size or samples))

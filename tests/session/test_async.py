@@ -10,6 +10,7 @@ import torch
 
 import rlkit
 from rlkit.config.loading import load_config
+from rlkit.config.run import RunConfig
 from rlkit.envs import RewardFunctionEnvironment
 from rlkit.errors import ConfigError, StageOrderError
 from rlkit.stages.async_rollouts import AsyncRollouts, updates_per_step
@@ -108,7 +109,11 @@ def test_producer_errors_reach_the_trainer_and_it_restarts():
 
 
 def test_updates_per_step_counts_epochs_and_minibatches():
-    assert updates_per_step(64, None, 1) == 1 and updates_per_step(64, 16, 2) == 8
+    def config(global_batch, epochs):  # 8 prompts x 8 samples = 64 per step
+        return RunConfig.model_validate({"grpo": {"num_prompts_per_step": 8, "num_generations_per_prompt": 8,
+                                                  "num_epochs": epochs}, "policy": {"train_global_batch_size": global_batch}})
+
+    assert updates_per_step(config(None, 1)) == 1 and updates_per_step(config(16, 2)) == 8
 
 
 def test_async_needs_an_importance_sampling_correction():
