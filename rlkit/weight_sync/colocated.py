@@ -33,11 +33,6 @@ class RefitReport:
     num_buckets: int  # load calls (colocated: 1, the whole stream) or buckets sent (broadcast)
     policy_version: int  # the weights the generator now holds
 
-    @property
-    def gigabytes_per_second(self) -> float:
-        """Bytes moved per second of the refit, in GB/s."""
-        return self.bytes_moved / max(self.seconds, 1e-9) / 1e9
-
     def __repr__(self) -> str:
         return (
             f"RefitReport({self.bytes_moved / 1e6:.1f} MB in {self.num_buckets} bucket(s), "
