@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections import Counter
 import signal
 import threading
 import time
@@ -94,12 +95,6 @@ def sum_metrics_over_ranks(sums: dict[str, Tensor], group, device: torch.device)
         dist.all_reduce(packed, group=group)
         sums = dict(zip(keys, packed))
     return {k: float(v) for k, v in sums.items()}
-
-
-def add_metrics(sums: dict[str, Tensor], metrics: Mapping[str, Tensor]) -> None:
-    """Accumulate a microbatch's metrics (float64 scalars) into ``sums``."""
-    for k, v in metrics.items():
-        sums[k] = sums.get(k, 0.0) + v
 
 
 class HostCopy(NamedTuple):
@@ -342,7 +337,7 @@ class InProcessPolicy:
         logprobs (0 on padding) and entropy (0 outside the completion), detached, are written into its rows of
         ``kept[0]`` and ``kept[1]``, and the entropy goes to the loss as the logprobs pass's would (its
         ``approx_entropy``)."""
-        sums: dict[str, Tensor] = {}
+        sums: Counter[str] = Counter()  # float64 scalar tensors summed over microbatches
         plan = self._microbatch_plan(batch.attention_mask, self.cfg.train_micro_batch_size, "train_mb_tokens")
         for i, rows in enumerate(plan):
             micro = batch.select(rows)
@@ -355,7 +350,7 @@ class InProcessPolicy:
             loss, metrics = self._loss_of(logprobs, micro, loss_fn, counts)
             if backward:
                 loss.backward()
-            add_metrics(sums, metrics)
+            sums.update(metrics)
         return sums, len(plan)
 
     def _microbatch_plan(self, attention_mask: Tensor, rows_per_microbatch: int,

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Callable, Iterator, Mapping, Optional
 
@@ -43,7 +44,7 @@ from torch import Tensor
 
 from rlkit.config.components import PolicyConfig
 from rlkit.policy.base import LossFn, TokenLogprobs
-from rlkit.policy.in_process import InProcessPolicy, add_metrics
+from rlkit.policy.in_process import InProcessPolicy
 from rlkit.policy.megatron import convert, parallel, pipeline
 from rlkit.policy.megatron.build import (Architecture, bf16_twin_of, build_gpt_model, data_parallel_wrapper,
                                          transformer_config)
@@ -326,9 +327,9 @@ class MegatronPolicy(InProcessPolicy):
             self._forward_module, micros, lambda rows: self._stage_forward(padded[rows]),
             lambda output, rows: self._micro_loss(self._scaled(output[:, :t]), batch.select(rows), t, loss_fn, counts),
             padded.shape[1], mbs, forward_only=not backward)
-        sums: dict[str, Tensor] = {}
+        sums: Counter[str] = Counter()  # float64 scalar tensors summed over microbatches
         for info in infos:
-            add_metrics(sums, info)
+            sums.update(info)
         return pipeline.broadcast_from_last_stage(sums), len(micros)
 
     def _microbatch_starting(self, index: int, count: int) -> None:
