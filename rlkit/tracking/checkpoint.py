@@ -85,15 +85,14 @@ def write_atomically(path: str | Path, write: Callable[[Path], None]) -> Path:
             if file.is_file():
                 fsync_path(file)
         fsync_path(tmp)
-        if path.exists():
-            old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}"
+        old = path.parent / f".{path.name}.old-{uuid.uuid4().hex[:8]}" if path.exists() else None
+        if old is not None:
             os.rename(path, old)
-            os.rename(tmp, path)
-            fsync_path(path.parent)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(tmp, path)
+        os.rename(tmp, path)
         fsync_path(path.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+            fsync_path(path.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
