@@ -465,9 +465,10 @@ class RayPolicyGroup:
         if self._closed:
             return
         self._closed = True
-        if self._workers:
-            import ray
+        import ray
+        from ray.util.placement_group import remove_placement_group
 
+        if self._workers:
             if self._broken is None:
                 refs = [w.close.remote() for w in self._workers]
                 ray.wait(refs, num_returns=len(refs), timeout=30)
@@ -475,13 +476,9 @@ class RayPolicyGroup:
                 ray.kill(w)
             self._workers = []
         if self._placement_group is not None:
-            from ray.util.placement_group import remove_placement_group
-
             remove_placement_group(self._placement_group)
             self._placement_group = None
         if self._started_ray:
-            import ray
-
             ray.shutdown()
             self._started_ray = False
 
