@@ -46,10 +46,8 @@ def _lines_through(path: Path, step: int) -> str:
 
 def _write_beside(path: Path, text: str) -> Path:
     tmp = path.with_name(f".{path.name}.new-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
+    tmp.write_text(text)
+    fsync_path(tmp)
     return tmp
 
 
