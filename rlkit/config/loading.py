@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import yaml
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from rlkit.config.checks import cross_section_problems
 from rlkit.config.run import RunConfig
@@ -139,12 +139,6 @@ def apply_overrides(raw: dict, overrides: Mapping[str, Any]) -> dict:
     return out
 
 
-def _field_names(model: Any) -> list[str]:
-    if isinstance(model, type) and issubclass(model, BaseModel):
-        return list(model.model_fields)
-    return list(getattr(model, "__dataclass_fields__", {}))
-
-
 def _section_type(loc: tuple) -> Any:
     """The config class that owns the field at ``loc[:-1]``."""
     cls: Any = RunConfig
@@ -163,7 +157,8 @@ def describe(error: dict, prefix: tuple = ()) -> str:
     loc = prefix + tuple(p for p in error["loc"] if isinstance(p, str) and not p.startswith(("literal[", "callable")))
     key = ".".join(map(str, loc))
     if error["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
-        known = _field_names(_section_type(loc))
+        section = _section_type(loc)  # a pydantic section, a config dataclass, or None
+        known = list(getattr(section, "model_fields", None) or getattr(section, "__dataclass_fields__", {}))
         hint = difflib.get_close_matches(str(loc[-1]), known, n=1)
         return f"{key}: unknown key" + (f"; did you mean {'.'.join(map(str, loc[:-1] + (hint[0],)))}?" if hint else "") + (
             f" (known here: {', '.join(known)})" if known else "")
