@@ -59,8 +59,7 @@ class HFGenerator:
                 return_dict_in_generate=True,
             )
         new = out.sequences[:, width:]  # [B, steps]
-        scores = torch.stack(out.scores, dim=1).float().log_softmax(-1)  # [B, steps, V]
-        token_lp = scores.gather(-1, new.unsqueeze(-1)).squeeze(-1)
+        token_lp = self.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)  # [B, steps]
         samples = []
         for i in range(new.shape[0]):
             seq = new[i].tolist()
