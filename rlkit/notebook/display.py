@@ -207,29 +207,26 @@ def token_view(batch: Any, color: Union[str, Any] = "advantages", tokenizer: Any
 
     tok = tokenizer if tokenizer is not None else _char_tokenizer()
     mask = batch.loss_mask
-    if isinstance(color, torch.Tensor):
-        values, label = color.float(), label or "value"
-        scale = float(values[mask].abs().max()) if mask.any() else 1.0
-        signed = bool((values[mask] < 0).any())
-        paint = (lambda v: diverging(v, scale)) if signed else (lambda v: sequential(v, scale))
-        key = [("transparent", "0"), (paint(scale), f"{scale:.3g}")]
-    elif color == "advantages":
-        values, label = batch.require("advantages", "advantages()"), "advantage"
-        scale = float(values[mask].abs().max()) if mask.any() else 1.0
-        paint = lambda v: diverging(v, scale)  # noqa: E731
-        key = [(diverging(-scale, scale), f"{-scale:.3g}"), ("transparent", "0"), (diverging(scale, scale), f"+{scale:.3g}")]
-    elif color == "mismatch":
+    if color == "mismatch":  # (a tensor compared with a string is False)
         trainer = batch.require("prev_logprobs", "logprobs()")
         values, label = (batch.generator_logprobs - trainer).abs(), "|generator - trainer logprob|"
         paint = lambda v: sequential(v, 1.0, log_floor=1e-6)  # noqa: E731
         key = [(paint(x), f"{x:g}") for x in (1e-6, 1e-4, 1e-2, 1.0)]
-    elif color == "entropy":
-        values, label = batch.require("entropy", "logprobs()"), "entropy"
-        scale = float(values[mask].max()) if mask.any() else 1.0
-        paint = lambda v: sequential(v, scale)  # noqa: E731
-        key = [("transparent", "0"), (paint(scale), f"{scale:.3g}")]
     else:
-        raise ValueError(f"color={color!r}: use 'advantages', 'mismatch', 'entropy' or a [B, T] tensor")
+        if isinstance(color, torch.Tensor):
+            values, label = color.float(), label or "value"
+        elif color in ("advantages", "entropy"):
+            values = batch.require(color, "advantages()" if color == "advantages" else "logprobs()")
+            label = color.removesuffix("s")
+        else:
+            raise ValueError(f"color={color!r}: use 'advantages', 'mismatch', 'entropy' or a [B, T] tensor")
+        scale = float(values[mask].abs().max()) if mask.any() else 1.0
+        if color == "advantages" or bool((values[mask] < 0).any()):  # signed: red below 0, green above
+            paint = lambda v: diverging(v, scale)  # noqa: E731
+            key = [(paint(-scale), f"{-scale:.3g}"), ("transparent", "0"), (paint(scale), f"+{scale:.3g}")]
+        else:
+            paint = lambda v: sequential(v, scale)  # noqa: E731
+            key = [("transparent", "0"), (paint(scale), f"{scale:.3g}")]
     extra = {"generator logprob": batch.generator_logprobs, "trainer logprob": batch.prev_logprobs,
              "advantage": batch.advantages}
     shown = []
