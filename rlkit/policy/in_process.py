@@ -420,11 +420,9 @@ class InProcessPolicy:
             raise
         lr = self.scheduler.get_last_lr()[0]
         with defer_keyboard_interrupt():
-            limit = self.cfg.max_grad_norm
-            if limit is not None and grad_norm > limit:
-                for p in self.model.parameters():
-                    if p.grad is not None:
-                        p.grad.mul_(limit / (grad_norm + 1e-6))
+            if self.cfg.max_grad_norm is not None:  # scales by max / (norm + 1e-6) when the norm is past max
+                torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), self.cfg.max_grad_norm,
+                                                     torch.tensor(grad_norm, dtype=torch.float64))
             self.optimizer.step()
             self._master_weights_changed()
             self.scheduler.step()
