@@ -375,11 +375,9 @@ class RayPolicyGroup:
     def _logprobs(self, method: str, input_ids: Tensor, attention_mask: Tensor, **kwargs: Any) -> TokenLogprobs:
         b, dp = input_ids.shape[0], self.dp_size
         size = -(-b // dp)
-        pad = size * dp - b  # copies of the last row, so every rank runs the same number of forward passes
-        if pad:
-            input_ids = torch.cat([input_ids, input_ids[-1:].expand(pad, -1)])
-            attention_mask = torch.cat([attention_mask, attention_mask[-1:].expand(pad, -1)])
-        parts = [(input_ids[d * size:(d + 1) * size], attention_mask[d * size:(d + 1) * size]) for d in range(dp)]
+        # the rows, then copies of the last row, so that every rank runs as many forward passes
+        rows = torch.arange(size * dp).clamp(max=b - 1)
+        parts = list(zip(input_ids[rows].split(size), attention_mask[rows].split(size)))
         results: list[TokenLogprobs] = self._call_sliced(method, parts, unpack=True, **kwargs)
         logprobs = torch.cat([r.logprobs for r in results])[:b]
         entropy = None if results[0].entropy is None else torch.cat([r.entropy for r in results])[:b]
