@@ -103,14 +103,13 @@ class DTensorPolicy(InProcessPolicy):
         """HF-named full tensors: embeddings, each decoder layer, then final norm and head. Gathering is a
         collective, so every rank must iterate in step. At one rank they may alias the live weights:
         copy them if you keep them past the next optimizer step."""
-        groups: dict[str, list[str]] = {}
-        for name, _ in self.model.named_parameters():
+        groups: dict[str, list[tuple[str, Tensor]]] = {}
+        for name, param in self.model.named_parameters():
             m = _LAYER.match(name)
             key = f"layer{int(m.group(1)):06d}" if m else ("0embed" if "embed_tokens" in name else "zfinal")
-            groups.setdefault(key, []).append(name)
-        params = dict(self.model.named_parameters())
+            groups.setdefault(key, []).append((name, param))
         for key in sorted(groups):
-            yield [(name, self._full_tensor(params[name])) for name in groups[key]]
+            yield [(name, self._full_tensor(param)) for name, param in groups[key]]
 
     @staticmethod
     def _full_tensor(param: Tensor) -> Tensor:
