@@ -196,13 +196,8 @@ def validate(raw: Mapping[str, Any]) -> RunConfig:
             continue
         try:
             sections[key] = TypeAdapter(fields[key].annotation).validate_python(value)
-        except ValidationError as e:
-            seen = set()
-            for err in e.errors():
-                line = describe(err, (key,))
-                if line not in seen:
-                    seen.add(line)
-                    problems.append(line)
+        except ValidationError as e:  # each distinct line once (errors that differ only in a stripped loc part)
+            problems += dict.fromkeys(describe(err, (key,)) for err in e.errors())
         except ConfigError as e:
             problems.extend(f"{key}.{p}" if not p.startswith(key) else p for p in e.problems)
     if problems:
