@@ -116,15 +116,13 @@ class _KnownRecords(logging.Filter):
 
 @contextlib.contextmanager
 def _known_log_records_dropped(held: Held) -> Iterator[None]:
-    # getLogger creates the logger if vLLM is not imported yet; vLLM's init_logger then returns this same object
-    installed = [(logging.getLogger(name), _KnownRecords(patterns, held)) for name, patterns in KNOWN_LOG_RECORDS.items()]
-    for logger, f in installed:
-        logger.addFilter(f)
-    try:
+    with contextlib.ExitStack() as installed:
+        for name, patterns in KNOWN_LOG_RECORDS.items():
+            # getLogger creates the logger if vLLM is not imported yet; vLLM's init_logger then returns this object
+            logger, known = logging.getLogger(name), _KnownRecords(patterns, held)
+            logger.addFilter(known)
+            installed.callback(logger.removeFilter, known)
         yield
-    finally:
-        for logger, f in installed:
-            logger.removeFilter(f)
 
 
 @contextlib.contextmanager
