@@ -95,10 +95,10 @@ _NUMBER = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 
 def parse_value(text: str, where: str) -> Any:
-    """``text`` as YAML (None when blank), plus the numbers YAML 1.1 reads as strings (``3e-4``); a
-    ``ConfigError`` naming ``where`` when it is not YAML."""
+    """``text`` as YAML (None when blank), plus the numbers YAML 1.1 reads as strings (``3e-4``; quoted,
+    ``'3e-4'`` stays a string); a ``ConfigError`` naming ``where`` when it is not YAML."""
     value = _parse_yaml(text, where) if text.strip() else None
-    return float(value) if isinstance(value, str) and _NUMBER.match(value) else value
+    return float(value) if isinstance(value, str) and _NUMBER.match(text.strip()) else value
 
 
 def parse_overrides(overrides: Sequence[str] | Mapping[str, Any]) -> dict[str, Any]:

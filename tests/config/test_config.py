@@ -28,8 +28,10 @@ def test_overrides_are_typed():
     assert config.policy.generation.stop_strings == ("\n",)
     assert load_config("quickstart", {"grpo.num_epochs": 2}).grpo.num_epochs == 2
     # numbers YAML 1.1 leaves as strings are floats (a sweep's base overrides go through the same parser)
-    assert parse_overrides(["policy.optimizer.lr=3e-4", "seed=1E3", "name=run-3e-4", "policy.generation.top_k="]) == {
-        "policy.optimizer.lr": 0.0003, "seed": 1000.0, "name": "run-3e-4", "policy.generation.top_k": None}
+    assert parse_overrides(["policy.optimizer.lr=3e-4", "seed=1E3", "name=run-3e-4", "policy.generation.top_k=",
+                            "data.answer_key='3e-4'", 'data.prompt_key="1.5"']) == {
+        "policy.optimizer.lr": 0.0003, "seed": 1000.0, "name": "run-3e-4", "policy.generation.top_k": None,
+        "data.answer_key": "3e-4", "data.prompt_key": "1.5"}  # quoted, a number stays a string
 
 
 def test_all_problems_reported_together_before_any_model_loads(tmp_path):
