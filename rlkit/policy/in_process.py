@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections import Counter
 import signal
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Literal, Mapping, NamedTuple, Optional
 
