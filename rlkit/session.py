@@ -17,9 +17,8 @@ restore replace through one method; where each step's batch comes from in a roll
 from __future__ import annotations
 
 import warnings
-from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from rlkit import stages
 from rlkit.algorithms import RLLoss
@@ -34,7 +33,6 @@ from rlkit.stages.async_rollouts import updates_per_step
 from rlkit.stages.metrics import StepMetrics, step_metrics
 from rlkit.stages.reuse import warn_if_reused
 from rlkit.stages.rollout_sources import RolloutSource, rollout_source, step_seed, warn_if_off_policy
-from rlkit.stages.step_clock import StepClock
 from rlkit.trajectories import Trajectories
 
 
@@ -330,17 +328,6 @@ class Session(RunLoop):
         self.run_state.last_train = result
         return self._record_step(batch, result.metrics, result.seconds, version_before)
 
-    def _skips_logprobs_pass(self, batch: Trajectories) -> bool:
-        """Whether ``step()`` can skip the logprobs pass and take the batch's logprobs from its train step
-        (TRL's rule for on-policy steps): one update on the batch, so the step's own forward, at the weights
-        the pass would use, computes exactly its values (bitwise here: tests/session/test_step_logprobs.py);
-        rlkit's loss (a loss function of yours may read ``prev_logprobs`` itself); no reference pass needed; and
-        a policy that returns them (not a Ray worker group, not Megatron with pipeline parallelism)."""
-        return (isinstance(self.loss_fn, RLLoss) and not self.loss_fn.needs_reference
-                and self.policy.returns_step_logprobs
-                and stages.one_update(batch.batch_size, self.config.grpo.num_epochs,
-                                      self.config.policy.train_global_batch_size))
-
     def _record_step(self, batch: Trajectories, train_metrics: dict[str, float], seconds: float,
                      version_before: int) -> StepMetrics:
         with self.timed("metrics"):
@@ -361,57 +348,6 @@ class Session(RunLoop):
         self.rollouts.weights_loaded(report.policy_version, self.step_count)
         self.run_state.last_refit = report
         return report
-
-    _clock: Optional[StepClock] = None  # the step clock of the step under way in step() or run()
-
-    def timed(self, part: str) -> ContextManager[None]:
-        """Time a block as part ``part`` of the step under way (a listener's checkpoint save); outside a
-        ``step()``/``run()``, or in another thread, it times nothing (:mod:`rlkit.stages.step_clock`)."""
-        clock = self._clock  # read once: async GRPO's producer thread calls this while the clock is replaced
-        return clock.part(part) if clock is not None else nullcontext()
-
-    def step(self) -> StepMetrics:
-        """One whole RL step: rollout, score, logprobs, advantages, train, refit. Its ``timing/`` parts add up
-        to ``timing/step_total``, the rest named ``timing/other`` (:mod:`rlkit.stages.step_clock`).
-
-        Where the batch gets one update with rlkit's loss and no reference pass, the train step's own forward
-        computes the batch's logprobs (the same values, bitwise here), and the separate pass is skipped:
-        ``timing/logprobs`` is then 0 and the batch ends with ``prev_logprobs`` and ``entropy`` all the same."""
-        self._refuse_if_closed("step")
-        own_clock = self._clock is None  # run() keeps its own clock open over the progress bar and evaluation
-        clock = self._clock = self._clock or StepClock()
-        try:
-            if self.stale:
-                with clock.part("refit"):
-                    self.refit()
-            with clock.part("rollout"):
-                batch = self.rollout()
-            with clock.part("score"):
-                batch = self.score(batch)
-            # logprobs before advantages: estimators that fold KL into the reward need the reference logprobs;
-            # skipped where the train step computes the same values itself (_skips_logprobs_pass)
-            on_policy = self._skips_logprobs_pass(batch)
-            if on_policy:
-                clock.skipped("logprobs")
-            else:
-                with clock.part("logprobs"):
-                    batch = self.logprobs(batch)
-                clock.split("logprobs", "reference_logprobs", batch.info.get("timing/reference_logprobs", 0.0))
-            with clock.part("advantages"):
-                batch = self.advantages(batch)
-            with clock.part("train"):
-                metrics = self._train(batch, allow_reuse=False, on_policy=on_policy)
-            with clock.part("refit"):
-                self.refit()
-            with clock.part("metrics"):
-                metrics.values.update(self.rollouts.step_timings())
-            clock.samples, clock.tokens = batch.batch_size, float(batch.completion_lengths.sum())
-            if own_clock:
-                clock.finish(metrics.values)
-        finally:
-            if own_clock:
-                self._clock = None
-        return metrics
 
     def evaluate(self, num_prompts: Optional[int] = None, greedy: Optional[bool] = None) -> stages.EvalResult:
         """Held-out accuracy of the current policy (refits the generator first if it is stale)."""

@@ -1,4 +1,5 @@
-"""``Session.run()``: the loop over RL steps that a notebook cell or ``rlkit train`` runs.
+"""``Session.step()`` and ``Session.run()``: one whole RL step, and the loop over steps that a notebook cell or
+``rlkit train`` runs.
 
 What the loop adds to ``step()``: a progress bar, evaluation every ``grpo.val_period`` steps, the listeners (a
 dashboard, the experiment's loggers and checkpoints), skipped steps (a step whose gradients are not finite is
@@ -12,15 +13,81 @@ from __future__ import annotations
 
 import time
 import warnings
-from typing import Any, Callable, Optional
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager, Optional
 
+from rlkit import stages
+from rlkit.algorithms import RLLoss
 from rlkit.errors import RunInterrupted
 from rlkit.stages.metrics import StepMetrics
 from rlkit.stages.step_clock import StepClock
+from rlkit.trajectories import Trajectories
 
 
 class RunLoop:
-    """``run()``, ``request_stop()`` and the loop's helpers, over the session's ``step()``."""
+    """``step()``, ``run()``, ``request_stop()`` and the step clock, over the session's stages."""
+
+    _clock: Optional[StepClock] = None  # the step clock of the step under way in step() or run()
+
+    def timed(self, part: str) -> ContextManager[None]:
+        """Time a block as part ``part`` of the step under way (a listener's checkpoint save); outside a
+        ``step()``/``run()``, or in another thread, it times nothing (:mod:`rlkit.stages.step_clock`)."""
+        clock = self._clock  # read once: async GRPO's producer thread calls this while the clock is replaced
+        return clock.part(part) if clock is not None else nullcontext()
+
+    def step(self) -> StepMetrics:
+        """One whole RL step: rollout, score, logprobs, advantages, train, refit. Its ``timing/`` parts add up
+        to ``timing/step_total``, the rest named ``timing/other`` (:mod:`rlkit.stages.step_clock`).
+
+        Where the batch gets one update with rlkit's loss and no reference pass, the train step's own forward
+        computes the batch's logprobs (the same values, bitwise here), and the separate pass is skipped:
+        ``timing/logprobs`` is then 0 and the batch ends with ``prev_logprobs`` and ``entropy`` all the same."""
+        self._refuse_if_closed("step")
+        own_clock = self._clock is None  # run() keeps its own clock open over the progress bar and evaluation
+        clock = self._clock = self._clock or StepClock()
+        try:
+            if self.stale:
+                with clock.part("refit"):
+                    self.refit()
+            with clock.part("rollout"):
+                batch = self.rollout()
+            with clock.part("score"):
+                batch = self.score(batch)
+            # logprobs before advantages: estimators that fold KL into the reward need the reference logprobs;
+            # skipped where the train step computes the same values itself (_skips_logprobs_pass)
+            on_policy = self._skips_logprobs_pass(batch)
+            if on_policy:
+                clock.skipped("logprobs")
+            else:
+                with clock.part("logprobs"):
+                    batch = self.logprobs(batch)
+                clock.split("logprobs", "reference_logprobs", batch.info.get("timing/reference_logprobs", 0.0))
+            with clock.part("advantages"):
+                batch = self.advantages(batch)
+            with clock.part("train"):
+                metrics = self._train(batch, allow_reuse=False, on_policy=on_policy)
+            with clock.part("refit"):
+                self.refit()
+            with clock.part("metrics"):
+                metrics.values.update(self.rollouts.step_timings())
+            clock.samples, clock.tokens = batch.batch_size, float(batch.completion_lengths.sum())
+            if own_clock:
+                clock.finish(metrics.values)
+        finally:
+            if own_clock:
+                self._clock = None
+        return metrics
+
+    def _skips_logprobs_pass(self, batch: Trajectories) -> bool:
+        """Whether ``step()`` can skip the logprobs pass and take the batch's logprobs from its train step
+        (TRL's rule for on-policy steps): one update on the batch, so the step's own forward, at the weights
+        the pass would use, computes exactly its values (bitwise here: tests/session/test_step_logprobs.py);
+        rlkit's loss (a loss function of yours may read ``prev_logprobs`` itself); no reference pass needed; and
+        a policy that returns them (not a Ray worker group, not Megatron with pipeline parallelism)."""
+        return (isinstance(self.loss_fn, RLLoss) and not self.loss_fn.needs_reference
+                and self.policy.returns_step_logprobs
+                and stages.one_update(batch.batch_size, self.config.grpo.num_epochs,
+                                      self.config.policy.train_global_batch_size))
 
     def run(self, steps: Optional[int] = None, progress: bool = True,
             on_step: Optional[Callable[[StepMetrics], None]] = None) -> list[StepMetrics]:

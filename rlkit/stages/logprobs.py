@@ -33,7 +33,7 @@ def logprobs(batch: Trajectories, policy: Policy, with_reference: bool = True,
 
 
 def logprobs_from_train_step(batch: Trajectories, step: TrainStepResult, version: int,
-                    mismatch_warning_threshold: float = 1e-2) -> Trajectories:
+                             mismatch_warning_threshold: float = 1e-2) -> Trajectories:
     """The batch as :func:`logprobs` leaves it (``prev_logprobs``, ``entropy``, the mismatch figures), from a
     train step that computed them itself: the only update on a batch without ``prev_logprobs``, taken at
     policy ``version``, whose forward gives what the logprobs pass would have (``Policy.train_step``).
