@@ -1,4 +1,9 @@
-"""Typed exceptions for user-facing problems. Each message says what is wrong and how to fix it."""
+"""Typed exceptions for user-facing problems. Each message says what is wrong and how to fix it; and how a stop
+(Ctrl-C, Jupyter's stop button) is held over a block that must not be cut short."""
+
+import contextlib
+import signal
+import threading
 
 
 class RLKitError(Exception):
@@ -63,3 +68,20 @@ class RunInterrupted(KeyboardInterrupt):
 
         return render_error(self, hint=False)
 
+
+@contextlib.contextmanager
+def defer_keyboard_interrupt():
+    """Hold a Ctrl-C / Jupyter stop until the block ends, then raise it: for work that a stop would leave half
+    done and unusable (an optimizer update half applied, a vLLM weight load with its layers half swapped out).
+    Outside the main thread (where no signal arrives) the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda *args: received.append(args))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if received:
+            raise KeyboardInterrupt

@@ -38,6 +38,7 @@ from typing import Iterable
 import torch
 
 from rlkit.config.components import GenerationConfig
+from rlkit.errors import defer_keyboard_interrupt
 from rlkit.generation.base import Generation, SamplingSettings
 from rlkit.models.factory import check_head_dim, head_dim_of, read_hf_config
 from rlkit.quiet import quieted
@@ -180,7 +181,10 @@ class VllmGenerator:
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load HF-named tensors in one ``reload_weights`` call, consuming ``weights`` one tensor at a time
         (vLLM processes each layer once its last tensor arrives), so a whole refit can stream through one
-        call: every call also walks all of the engine's modules twice, a fixed cost per call."""
+        call: every call also walks all of the engine's modules twice, a fixed cost per call.
+
+        A stop (Ctrl-C, Jupyter's stop button) during the load takes effect when the load ends: vLLM takes
+        each layer apart while it loads, and a load cut short leaves layers that no later load can fill."""
         self.wake_up()  # a sleeping engine's weights are not in GPU memory
         names: list[str] = []
 
@@ -189,10 +193,12 @@ class VllmGenerator:
                 names.append(name)
                 yield name, tensor
 
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": named(weights), "is_checkpoint_format": True})
-        layers = moe_layers_with_experts_in(names)
-        if layers and not torch.cuda.is_available():
-            self.llm.collective_rpc(prepack_cpu_moe_experts, kwargs={"layers": layers})
+        with defer_keyboard_interrupt():
+            self.llm.collective_rpc("reload_weights",
+                                    kwargs={"weights_iterator": named(weights), "is_checkpoint_format": True})
+            layers = moe_layers_with_experts_in(names)
+            if layers and not torch.cuda.is_available():
+                self.llm.collective_rpc(prepack_cpu_moe_experts, kwargs={"layers": layers})
 
     def _abort_unfinished(self) -> None:
         """Drop the requests an interrupted ``generate`` left in the engine: left there, the next call waits

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import signal
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -32,6 +30,7 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
+from rlkit.errors import defer_keyboard_interrupt
 from rlkit.policy.base import LossFn, TokenLogprobs, TrainStepResult
 from rlkit.policy.packing import PackedRows, pack_rows, packing_plan
 from rlkit.policy.token_budget import as_index, equal_count_over, round_up, row_count_plan, token_budget_plan
@@ -51,22 +50,6 @@ def lr_lambda(cfg: SchedulerConfig):
         return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
 
     return factor
-
-
-@contextlib.contextmanager
-def defer_keyboard_interrupt():
-    """Hold a Ctrl-C / Jupyter stop until the block ends, so an optimizer update is never half applied."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received = []
-    previous = signal.signal(signal.SIGINT, lambda *args: received.append(args))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if received:
-            raise KeyboardInterrupt
 
 
 @contextlib.contextmanager
