@@ -27,7 +27,6 @@ from rlkit.algorithms.aggregation import AGGREGATIONS, AggregationName
 from rlkit.algorithms.correction import CORRECTIONS, CorrectionName, CorrectionParams, mult_prob_error_sum
 from rlkit.algorithms.kl import KL_ESTIMATORS, KLEstimatorName, kl_penalty
 from rlkit.algorithms.losses import POLICY_LOSSES, PolicyLossFn, PolicyLossName, PolicyLossParams
-from rlkit.algorithms.registry import Registry
 from rlkit.errors import ConfigError, StageOrderError
 from rlkit.notebook.html import CodeRepr
 from rlkit.trajectories import LossCounts, Trajectories
@@ -71,7 +70,7 @@ class LossParams:
                 ("kl_estimator", KL_ESTIMATORS),
                 ("off_policy_correction", CORRECTIONS),
             )
-            if not _known(registry, getattr(self, key))
+            if not (callable(getattr(self, key)) or getattr(self, key) in registry)
         ]
         checks = [
             (self.ratio_clip_min < 0 or self.ratio_clip_min > 1, "ratio_clip_min", "must be in [0, 1]; 0.2 is usual"),
@@ -101,10 +100,6 @@ class LossParams:
     def correction_params(self) -> CorrectionParams:
         """The settings the off-policy corrections read (TIS cap, sequence-mask bounds)."""
         return CorrectionParams(**{f.name: getattr(self, f.name) for f in fields(CorrectionParams)})
-
-
-def _known(registry: Registry, name_or_fn: object) -> bool:
-    return callable(name_or_fn) or name_or_fn in registry
 
 
 class RLLoss(CodeRepr):
