@@ -17,6 +17,7 @@ Deliberate simplification: with several optimizer steps per RL step (``grpo.num_
 
 from __future__ import annotations
 
+import itertools
 from typing import Optional, Sequence
 
 from rlkit.errors import SkippedStepsError
@@ -29,10 +30,7 @@ SKIPPED = "train/skipped_steps"
 def refused_update(error: BaseException) -> Optional[FloatingPointError]:
     """The policy's refusal of an update for non-finite gradients, if ``error`` is one: a ``FloatingPointError``
     raised in this process, or one a policy worker sent back as the cause of its error; else None."""
-    for candidate in (error, getattr(error, "cause", None)):
-        if isinstance(candidate, FloatingPointError):
-            return candidate
-    return None
+    return next((c for c in (error, getattr(error, "cause", None)) if isinstance(c, FloatingPointError)), None)
 
 
 def skipped_so_far(history: Sequence[StepMetrics]) -> int:
@@ -41,12 +39,7 @@ def skipped_so_far(history: Sequence[StepMetrics]) -> int:
 
 def skipped_in_a_row(history: Sequence[StepMetrics]) -> int:
     """Skipped steps at the end of ``history``."""
-    count = 0
-    for m in reversed(history):
-        if SKIPPED not in m.values:
-            break
-        count += 1
-    return count
+    return sum(1 for _ in itertools.takewhile(lambda m: SKIPPED in m.values, reversed(history)))
 
 
 def skipped_step_metrics(step: int, policy_version: int, batch: Trajectories, version_before_train: int,
