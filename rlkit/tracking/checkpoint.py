@@ -132,12 +132,10 @@ def capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """Every RNG a session step could draw from: torch CPU (+CUDA), Megatron's tracker, python, numpy."""
     tensors = {"torch_cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
-        for i, state in enumerate(torch.cuda.get_rng_state_all()):
-            tensors[f"cuda/{i}"] = state
+        tensors.update({f"cuda/{i}": state for i, state in enumerate(torch.cuda.get_rng_state_all())})
     tracker = _megatron_rng_tracker()
     if tracker is not None:
-        for name, state in tracker.get_states().items():
-            tensors[f"megatron/{name}"] = state
+        tensors.update({f"megatron/{name}": state for name, state in tracker.get_states().items()})
     version, mt, gauss = random.getstate()
     name, keys, pos, has_gauss, cached = np.random.get_state()
     meta = {"python": [version, list(mt), gauss],
