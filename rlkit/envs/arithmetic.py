@@ -82,9 +82,7 @@ class ArithmeticEnvironment(Environment):
                 correct = parsed == str(row["answer"]).strip()
             except Exception as exc:  # noqa: BLE001 - one bad sample must not fail the batch
                 errors.append(sample_error(i, exc))
-                rewards.append(0.0)
-                metadata.append({"parsed": None, "correct": False})
-                continue
+                parsed, correct = None, False
             rewards.append(1.0 if correct else 0.0)
             metadata.append({"parsed": parsed, "correct": correct})
         return EnvReturn.single_turn(rewards, metadata, errors)
