@@ -53,5 +53,4 @@ def overlong_rows(
     warnings.warn(f"data: dropped {len(long)} of {len(prompts)} prompt(s) in {source} longer than {limit}; "
                   f"first: {labels[first]} ({lengths[first]} tokens, {shown!r}). Set data.overlong_prompts=error "
                   "to refuse them instead", UserWarning, stacklevel=4)
-    dropped = set(long)
-    return [i for i in range(len(prompts)) if i not in dropped]
+    return [i for i, n in enumerate(lengths) if n <= max_prompt_tokens]
