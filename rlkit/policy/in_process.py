@@ -241,9 +241,7 @@ class InProcessPolicy:
             return
         with defer_keyboard_interrupt():
             for param, copies in self._offloaded_state.items():
-                state = self.optimizer.state[param]
-                for key, copy in copies.items():
-                    state[key] = copy.to(self.device)
+                self.optimizer.state[param].update({key: copy.to(self.device) for key, copy in copies.items()})
             self._reallocate_gradient_buffers()
             self._offloaded_state = None
 
