@@ -72,18 +72,16 @@ def attention_to_megatron(hf: Mapping[str, Tensor], i: int, arch: Architecture) 
 def attention_to_hf(mc: Mapping[str, Tensor], i: int, arch: Architecture) -> HFGroup:
     """HF tensors of decoder layer ``i``'s norms and attention (inverse of :func:`attention_to_megatron`)."""
     h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
-    q, k, v = split_qkv(mc[m + "self_attention.linear_qkv.weight"], arch)
+    qkv = split_qkv(mc[m + "self_attention.linear_qkv.weight"], arch)
     out = [
         (h + "input_layernorm.weight", mc[m + "input_layernorm.weight"]),
-        (h + "self_attn.q_proj.weight", q),
-        (h + "self_attn.k_proj.weight", k),
-        (h + "self_attn.v_proj.weight", v),
+        *((h + f"self_attn.{x}_proj.weight", t) for x, t in zip("qkv", qkv)),
         (h + "self_attn.o_proj.weight", mc[m + "self_attention.linear_proj.weight"]),
         (h + "post_attention_layernorm.weight", mc[m + "pre_mlp_layernorm.weight"]),
     ]
     if arch.qkv_bias:
-        qb, kb, vb = split_qkv(mc[m + "self_attention.linear_qkv.bias"], arch)
-        out += [(h + "self_attn.q_proj.bias", qb), (h + "self_attn.k_proj.bias", kb), (h + "self_attn.v_proj.bias", vb)]
+        qkv_bias = split_qkv(mc[m + "self_attention.linear_qkv.bias"], arch)
+        out += [(h + f"self_attn.{x}_proj.bias", t) for x, t in zip("qkv", qkv_bias)]
     for x in "qk" if arch.qk_layernorm else "":
         out.append((h + f"self_attn.{x}_norm.weight", mc[m + f"self_attention.{x}_layernorm.weight"]))
     return out
