@@ -42,11 +42,6 @@ from rlkit.weights import HFGroup
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
-def _local(t: Tensor) -> Tensor:
-    """This rank's shard of a DTensor (a plain tensor is its own shard)."""
-    return t.to_local() if hasattr(t, "to_local") else t
-
-
 class DTensorPolicy(InProcessPolicy):
     """A causal LM from an HF folder, FSDP2-sharded over all ranks (implements :class:`rlkit.policy.base.Policy`)."""
 
@@ -154,8 +149,8 @@ class DTensorPolicy(InProcessPolicy):
     def _grad_norm(self) -> float:
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
         for p in self.model.parameters():
-            if p.grad is not None:
-                sq += _local(p.grad).double().pow(2).sum()
+            if p.grad is not None:  # this rank's shard of a DTensor gradient
+                sq += (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).double().pow(2).sum()
         if self.dp_size > 1:
             dist.all_reduce(sq)  # FSDP shards are disjoint: the squares add up
         return float(sq.sqrt())
