@@ -19,7 +19,14 @@ the same cores; with the engine in its own process they share only the cores, sp
 Each (backend, placement) pair runs in a fresh Python process: once an in-process vLLM engine has started,
 vLLM makes ``torch.set_num_threads`` a no-op for the rest of the process, so a remote placement measured after a
 colocated one would run with the cores not split, as no user's session would.
-Usage: python bench/async_vs_sync.py [--steps 20] [--warmup 3] [--backends megatron,dtensor]
+
+Repeats: on a 2-core machine one run of each mode swings by +-20% (the two modes train different policies,
+whose samples differ in length and in dynamic sampling's rounds, and the machine is shared), so each pair runs
+``--repeats`` times in fresh processes, sync first and async first in turn, and the table and ratios use the
+medians; ``spread`` is the lowest and highest ratio of one repeat's async over the same repeat's sync.
+``gen/step`` (generation calls per step) and ``tokens`` (mean completion length) show whether the two modes
+did the same work per step.
+Usage: python bench/async_vs_sync.py [--steps 20] [--warmup 3] [--repeats 3] [--backends megatron,dtensor]
                                      [--placements colocated,remote] [--preset tiny]
 """
 
@@ -68,6 +75,8 @@ def run(backend: str, placement: str, asynchronous: bool, args: argparse.Namespa
         "generator_idle_s": mean("timing/generator_idle") if asynchronous else seconds / len(history) - mean("timing/rollout"),
         "lag": mean("rollout/policy_lag"),
         "reward": mean("rollout/reward_mean"),
+        "gen_calls": mean("dynamic_sampling/tries") or 1.0,  # dynamic sampling's generation rounds per step
+        "tokens": mean("rollout/gen_length_mean"),
     }
 
 
@@ -78,50 +87,66 @@ def main() -> None:
     parser.add_argument("--backends", default="megatron,dtensor")
     parser.add_argument("--placements", default="colocated,remote")
     parser.add_argument("--preset", default="tiny", help="model preset (tiny: the quickstart's ~0.8M model)")
+    parser.add_argument("--repeats", type=int, default=3, help="fresh-process runs of each pair (medians used)")
     parser.add_argument("--json-out", help=argparse.SUPPRESS)  # one backend and placement, as JSON (the child's mode)
+    parser.add_argument("--async-first", action="store_true", help=argparse.SUPPRESS)  # the child's order
     args = parser.parse_args()
     backends, placements = args.backends.split(","), args.placements.split(",")
 
     if args.json_out:
         with tempfile.TemporaryDirectory() as tmp:
-            results = {str(a): run(backends[0], placements[0], a, args, tmp) for a in (False, True)}
+            order = (True, False) if args.async_first else (False, True)
+            results = {str(a): run(backends[0], placements[0], a, args, tmp) for a in order}
         with open(args.json_out, "w") as f:
             json.dump(results, f)
         return
 
     import torch
 
-    results = {}
+    repeats: dict[tuple[str, str, bool], list[dict[str, float]]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for backend in backends:
-            for placement in placements:
-                out = f"{tmp}/{backend}-{placement}.json"
-                subprocess.run([sys.executable, __file__, "--backends", backend, "--placements", placement,
-                                "--json-out", out, "--steps", str(args.steps), "--warmup", str(args.warmup),
-                                "--preset", args.preset], check=True)
-                with open(out) as f:
-                    for asynchronous, r in json.load(f).items():
-                        results[backend, placement, asynchronous == "True"] = r
+        for repeat in range(args.repeats):
+            for backend in backends:
+                for placement in placements:
+                    out = f"{tmp}/{backend}-{placement}-{repeat}.json"
+                    subprocess.run([sys.executable, __file__, "--backends", backend, "--placements", placement,
+                                    "--json-out", out, "--steps", str(args.steps), "--warmup", str(args.warmup),
+                                    "--preset", args.preset] + ["--async-first"] * (repeat % 2), check=True)
+                    with open(out) as f:
+                        for asynchronous, r in json.load(f).items():
+                            repeats.setdefault((backend, placement, asynchronous == "True"), []).append(r)
+    results = {key: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for key, runs in repeats.items()}
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU, {os.cpu_count()} cores"
     load = f", load average {os.getloadavg()[0]:.1f}" if hasattr(os, "getloadavg") else ""
-    print(f"quickstart task, {args.preset} model, {args.steps} timed steps after {args.warmup} warm-up; {device}{load}")
+    print(f"quickstart task, {args.preset} model, {args.steps} timed steps after {args.warmup} warm-up, medians of "
+          f"{args.repeats} repeat(s); {device}{load}")
     print(f"{'backend':<9} {'placement':<10} {'mode':<6} {'steps/min':>9} {'step s':>7} {'rollout s':>9} {'train s':>8} "
-          f"{'refit s':>8} {'trainer idle s':>14} {'gen idle s':>10} {'lag':>4}")
+          f"{'refit s':>8} {'trainer idle s':>14} {'gen idle s':>10} {'lag':>4} {'gen/step':>8} {'tokens':>6}")
     for (backend, placement, asynchronous), r in results.items():
         print(f"{backend:<9} {placement:<10} {'async' if asynchronous else 'sync':<6} {r['steps_per_minute']:>9.1f} "
               f"{r['step_s']:>7.3f} {r['rollout_s']:>9.3f} {r['train_s']:>8.3f} {r['refit_s']:>8.3f} "
-              f"{r['trainer_idle_s']:>14.3f} {r['generator_idle_s']:>10.3f} {r['lag']:>4.2f}")
-    rate = lambda backend, placement, asynchronous: results[backend, placement, asynchronous]["steps_per_minute"]  # noqa: E731
+              f"{r['trainer_idle_s']:>14.3f} {r['generator_idle_s']:>10.3f} {r['lag']:>4.2f} {r['gen_calls']:>8.2f} "
+              f"{r['tokens']:>6.1f}")
+
+    def ratio_of(backend: str, async_placement: str, sync_placement: str, label: str) -> float:
+        """Median async over median sync steps per minute, printed with the spread of the repeats' ratios."""
+        rates = [[r["steps_per_minute"] for r in repeats[backend, p, a]] for p, a in
+                 ((async_placement, True), (sync_placement, False))]
+        each = [a / s for a, s in zip(*rates)]
+        ratio = statistics.median(rates[0]) / statistics.median(rates[1])
+        print(f"{backend}, {label}: async / sync steps per minute = {ratio:.2f}x "
+              f"(repeats {min(each):.2f}-{max(each):.2f})")
+        return ratio
+
     figures, defaults = {}, []
     for backend in backends:
         for placement in placements:
-            ratio = rate(backend, placement, True) / rate(backend, placement, False)
-            print(f"{backend}, both {placement}: async / sync steps per minute = {ratio:.2f}x")
-            figures[f"{backend}_{placement}_async_over_sync"] = ratio
+            figures[f"{backend}_{placement}_async_over_sync"] = ratio_of(backend, placement, placement,
+                                                                         f"both {placement}")
         if {"colocated", "remote"} <= set(placements):
-            ratio = rate(backend, "remote", True) / rate(backend, "colocated", False)
-            print(f"{backend}, the defaults (async in a Ray actor, sync in this process): {ratio:.2f}x")
+            ratio = ratio_of(backend, "remote", "colocated",
+                             "the defaults (async in a Ray actor, sync in this process)")
             figures[f"{backend}_async_over_sync"] = ratio
             defaults.append(ratio)
     if defaults:  # issue 17: async at least as fast as sync on every backend, as each is set up by default
