@@ -22,6 +22,9 @@ vLLM's online quantization when loaded; vLLM 0.32's layer-by-layer ``reload_weig
 again on each refit from the bf16/fp32 tensors it receives, so refit needs no FP8 weights). The cost of each
 shows as the generator/trainer mismatch (``token_mult_prob_error``).
 
+A stop (Ctrl-C, Jupyter's stop button) takes effect between engine steps and after a weight load, never inside
+one: vLLM's state is left half changed there, and its next step or load fails.
+
 Colocated on a GPU, the engine sleeps after each rollout (level 1: weights to CPU memory, KV cache freed), so
 the policy trains with that memory, and wakes for the next refit or rollout. vLLM offers sleep mode on
 CUDA/ROCm/XPU only: on a CPU the engine stays awake.
@@ -29,11 +32,12 @@ CUDA/ROCm/XPU only: on a CPU the engine stays awake.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 
@@ -57,6 +61,20 @@ def _quiet_rotary_reload_notice() -> None:
     layerwise = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
     if not any(isinstance(f, _RotaryCacheReloadNotice) for f in layerwise.filters):
         layerwise.addFilter(_RotaryCacheReloadNotice())
+
+
+def _whole_steps(step: Callable[[], list]) -> Callable[[], list]:
+    """vLLM's engine ``step`` with a stop held until the step ends: a step cut between running the model and
+    sampling its tokens leaves the engine refusing every later step ("State error: sample_tokens() must be
+    called after execute_model() returns None"), while between steps an interrupted ``generate`` only leaves
+    requests to abort (:meth:`VllmGenerator._abort_unfinished`). A step is one forward of the running batch."""
+
+    @functools.wraps(step)
+    def whole_step() -> list:
+        with defer_keyboard_interrupt():
+            return step()
+
+    return whole_step
 
 
 def _cpu_engine_environment() -> None:
@@ -116,6 +134,7 @@ class VllmGenerator:
         else:  # exact, below 1 GiB too (VLLM_CPU_KVCACHE_SPACE counts whole GiB); it is allocated and zeroed: RSS
             kwargs["kv_cache_memory_bytes"] = int(cfg.vllm_cfg.kv_cache_space_gib * 2**30)
         self.llm = LLM(**kwargs)
+        self.llm.llm_engine.step = _whole_steps(self.llm.llm_engine.step)
         self.tokenizer = self.llm.get_tokenizer()
         _quiet_rotary_reload_notice()
 

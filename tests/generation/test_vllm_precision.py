@@ -79,7 +79,7 @@ class FakeLLM:
         self.kwargs, self.calls = kwargs, []
         scheduler = SimpleNamespace(max_num_batched_tokens=4096, max_num_seqs=256)
         self.llm_engine = SimpleNamespace(vllm_config=SimpleNamespace(scheduler_config=scheduler),
-                                          has_unfinished_requests=lambda: False)
+                                          has_unfinished_requests=lambda: False, step=lambda: [])
 
     def get_tokenizer(self):
         return None

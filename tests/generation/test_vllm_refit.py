@@ -1,4 +1,5 @@
-"""vLLM's sampled-token logprobs against the Megatron policy's, before and after a training step + refit.
+"""vLLM's sampled-token logprobs against the Megatron policy's, before and after a training step + refit; and a
+stop (SIGINT) during a weight load or a sampling step, after which the engine works as before.
 
 Tolerances (fp32): max abs 1e-3, mean 1e-4 over all completion tokens.
 """
@@ -199,3 +200,33 @@ def test_a_stop_pressed_during_a_weight_load_waits_for_the_load(engines, monkeyp
     ColocatedWeightSync().sync(policy, generator)
     worst, mean, _ = mismatch(policy, generator, seed=4)
     assert worst < 1e-3 and mean < 1e-4, (worst, mean)
+
+
+def test_a_stop_pressed_during_a_sampling_step_lands_after_the_step(engines, monkeypatch):
+    """Jupyter's stop while vLLM samples. A SIGINT between the model's forward and the sampling of its tokens
+    left the engine refusing every later step ("State error: sample_tokens() must be called after
+    execute_model() returns None"; once in 75 random stops of a run). The stop is held to the end of the step,
+    the interrupted call's requests are aborted, and the next call samples what it would have."""
+    import signal
+
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    _, _, generator = engines
+    _, ids = prompts(False)
+    settings = SamplingSettings(max_new_tokens=12, seed=7)
+    before = generator.generate(ids, 3, settings)
+    sample_tokens, steps = GPUModelRunner.sample_tokens, []
+
+    def stop_at_the_third_step(self, *args, **kwargs):
+        steps.append(1)
+        if len(steps) == 3:
+            signal.raise_signal(signal.SIGINT)
+        return sample_tokens(self, *args, **kwargs)
+
+    monkeypatch.setattr(GPUModelRunner, "sample_tokens", stop_at_the_third_step)
+    with pytest.raises(KeyboardInterrupt):
+        generator.generate(ids, 3, settings)
+    monkeypatch.undo()
+    assert len(steps) == 3  # the call stopped after its third step, before the samples were done
+    assert not generator.llm.llm_engine.has_unfinished_requests()
+    assert generator.generate(ids, 3, settings).token_ids == before.token_ids
