@@ -136,3 +136,17 @@ def test_config_problems_of_the_dataset_keys_are_reported_together(tmp_path):
     problems = DataParams(task="arithmetic", validation_split="test").problems()
     assert problems == ["data.validation_split: only read with data.dataset_name (a dataset's split)"]
     assert "no such folder './nowhere'" in DataParams(dataset_name="./nowhere").problems()[0]
+
+
+def test_prompt_columns_are_checked_for_text_without_reading_every_row():
+    """Arrow's type and null count decide for a text column; a null or another type is found by row, and a
+    null in a row that a selection left out is no error."""
+    from rlkit.data.named import map_columns
+
+    with_null = Dataset.from_dict({"q": ["a", None, "c"]})
+    with pytest.raises(DataError, match=r"data.prompt_key='q': here row 1: the prompt is None, not text"):
+        map_columns(with_null, "q", None, "here")
+    assert map_columns(with_null.select([0, 2]), "q", None, "here")["prompt"] == ["a", "c"]
+    with pytest.raises(DataError, match=r"here line 1: the prompt is 7, not text"):
+        map_columns(Dataset.from_dict({"q": [7, 8]}), "q", None, "here", ["line 1", "line 2"])
+    assert map_columns(Dataset.from_dict({"q": ["a", "b"]}), "q", None, "here")["prompt"] == ["a", "b"]
