@@ -145,10 +145,8 @@ def map_columns(dataset: Dataset, prompt_key: str, answer_key: Optional[str], so
         raise DataError(problems)
     dataset = dataset.rename_columns({c: t for c, t in ((prompt_key, "prompt"), (answer_key, "answer"))
                                       if c is not None and c != t})
-    # a text column without nulls holds only text (Arrow knows both at once; scanning 1M rows took 7 s); the
-    # table may hold rows a selection left out, so a null there sends the scan looking and it finds none
     text = getattr(dataset.features["prompt"], "dtype", None) in ("string", "large_string")
-    if text and not dataset.data.column("prompt").null_count:
+    if text and not dataset.data.column("prompt").null_count:  # Arrow settles it unread (1M prompts: 7 s in Python)
         return dataset
     bad = next((i for i, prompt in enumerate(dataset["prompt"]) if not isinstance(prompt, str)), None)
     if bad is not None:
