@@ -8,7 +8,10 @@ On a shared machine the wall-clock rate swings with other people's load, so toke
 bench/same_work.py: with two OpenMP threads on two shared cores, a busy neighbour made every call up to 20x
 slower (the waiting thread spins), which swamped the ratio.
 What rlkit adds on top of ``generate``: rendering and tokenizing the prompts, the prefill-chunking check,
-reading the token logprobs, and the padded ``Trajectories`` tensors. Target: ratio >= 0.95.
+reading the token logprobs, decoding the texts, and the padded ``Trajectories`` tensors. rlkit asks the engine not
+to detokenize and for flat logprobs (``VllmGenerator.sample``) and decodes the completions itself, so a third
+side, raw ``generate`` with those same engine-side settings, shows what rlkit's own work costs; the target
+(ratio >= 0.95) is against raw ``generate`` with vLLM's defaults, what a user writing it by hand gets.
 
 Usage: python bench/rollout_vs_vllm.py [--rounds 10] [dotted overrides, e.g. grpo.num_prompts_per_step=64]
 """
@@ -49,10 +52,11 @@ def main() -> None:
         texts = render_prompt_texts(s.tokenizer, [r["prompt"] for r in rows], s.config.data.system_prompt)
         prompts = [{"prompt_token_ids": s.tokenizer(t, add_special_tokens=False)["input_ids"]} for t in texts]
 
-        def params() -> list:  # fresh per call, as the rollout stage makes them
+        def params(**engine_side) -> list:  # fresh per call, as the rollout stage makes them
             return [SamplingParams(n=g.num_generations_per_prompt, temperature=sampling.temperature,
                                    top_p=sampling.top_p, top_k=sampling.top_k or 0, max_tokens=sampling.max_new_tokens,
-                                   stop=list(sampling.stop_strings) or None, logprobs=0, seed=sampling.seed + i)
+                                   stop=list(sampling.stop_strings) or None, logprobs=0, seed=sampling.seed + i,
+                                   **engine_side)
                     for i in range(len(prompts))]
 
         def rlkit_rollout() -> int:
@@ -60,33 +64,41 @@ def main() -> None:
                                    s.policy.version, s.config.data.system_prompt)
             return int(batch.completion_lengths.sum())
 
-        def raw_generate() -> int:
-            outputs = s.generator.llm.generate(prompts, params(), use_tqdm=False)
+        def raw_generate(**engine_side) -> int:
+            outputs = s.generator.llm.generate(prompts, params(**engine_side), use_tqdm=False)
             return sum(len(o.token_ids) for request in outputs for o in request.outputs)
 
-        for _ in range(2):  # warm-up both
-            counts = rlkit_rollout(), raw_generate()
-        rates: dict[str, list[float]] = {"rlkit": [], "vllm": []}
-        per_cpu: dict[str, list[float]] = {"rlkit": [], "vllm": []}
+        def raw_undecoded() -> int:  # what rlkit asks the engine for, without rlkit's decoding and tensors
+            return raw_generate(detokenize=not s.generator.caller_decodes or bool(sampling.stop_strings),
+                                flat_logprobs=True)
+
+        calls = (("rlkit", rlkit_rollout), ("vllm", raw_generate), ("vllm_undecoded", raw_undecoded))
+        for _ in range(2):  # warm-up all
+            counts = [call() for _, call in calls]
+        rates: dict[str, list[float]] = {name: [] for name, _ in calls}
+        per_cpu: dict[str, list[float]] = {name: [] for name, _ in calls}
         for i in range(args.rounds):
-            for name, call in (("rlkit", rlkit_rollout), ("vllm", raw_generate))[::1 if i % 2 else -1]:
+            for name, call in calls[::1 if i % 2 else -1]:
                 t0, c0 = time.perf_counter(), time.process_time()
                 tokens = call()
                 rates[name].append(tokens / (time.perf_counter() - t0))
                 per_cpu[name].append(tokens / (time.process_time() - c0))
         s.close()
 
-    a, b = statistics.median(rates["rlkit"]), statistics.median(rates["vllm"])
-    ca, cb = statistics.median(per_cpu["rlkit"]), statistics.median(per_cpu["vllm"])
+    a, b, c = (statistics.median(rates[name]) for name, _ in calls)
+    ca, cb, cc = (statistics.median(per_cpu[name]) for name, _ in calls)
     print(f"{len(prompts)} prompts x {g.num_generations_per_prompt} samples, up to {sampling.max_new_tokens} "
           f"new tokens, {args.rounds} alternating rounds")
-    print(f"tokens per call: rlkit {counts[0]}, vLLM {counts[1]} (the same seeds: the same tokens)")
-    print(f"rlkit rollout stage:  median {a:9.0f} tokens/s")
-    print(f"raw vLLM generate:    median {b:9.0f} tokens/s")
-    print(f"tokens per CPU-second: rlkit {ca:.0f}, vLLM {cb:.0f}, ratio {ca / cb:.3f}")
-    print(f"ratio rlkit / vLLM: {a / b:.3f} (target >= 0.95)")
-    print(f"rollout_over_vllm={a / b:.3f} rollout_over_vllm_per_cpu_s={ca / cb:.3f} vllm_tokens_per_s={b:.0f}")
-
+    print(f"tokens per call: rlkit {counts[0]}, vLLM {counts[1]}, vLLM undecoded {counts[2]} (the same seeds: the "
+          f"same tokens)")
+    print(f"rlkit rollout stage:           median {a:9.0f} tokens/s, {ca:.0f} per CPU-second")
+    print(f"raw vLLM generate (defaults):  median {b:9.0f} tokens/s, {cb:.0f} per CPU-second")
+    print(f"raw vLLM, rlkit's engine side: median {c:9.0f} tokens/s, {cc:.0f} per CPU-second (no detokenizing, "
+          f"flat logprobs: rlkit decodes the texts itself)")
+    print(f"ratio rlkit / raw vLLM with its defaults: {a / b:.3f} (target >= 0.95); per CPU-second {ca / cb:.3f}")
+    print(f"ratio rlkit / raw vLLM asked for the same: {a / c:.3f}; per CPU-second {ca / cc:.3f}")
+    print(f"rollout_over_vllm={a / b:.3f} rollout_over_vllm_per_cpu_s={ca / cb:.3f} "
+          f"rollout_over_vllm_undecoded={a / c:.3f} vllm_tokens_per_s={b:.0f}")
 
 if __name__ == "__main__":
     main()

@@ -33,7 +33,7 @@ class Generation:
     prompt_token_ids: tuple[tuple[int, ...], ...]  # [N] ragged
     token_ids: tuple[tuple[int, ...], ...]  # [B] ragged, sampled tokens (EOS included when sampled)
     logprobs: tuple[tuple[float, ...], ...]  # [B] ragged, aligned with token_ids
-    texts: tuple[str, ...]  # [B] decoded completion, stop string excluded
+    texts: Optional[tuple[str, ...]]  # [B] decoded completion, stop string excluded; None: not decoded yet
     finish_reasons: tuple[str, ...]  # [B] "stop" | "length"
     group_size: int  # G
 

@@ -25,12 +25,13 @@ from typing import Any, Iterable, Optional
 
 import ray
 import torch
+from transformers import AutoTokenizer
 
 from rlkit.config.components import GenerationConfig
 from rlkit.cluster import worker_env_vars
 from rlkit.distributed import ensure_ray
 from rlkit.generation.base import Generation, SamplingSettings
-from rlkit.generation.vllm import VllmGenerator
+from rlkit.generation.vllm import VllmGenerator, decode_completions
 from rlkit.notebook.html import CodeRepr
 
 
@@ -87,6 +88,7 @@ class RemoteGenerator(CodeRepr):
             )
             self.actor = actor.remote(self.model_path, cfg, max_model_len, seed)
             self.info = ray.get(self.actor.info.remote())
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)  # the folder's, as the engine loads it
             if not on_gpu and self.info["node_id"] == ray.get_runtime_context().get_node_id():
                 self._threads_before = split_cores(cores, self.threads)
         except BaseException:
@@ -95,7 +97,9 @@ class RemoteGenerator(CodeRepr):
 
     # ---- the Generator protocol -------------------------------------------------------------------
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingSettings) -> Generation:
-        return ray.get(self.actor.generate.remote([list(p) for p in prompt_token_ids], n, sampling))
+        # the engine samples, this process decodes (the engine's process is async GRPO's bottleneck)
+        generation = ray.get(self.actor.sample.remote([list(p) for p in prompt_token_ids], n, sampling))
+        return decode_completions(generation, self.tokenizer)
 
     def update_weights(self, bucket: Iterable[tuple[str, torch.Tensor]]) -> None:
         ray.get(self.actor.update_weights.remote([(n, t.detach().cpu()) for n, t in bucket]))

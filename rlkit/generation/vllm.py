@@ -32,6 +32,7 @@ CUDA/ROCm/XPU only: on a CPU the engine stays awake.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -136,9 +137,20 @@ class VllmGenerator:
         self.llm = LLM(**kwargs)
         self.llm.llm_engine.step = _whole_steps(self.llm.llm_engine.step)
         self.tokenizer = self.llm.get_tokenizer()
+        # decode_completions needs the tokenizers library's decoder; a Python-only tokenizer is left to vLLM
+        self.caller_decodes = hasattr(self.tokenizer, "backend_tokenizer")
         _quiet_rotary_reload_notice()
 
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingSettings) -> Generation:
+        return decode_completions(self.sample(prompt_token_ids, n, sampling), self.tokenizer)
+
+    def sample(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingSettings) -> Generation:
+        """``generate`` without decoding the completions: ``texts`` is None unless stop strings are set or the
+        tokenizer is a Python-only one (:func:`decode_completions` fills them in). vLLM then skips its per-token detokenization, and the
+        decoded token it attaches to each logprob, about 10% of a generate call's CPU on the quickstart's
+        tiny model, and an engine in another process leaves the decoding to its caller (async GRPO: the
+        trainer's process, which waits on the engine anyway). Stop strings need the engine to decode: it
+        looks for them in the text as it grows."""
         from vllm import SamplingParams
 
         too_long = [len(p) for p in prompt_token_ids if len(p) + sampling.max_new_tokens > self.max_model_len]
@@ -148,6 +160,7 @@ class VllmGenerator:
                 f"{sampling.max_new_tokens} exceed max_model_len={self.max_model_len}. Fix: raise "
                 f"policy.max_total_sequence_length or lower policy.generation.max_new_tokens."
             )
+        engine_decodes = bool(sampling.stop_strings) or not self.caller_decodes
         params = [
             SamplingParams(
                 n=n,
@@ -157,6 +170,8 @@ class VllmGenerator:
                 max_tokens=sampling.max_new_tokens,
                 stop=list(sampling.stop_strings) or None,
                 logprobs=0,
+                flat_logprobs=True,  # plain lists of floats, not a dict of Logprob objects per token
+                detokenize=engine_decodes,
                 seed=None if sampling.seed is None else sampling.seed + i,
             )
             for i in range(len(prompt_token_ids))
@@ -173,11 +188,12 @@ class VllmGenerator:
         finally:
             self.sleep()
         samples = [
-            (sample.token_ids, [float(step[tok].logprob) for tok, step in zip(sample.token_ids, sample.logprobs)],
+            (sample.token_ids, [sample.logprobs.logprobs[j] for j in sample.logprobs.start_indices],  # sampled first
              sample.text, "length" if sample.finish_reason == "length" else "stop")
             for request in outputs for sample in request.outputs
         ]
-        return Generation.from_samples(prompt_token_ids, samples, n)
+        generation = Generation.from_samples(prompt_token_ids, samples, n)
+        return generation if engine_decodes else dataclasses.replace(generation, texts=None)
 
     def _unchunked_calls(self, prompt_token_ids: list[list[int]], n: int) -> list[range]:
         """Split the prompts into calls whose prefills all fit in the engine's first scheduler step.
@@ -252,6 +268,29 @@ class VllmGenerator:
 
     def __repr__(self) -> str:
         return f"VllmGenerator({Path(self.model_path).name}, {self.precision}, max_model_len={self.max_model_len})"
+
+
+def decode_completions(generation: Generation, tokenizer) -> Generation:
+    """``generation`` with its ``texts`` decoded from the token ids the way vLLM's detokenizer decodes them;
+    itself if it is decoded already. ``tokenizer``: the model's fast (``tokenizers``-backed) HF tokenizer.
+
+    vLLM's rule, followed here: each completion is decoded as it continues its prompt (a decode stream primed
+    with the prompt's ids, so a leading space or a byte sequence split across the boundary comes out as in the
+    full text), special tokens skipped, and the stop token that ended a sample left out. Only for samples
+    without stop strings (:meth:`VllmGenerator.sample` decodes those itself), so a sample that finished with
+    "stop" ended on a stop token. Equal to vLLM's own texts on the character and byte-level BPE tokenizers
+    (tests/generation/test_vllm_decode.py)."""
+    if generation.texts is not None:
+        return generation
+    from tokenizers.decoders import DecodeStream
+
+    backend, g = tokenizer.backend_tokenizer, generation.group_size
+    texts = []
+    for row, (ids, reason) in enumerate(zip(generation.token_ids, generation.finish_reasons)):
+        stream = DecodeStream(ids=list(generation.prompt_token_ids[row // g]), skip_special_tokens=True)
+        kept = ids[:-1] if reason == "stop" and ids else ids
+        texts.append("".join(stream.step(backend, token) or "" for token in kept))
+    return dataclasses.replace(generation, texts=tuple(texts))
 
 
 _EXPERT_WEIGHT = re.compile(r"\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.")

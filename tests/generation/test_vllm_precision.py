@@ -86,8 +86,8 @@ class FakeLLM:
 
     def generate(self, prompts, params, use_tqdm=False):
         self.calls.append("generate")
-        sample = SimpleNamespace(token_ids=[5], logprobs=[{5: SimpleNamespace(logprob=-0.5)}], text="x",
-                                 finish_reason="stop")
+        flat_logprobs = SimpleNamespace(logprobs=[-0.5], start_indices=[0])  # vLLM's FlatLogprobs fields
+        sample = SimpleNamespace(token_ids=[5], logprobs=flat_logprobs, text="x", finish_reason="stop")
         return [SimpleNamespace(outputs=[sample] * p.n) for p in params]
 
     def sleep(self, level):
