@@ -16,14 +16,15 @@ max(generate, train) per step instead of their sum. In-process, the two share th
 the same cores; with the engine in its own process they share only the cores, split between them
 (:func:`rlkit.generation.remote.split_cores`).
 
-Each (backend, placement) pair runs in a fresh Python process: once an in-process vLLM engine has started,
-vLLM makes ``torch.set_num_threads`` a no-op for the rest of the process, so a remote placement measured after a
-colocated one would run with the cores not split, as no user's session would.
+Each run (backend, placement, mode) is a fresh Python process, as a user's session would be: once an in-process
+vLLM engine has started, vLLM makes ``torch.set_num_threads`` a no-op for the rest of the process, so a run after
+another in the same process may not get the threads it asks for. (Until 2026-12-01 the sync and async runs of a
+pair shared one process; Megatron's sync then ran at 101 steps/min against 134 in a process of its own.)
 
 Repeats: on a 2-core machine one run of each mode swings by +-20% (the two modes train different policies,
 whose samples differ in length and in dynamic sampling's rounds, and the machine is shared), so each pair runs
-``--repeats`` times in fresh processes, sync first and async first in turn, and the table and ratios use the
-medians; ``spread`` is the lowest and highest ratio of one repeat's async over the same repeat's sync.
+``--repeats`` times, sync first and async first in turn, and the table and ratios use the medians; ``spread``
+is the lowest and highest ratio of one repeat's async over the same repeat's sync.
 ``gen/step`` (generation calls per step) and ``tokens`` (mean completion length) show whether the two modes
 did the same work per step.
 Usage: python bench/async_vs_sync.py [--steps 20] [--warmup 3] [--repeats 3] [--backends megatron,dtensor]
@@ -88,17 +89,16 @@ def main() -> None:
     parser.add_argument("--placements", default="colocated,remote")
     parser.add_argument("--preset", default="tiny", help="model preset (tiny: the quickstart's ~0.8M model)")
     parser.add_argument("--repeats", type=int, default=3, help="fresh-process runs of each pair (medians used)")
-    parser.add_argument("--json-out", help=argparse.SUPPRESS)  # one backend and placement, as JSON (the child's mode)
-    parser.add_argument("--async-first", action="store_true", help=argparse.SUPPRESS)  # the child's order
+    parser.add_argument("--json-out", help=argparse.SUPPRESS)  # one run, as JSON (the child's mode)
+    parser.add_argument("--mode", choices=("sync", "async"), help=argparse.SUPPRESS)  # the child's run
     args = parser.parse_args()
     backends, placements = args.backends.split(","), args.placements.split(",")
 
     if args.json_out:
         with tempfile.TemporaryDirectory() as tmp:
-            order = (True, False) if args.async_first else (False, True)
-            results = {str(a): run(backends[0], placements[0], a, args, tmp) for a in order}
+            result = run(backends[0], placements[0], args.mode == "async", args, tmp)
         with open(args.json_out, "w") as f:
-            json.dump(results, f)
+            json.dump(result, f)
         return
 
     import torch
@@ -108,13 +108,14 @@ def main() -> None:
         for repeat in range(args.repeats):
             for backend in backends:
                 for placement in placements:
-                    out = f"{tmp}/{backend}-{placement}-{repeat}.json"
-                    subprocess.run([sys.executable, __file__, "--backends", backend, "--placements", placement,
-                                    "--json-out", out, "--steps", str(args.steps), "--warmup", str(args.warmup),
-                                    "--preset", args.preset] + ["--async-first"] * (repeat % 2), check=True)
-                    with open(out) as f:
-                        for asynchronous, r in json.load(f).items():
-                            repeats.setdefault((backend, placement, asynchronous == "True"), []).append(r)
+                    for asynchronous in (False, True)[::-1 if repeat % 2 else 1]:
+                        out = f"{tmp}/{backend}-{placement}-{asynchronous}-{repeat}.json"
+                        subprocess.run([sys.executable, __file__, "--backends", backend, "--placements", placement,
+                                        "--json-out", out, "--mode", "async" if asynchronous else "sync",
+                                        "--steps", str(args.steps), "--warmup", str(args.warmup),
+                                        "--preset", args.preset], check=True)
+                        with open(out) as f:
+                            repeats.setdefault((backend, placement, asynchronous), []).append(json.load(f))
     results = {key: {k: statistics.median(r[k] for r in runs) for k in runs[0]} for key, runs in repeats.items()}
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else f"CPU, {os.cpu_count()} cores"

@@ -4,8 +4,10 @@ Why a separate process: generation and training then run at the same time (async
 machines the engine gets its own devices. The actor is the in-process :class:`VllmGenerator`, so sampling,
 seeds and the logprob convention are exactly those of colocated runs.
 
-The generator only samples and loads the tensors it is handed (``update_weights``: they travel through
-Ray's object store; simple, and fine for small models). A faster transport brings its own receiving end as
+The actor samples token ids and logprobs; this process decodes them into texts (:func:`decode_completions`),
+so the engine's process, which async GRPO waits on, does only the engine's work. Beyond that the generator
+only loads the tensors it is handed (``update_weights``: they travel through Ray's object store; simple, and
+fine for small models). A faster transport brings its own receiving end as
 ``actor_extension``, a class mixed into the actor (vLLM's ``worker_extension_cls`` pattern), and calls it
 through the public ``actor`` handle: :class:`rlkit.weight_sync.BroadcastWeightSync` does so with
 :class:`rlkit.weight_sync.BroadcastReceiver`. So a transport's code lives with the transport, and
