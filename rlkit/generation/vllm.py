@@ -146,11 +146,12 @@ class VllmGenerator:
 
     def sample(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingSettings) -> Generation:
         """``generate`` without decoding the completions: ``texts`` is None unless stop strings are set or the
-        tokenizer is a Python-only one (:func:`decode_completions` fills them in). vLLM then skips its per-token detokenization, and the
-        decoded token it attaches to each logprob, about 10% of a generate call's CPU on the quickstart's
-        tiny model, and an engine in another process leaves the decoding to its caller (async GRPO: the
-        trainer's process, which waits on the engine anyway). Stop strings need the engine to decode: it
-        looks for them in the text as it grows."""
+        tokenizer is a Python-only one (:func:`decode_completions` fills them in, ~1 us per token).
+
+        Why: vLLM then skips its per-token detokenization and the decoded token it attaches to each logprob,
+        8-10% of a generate call's CPU on the quickstart's tiny model, and an engine in another process leaves
+        the decoding to its caller (async GRPO: the trainer's process, which waits on the engine anyway).
+        Stop strings need the engine to decode: it looks for them in the text as it grows."""
         from vllm import SamplingParams
 
         too_long = [len(p) for p in prompt_token_ids if len(p) + sampling.max_new_tokens > self.max_model_len]
