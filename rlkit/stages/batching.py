@@ -20,6 +20,10 @@ def trajectories_from_generation(
     """Right-pad prompt + completion of each sample to ``[B, T]`` and place the generator's logprobs on the
     completion tokens. ``prompts`` are the ``N`` rendered prompt texts; sample ``i`` belongs to prompt
     ``i // G``."""
+    if generation.texts is None:
+        raise ValueError("the generation's completions are not decoded (texts=None, as VllmGenerator.sample "
+                         "returns them): decode them first with rlkit.generation.vllm.decode_completions(generation, "
+                         "tokenizer), or sample with Generator.generate, which decodes")
     g = generation.group_size
     b = len(generation.token_ids)
     prompt_lens = [len(generation.prompt_token_ids[i // g]) for i in range(b)]

@@ -1,6 +1,9 @@
 """The padded batch from ragged generator output, against values written out by hand (right padding; the
 generator's logprobs on the completion tokens only; an empty completion has no loss tokens)."""
 
+import dataclasses
+
+import pytest
 import torch
 
 from rlkit.generation.base import Generation
@@ -19,3 +22,10 @@ def test_ragged_samples_are_right_padded_with_logprobs_on_the_completion():
         [[0, 0, -0.5, -0.25], [0, 0, 0, 0], [0, -1.0, 0, 0], [0, -0.1, -0.2, -0.3]], dtype=torch.float32))
     assert batch.input_ids.dtype == torch.long and batch.loss_mask.dtype == torch.bool
     assert batch.prompts == ("p0", "p0", "p1", "p1") and batch.policy_version == 4
+
+
+def test_an_undecoded_generation_is_refused_with_the_call_that_decodes_it():
+    samples = [((7,), (-0.5,), "", "stop")]
+    undecoded = dataclasses.replace(Generation.from_samples([[1]], samples, 1), texts=None)  # as sample() returns
+    with pytest.raises(ValueError, match="decode_completions"):
+        trajectories_from_generation(undecoded, 0, ["p0"])
