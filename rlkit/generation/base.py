@@ -57,7 +57,7 @@ class Generator(Protocol):
     business (:mod:`rlkit.weight_sync`), built together with its generator by :mod:`rlkit.builders`."""
 
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingSettings) -> Generation:
-        """``n`` samples for each prompt (token ids, chat template already applied)."""
+        """``n`` samples for each prompt (token ids, chat template already applied), their texts decoded."""
         ...
 
     def update_weights(self, bucket: Iterable[tuple[str, Tensor]]) -> None:
