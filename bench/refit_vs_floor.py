@@ -7,8 +7,10 @@ prefix-cache reset, and streams the export through one reload call. For comparis
 call per bucket (``--bucket-mb``, the transport of earlier versions), and a plain copy of the same bytes.
 Parts and totals alternate over repeats (medians), so drift in machine load hits all of them alike; each is
 timed in wall seconds and in this process's CPU seconds (all its threads), which a busy machine disturbs less.
+25 repeats by default: with 9, three runs in a row at load 0.6-1.4 gave 0.81, 1.24 and 1.27 (the floor alone
+swung 47-86 ms between runs), with 25 the next gave 1.13 (2026-12-01).
 
-Usage: python bench/refit_vs_floor.py [--preset small] [--repeats 9] [--bucket-mb 4]
+Usage: python bench/refit_vs_floor.py [--preset small] [--repeats 25] [--bucket-mb 4]
 Prints ``refit / floor = <x>`` (target <= 1.2); last line: the figures as ``name=value`` (bench/run_all.py).
 """
 
@@ -46,7 +48,7 @@ def reload(generator, weights) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--preset", default="small")
-    parser.add_argument("--repeats", type=int, default=9)
+    parser.add_argument("--repeats", type=int, default=25)
     parser.add_argument("--bucket-mb", type=float, default=4.0, help="bucket size of the per-bucket comparison")
     args = parser.parse_args()
 
