@@ -19,7 +19,7 @@ the same cores; with the engine in its own process they share only the cores, sp
 Each run (backend, placement, mode) is a fresh Python process, as a user's session would be: once an in-process
 vLLM engine has started, vLLM makes ``torch.set_num_threads`` a no-op for the rest of the process, so a run after
 another in the same process may not get the threads it asks for. (Until 2026-12-01 the sync and async runs of a
-pair shared one process; Megatron's sync then ran at 101 steps/min against 134 in a process of its own.)
+pair shared one process; Megatron's sync in process then ran at 101 steps/min, against 135.5 in a process of its own.)
 
 Repeats: on a 2-core machine one run of each mode swings by +-20% (the two modes train different policies,
 whose samples differ in length and in dynamic sampling's rounds, and the machine is shared), so each pair runs
