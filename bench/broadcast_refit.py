@@ -6,8 +6,8 @@ the actor reloads them into vLLM; then the prefix cache is reset. The baseline b
 of the same size to the same actor over the same group and discards it (a Ray call + one broadcast; its
 receiving end, ``RawReceiver``, is benchmark code, mixed into the actor next to the refit's receiver), and also
 the same bytes as one broadcast per exported tensor, all in flight, into buffers kept across calls (the refit's
-own message pattern); the floor is the faster of the two. (On 2026-12-01 the one-message broadcast took 170-213 ms
-where it had taken 57 ms, slower than the whole refit's 94-106 ms of the same bytes: one 76 MB gloo message was no
+own message pattern); the floor is the faster of the two. (On 2026-12-01 the one-message broadcast took 106-213 ms
+where it had taken 57 ms, slower than the whole refit's 94-140 ms of the same bytes: one 76 MB gloo message was no
 longer the fastest way to move them, and the ratio against it, 0.50-0.55, said nothing.)
 The two alternate, so drift in machine load hits both equally; medians over repeats.
 

@@ -69,8 +69,7 @@ def main() -> None:
             return sum(len(o.token_ids) for request in outputs for o in request.outputs)
 
         def raw_undecoded() -> int:  # what rlkit asks the engine for, without rlkit's decoding and tensors
-            return raw_generate(detokenize=not s.generator.caller_decodes or bool(sampling.stop_strings),
-                                flat_logprobs=True)
+            return raw_generate(detokenize=s.generator.engine_decodes(sampling), flat_logprobs=True)
 
         calls = (("rlkit", rlkit_rollout), ("vllm", raw_generate), ("vllm_undecoded", raw_undecoded))
         for _ in range(2):  # warm-up all

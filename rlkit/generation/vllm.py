@@ -161,7 +161,7 @@ class VllmGenerator:
                 f"{sampling.max_new_tokens} exceed max_model_len={self.max_model_len}. Fix: raise "
                 f"policy.max_total_sequence_length or lower policy.generation.max_new_tokens."
             )
-        engine_decodes = bool(sampling.stop_strings) or not self.caller_decodes
+        engine_decodes = self.engine_decodes(sampling)
         params = [
             SamplingParams(
                 n=n,
@@ -195,6 +195,10 @@ class VllmGenerator:
         ]
         generation = Generation.from_samples(prompt_token_ids, samples, n)
         return generation if engine_decodes else dataclasses.replace(generation, texts=None)
+
+    def engine_decodes(self, sampling: SamplingSettings) -> bool:
+        """Whether :meth:`sample` has vLLM detokenize (stop strings, or a Python-only tokenizer)."""
+        return bool(sampling.stop_strings) or not self.caller_decodes
 
     def _unchunked_calls(self, prompt_token_ids: list[list[int]], n: int) -> list[range]:
         """Split the prompts into calls whose prefills all fit in the engine's first scheduler step.
