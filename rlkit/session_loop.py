@@ -46,8 +46,8 @@ class RunLoop:
         own_clock = self._clock is None  # run() keeps its own clock open over the progress bar and evaluation
         clock = self._clock = self._clock or StepClock()
         try:
-            if self.stale:
-                with clock.part("refit"):
+            with clock.part("refit"):  # the weights of an update made outside step() (a cell's session.train())
+                if self.stale:
                     self.refit()
             with clock.part("rollout"):
                 batch = self.rollout()
@@ -70,7 +70,7 @@ class RunLoop:
                 self.refit()
             with clock.part("metrics"):
                 metrics.values.update(self.rollouts.step_timings())
-            clock.samples, clock.tokens = batch.batch_size, float(batch.completion_lengths.sum())
+                clock.samples, clock.tokens = batch.batch_size, float(batch.completion_lengths.sum())
             if own_clock:
                 clock.finish(metrics.values)
         finally:
@@ -148,7 +148,8 @@ class RunLoop:
                                  "session.history, and run() or step() carries on from here") from None
         finally:
             self._clock = None
-            bar.close()
+            with clock.part("progress"):  # closing joins tqdm's monitor thread: milliseconds under load
+                bar.close()
         if done:
             clock.add_to(done[-1].values)
         return done
