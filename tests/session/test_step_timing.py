@@ -65,6 +65,23 @@ def test_run_parts_add_up_including_progress_eval_and_listeners(timed_session):
     assert all(m["timing/listeners"] > 0 for m in history[1:])  # the previous step's listeners, and the last's own
 
 
+def test_a_slow_progress_bar_close_is_timed_as_progress(timed_session, monkeypatch):
+    import time
+
+    import tqdm.std
+
+    close = tqdm.std.tqdm.close
+
+    def slow_close(bar):  # closing joins tqdm's monitor thread: under load it has taken milliseconds
+        time.sleep(0.05)
+        close(bar)
+
+    monkeypatch.setattr(tqdm.std.tqdm, "close", slow_close)
+    last = timed_session.run(1, progress=True)[-1]
+    assert_accounted(last.values, "progress")
+    assert last["timing/progress"] >= 0.05
+
+
 def test_experiment_records_account_for_logging_tables_and_checkpoints(tmp_path):
     from rlkit.config.loading import load_config
     from rlkit.experiment import run_experiment
