@@ -20,14 +20,19 @@ def ensure_model(config: RunConfig) -> Path:
     return path
 
 
+def _in_workers(config: RunConfig) -> bool:
+    """Whether the policy runs in a Ray worker group (several ranks, or a Ray cluster to join)."""
+    return config.policy.num_workers > 1 or config.policy.ray_address is not None
+
+
 def build_policy(config: RunConfig):
-    """In-process Megatron or DTensor policy, or a Ray worker group of them when there are several ranks."""
+    """The config's backend in this process (:mod:`rlkit.policy.backends`), or a Ray worker group of it."""
     p = config.policy
-    if p.num_workers > 1 or p.ray_address is not None:
+    if _in_workers(config):
         from rlkit.policy.workers import RayPolicyGroup
 
         return RayPolicyGroup(p, p.num_workers, seed=config.seed, ray_address=p.ray_address)
-    from rlkit.policy.factory import in_process_policy
+    from rlkit.policy.backends import in_process_policy
 
     return in_process_policy(p, seed=config.seed)
 
@@ -36,9 +41,10 @@ def build_generation(config: RunConfig) -> tuple[Generator, WeightSync]:
     """The generator and the weight sync that refits it, built as one pair from one setting: an engine in
     this process (vLLM, or transformers' ``generate``) takes tensors directly; a vLLM engine in its own Ray
     actor (``policy.generation.colocated.enabled=false``, and unset with async GRPO) gets them by broadcast,
-    from a sync that talks to that actor and no other."""
+    from a sync that talks to that actor and no other: sent by this process, or by the policy's rank 0 when
+    the policy runs in Ray workers."""
     from rlkit.config.components import ColocatedConfig, generation_colocated
-    from rlkit.weight_sync import BroadcastReceiver, BroadcastWeightSync, ColocatedWeightSync
+    from rlkit.weight_sync import BroadcastReceiver, BroadcastWeightSync, ColocatedWeightSync, RanksBroadcastWeightSync
 
     p = config.policy
     colocated = generation_colocated(p.generation, config.grpo.async_grpo.enabled)
@@ -60,7 +66,7 @@ def build_generation(config: RunConfig) -> tuple[Generator, WeightSync]:
 
     generator = RemoteGenerator(p.model_name, g, **engine, ray_address=p.ray_address,
                                 actor_extension=BroadcastReceiver)
-    return generator, BroadcastWeightSync(generator, bucket_bytes)
+    return generator, (RanksBroadcastWeightSync if _in_workers(config) else BroadcastWeightSync)(generator, bucket_bytes)
 
 
 def build_environment(config: RunConfig):

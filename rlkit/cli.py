@@ -16,9 +16,7 @@ import json
 import os
 import sys
 
-
-# rlkit.models.factory.ModelFamily, spelled out so that `rlkit --help` does not import torch (a test keeps them equal)
-MODEL_FAMILIES = ("llama", "llama3", "qwen2", "qwen3", "mixtral", "qwen2-moe", "qwen3-moe")
+from rlkit.models.families import FAMILY_NAMES as MODEL_FAMILIES  # the one table of families
 
 
 def _offline_defaults() -> None:

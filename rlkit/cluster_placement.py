@@ -48,8 +48,8 @@ class RankPlacement:
 
 def pack_size(cfg: PolicyConfig, world_size: int) -> int:
     """Consecutive ranks that should share a node: a tensor(-and-context)-parallel group, widened to the
-    expert-parallel group when that divides the world; 1 for the DTensor (FSDP) backend."""
-    if cfg.dtensor_cfg.enabled:
+    expert-parallel group when that divides the world; 1 for the other backends (their ranks only split rows)."""
+    if cfg.backend is not cfg.megatron_cfg:
         return 1
     m = cfg.megatron_cfg
     size = m.tensor_model_parallel_size * m.context_parallel_size

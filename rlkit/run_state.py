@@ -77,12 +77,8 @@ class RunState:
 
 
 def seed_everything(seed: int) -> None:
-    """Seed the RNGs a fresh session seeds at construction: python, numpy, torch, and Megatron's tracker when
-    a Megatron policy lives in this process (not for DTensor or a Ray worker group)."""
-    from megatron.core import parallel_state
-    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
-    from transformers import set_seed
+    """Seed the RNGs a fresh session seeds at construction (:func:`rlkit.rng.seed`: python, numpy, torch, and a
+    backend's tracker where one is live in this process)."""
+    from rlkit import rng
 
-    set_seed(seed)  # python, numpy, torch (CUDA too)
-    if parallel_state.model_parallel_is_initialized():
-        model_parallel_cuda_manual_seed(seed)
+    rng.seed(seed)

@@ -176,7 +176,7 @@ class Session(RunLoop):
         source; the loss is rebuilt from the config, unless you supplied one (it is kept, see ``configure``);
         the RNGs are seeded as at construction. Listeners (a dashboard) stay attached."""
         self._refuse_if_closed("reset")
-        from rlkit.policy.megatron.policy import load_hf_state
+        from rlkit.policy.architecture import load_hf_state
 
         new, changes = self._changes(config, set(Change) - {Change.SESSION}, "reset()")
         policy = self.policy

@@ -98,8 +98,7 @@ class StartupReport:
 def policy_engine(config: Any) -> str:
     """The policy backend a config builds, in words (what :func:`rlkit.builders.build_policy` picks)."""
     p = config.policy
-    backend = "DTensor, FSDP2" if p.dtensor_cfg.enabled else "Megatron-Core"
-    return backend + (f", {p.num_workers} Ray workers" if p.num_workers > 1 or p.ray_address is not None else "")
+    return p.backend.start_words + (f", {p.num_workers} Ray workers" if p.num_workers > 1 or p.ray_address is not None else "")
 
 
 def generator_engine(config: Any) -> str:

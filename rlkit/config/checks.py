@@ -86,10 +86,10 @@ def cross_section_problems(sections: Mapping[str, Any]) -> list[str]:
             out.append(f"grpo.num_generations_per_prompt=1: the {grpo.advantage_estimator!r} baseline needs >= 2 "
                        "samples per prompt (or use advantage_estimator=reinforce_baseline)")
     if policy is not None:
-        out += precision_problems(policy)
-        out += distributed_optimizer_problems(policy)
-        if policy.megatron_cfg.enabled == policy.dtensor_cfg.enabled:
-            out.append("policy.megatron_cfg.enabled / policy.dtensor_cfg.enabled: enable exactly one training backend")
+        out += precision_problems(policy) + policy.backend.problems(policy)
+        if sum(b.enabled for b in policy.backends().values()) != 1:
+            keys = " / ".join(f"policy.{b.key}.enabled" for b in policy.backends().values())
+            out.append(f"{keys}: enable exactly one training backend")
         if policy.generation.colocated.enabled is False and policy.generation.backend != "vllm":
             out.append(f"policy.generation.colocated.enabled=false: runs vLLM in a Ray actor, but "
                        f"policy.generation.backend={policy.generation.backend!r}; set backend=vllm or colocated.enabled=true")
@@ -136,8 +136,7 @@ def distributed_optimizer_problems(policy: Any) -> list[str]:
     and has not been ported to sharded state. Megatron's DistributedDataParallel runs everywhere (gloo too)."""
     import torch
 
-    m = policy.megatron_cfg
-    if not (m.enabled and m.optimizer.use_distributed_optimizer):
+    if not policy.megatron_cfg.optimizer.use_distributed_optimizer:
         return []
     key = "policy.megatron_cfg.optimizer.use_distributed_optimizer=true"
     if not torch.cuda.is_available():
@@ -202,13 +201,8 @@ def _model_problems(policy: Any) -> list[str]:
     else:
         return [f"policy.model_name={policy.model_name!r}: no HF model folder there. Fix: create one with "
                 f"`rlkit make-model {policy.model_name}` or point it at an existing folder"]
-    out = _head_dim_problems(policy, model_config)
-    if not policy.megatron_cfg.enabled:
-        if num_experts_of(model_config):
-            out.append(f"policy.dtensor_cfg.enabled: {policy.model_name!r} is a Mixture-of-Experts model, which the "
-                       "DTensor backend does not train yet; use policy.megatron_cfg.enabled=true")
-        return out
-    return out + parallel_layout_problems(policy.megatron_cfg, model_config, policy.num_workers)
+    return _head_dim_problems(policy, model_config) + policy.backend.model_problems(policy, model_config,
+                                                                                    policy.num_workers)
 
 
 def _head_dim_problems(policy: Any, model_config: Mapping[str, Any]) -> list[str]:
@@ -233,14 +227,15 @@ def _preset_config(policy: Any) -> tuple[dict | None, list[str]]:
     if policy.model_preset is None:
         return None, []
     from rlkit.models import PRESETS
-    from rlkit.models.factory import MOE_FAMILIES, architecture_name, hf_config
+    from rlkit.models.factory import architecture_name, hf_config
+    from rlkit.models.families import DENSE_FAMILIES, MOE_FAMILIES
 
     if policy.model_preset not in PRESETS:
         return None, [f"policy.model_preset={policy.model_preset!r}: unknown; choose one of {sorted(PRESETS)}"]
     spec = PRESETS[policy.model_preset]
     if (spec.num_experts > 0) != (policy.model_family in MOE_FAMILIES):
         return None, [f"policy.model_family={policy.model_family!r}: preset {policy.model_preset!r} needs one of "
-                      f"the families {', '.join(MOE_FAMILIES) if spec.num_experts else 'llama, llama3, qwen2, qwen3'}"]
+                      f"the families {', '.join(MOE_FAMILIES if spec.num_experts else DENSE_FAMILIES)}"]
     made = hf_config(spec, policy.model_family)
     config = dict(made.to_dict(), architectures=[architecture_name(made)])
     return config, []
@@ -262,27 +257,14 @@ def _describe(model_config: Mapping[str, Any]) -> str:
 def _data_parallel_problems(policy: Any, key: str, rows: int) -> list[str]:
     """The ``rows`` of one optimizer step (``key``'s value) split evenly over the data-parallel ranks, and with
     pipeline parallelism each rank's share into equal microbatches."""
-    dp, micro = _data_parallel_size(policy), policy.train_micro_batch_size
+    dp, micro = policy.backend.data_parallel_size(policy.num_workers), policy.train_micro_batch_size
     if rows % dp:
         return [f"{key}={rows}: must be a multiple of the data-parallel size {dp} (policy.num_workers="
                 f"{policy.num_workers} / model-parallel ranks)"]
-    if _pipelined(policy) and rows // dp > micro and (rows // dp) % micro:
+    if policy.backend.pipelined() and rows // dp > micro and (rows // dp) % micro:
         return [f"{key}={rows}: each data-parallel rank's {rows // dp} rows must be a multiple of "
                 f"policy.train_micro_batch_size={micro} (pipeline parallelism runs equal microbatches)"]
     return []
-
-
-def _pipelined(policy: Any) -> bool:
-    return policy.megatron_cfg.enabled and policy.megatron_cfg.pipeline_model_parallel_size > 1
-
-
-def _data_parallel_size(policy: Any) -> int:
-    """Ranks that split the batch: all of them for DTensor, those left after model parallelism for Megatron."""
-    if not policy.megatron_cfg.enabled:
-        return policy.num_workers
-    m = policy.megatron_cfg
-    return max(1, policy.num_workers // (m.tensor_model_parallel_size * m.pipeline_model_parallel_size
-                                         * m.context_parallel_size))
 
 
 def _divisor_near(n: int, target: int) -> int:
@@ -299,24 +281,25 @@ def _token_budget_problems(policy: Any, name: str) -> list[str]:
            f"{policy.max_total_sequence_length}); raise it to at least that, or leave it unset"
            for key, budget in (("train_mb_tokens", section.train_mb_tokens), ("logprob_mb_tokens", section.logprob_mb_tokens))
            if budget is not None and budget < policy.max_total_sequence_length]
-    if _pipelined(policy):
+    if policy.backend.pipelined():
         out.append(f"policy.{name}.enabled: not with pipeline parallelism (Megatron's schedule runs microbatches "
                    "of one shape); set it false or policy.megatron_cfg.pipeline_model_parallel_size=1")
     return out
 
 
 def _sequence_packing_problems(policy: Any) -> list[str]:
-    """Beyond the budget rules: packing replaces dynamic batching (NeMo-RL: the two are exclusive), and Megatron's
-    expert dispatch needs equal token counts per rank. (Context parallelism is refused for every run: see the
-    layout checks.)"""
-    if not policy.sequence_packing.enabled:
+    """Beyond the budget rules: packing replaces dynamic batching (NeMo-RL: the two are exclusive). (Context
+    parallelism is refused for every run: see the layout checks.)"""
+    if not (policy.sequence_packing.enabled and policy.dynamic_batching.enabled):
         return []
-    out = []
-    if policy.dynamic_batching.enabled:
-        out.append("policy.sequence_packing.enabled: exclusive with policy.dynamic_batching.enabled (packing already "
-                   "leaves no padding); set one of them false")
-    if policy.megatron_cfg.enabled and policy.megatron_cfg.expert_model_parallel_size > 1:
-        out.append("policy.sequence_packing.enabled: not with expert parallelism (Megatron's all-gather token "
-                   "dispatcher needs as many tokens from every expert-parallel rank, and packs differ in length); "
-                   "set it false or policy.megatron_cfg.expert_model_parallel_size=1")
-    return out
+    return ["policy.sequence_packing.enabled: exclusive with policy.dynamic_batching.enabled (packing already "
+            "leaves no padding); set one of them false"]
+
+
+def expert_packing_problems(policy: Any) -> list[str]:
+    """Megatron's expert dispatch needs equal token counts per rank, which packs do not have."""
+    if policy.sequence_packing.enabled and policy.megatron_cfg.expert_model_parallel_size > 1:
+        return ["policy.sequence_packing.enabled: not with expert parallelism (Megatron's all-gather token "
+                "dispatcher needs as many tokens from every expert-parallel rank, and packs differ in length); "
+                "set it false or policy.megatron_cfg.expert_model_parallel_size=1"]
+    return []

@@ -6,9 +6,11 @@ Key names follow NeMo-RL where it has one (``policy.megatron_cfg.tensor_model_pa
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Any, ClassVar, Literal, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rlkit.models.families import ModelFamily
 
 
 class Section(BaseModel):
@@ -59,7 +61,54 @@ class MegatronOptimizerConfig(Section):
     use_distributed_optimizer: bool = False  # ZeRO-1: optimizer state sharded over data parallel (CUDA only)
 
 
-class MegatronConfig(Section):
+class BackendSection(Section):
+    """A training backend's section, ``policy.<name>_cfg``: ``enabled`` picks it (exactly one is enabled), and it
+    holds the backend's rules and words, which validation and the start line read without importing the
+    backend (:mod:`rlkit.policy.backends` builds it). A :class:`PolicyConfig` field of this type is a backend."""
+
+    enabled: bool = False
+    backend_name: ClassVar[str]  # its name: policy.<name>_cfg is its key
+    title: ClassVar[str]  # the backend in words on the session card
+    start_words: ClassVar[str]  # ... and on the start line
+
+    def data_parallel_size(self, num_workers: int) -> int:
+        """Ranks that hold different rows of a batch."""
+        return num_workers
+
+    def layout_words(self, num_workers: int) -> str:
+        """The parallel layout in words (the session card)."""
+        return f"DP={self.data_parallel_size(num_workers)}"
+
+    def pipelined(self) -> bool:
+        """Whether microbatches go through a pipeline schedule (they must all have one shape)."""
+        return False
+
+    def problems(self, policy: "PolicyConfig") -> list[str]:
+        """Settings of ``policy`` this backend cannot run."""
+        return []
+
+    def model_problems(self, policy: "PolicyConfig", model_config: Mapping[str, Any], world_size: int) -> list[str]:
+        """What this backend cannot do on this model (its HF config) with ``world_size`` ranks."""
+        from rlkit.models.folder import num_experts_of
+
+        if not num_experts_of(model_config):
+            return []
+        return [f"policy.{self.key}.enabled: {policy.model_name!r} is a Mixture-of-Experts model, which the "
+                f"{self.title} backend does not train yet; enable policy.megatron_cfg instead"]
+
+    @property
+    def key(self) -> str:
+        return f"{self.name}_cfg"
+
+    @property
+    def name(self) -> str:
+        return type(self).backend_name
+
+
+class MegatronConfig(BackendSection):
+    backend_name: ClassVar[str] = "megatron"
+    title: ClassVar[str] = "Megatron-Core"
+    start_words: ClassVar[str] = "Megatron-Core"
     enabled: bool = True
     tensor_model_parallel_size: int = Field(1, ge=1)
     pipeline_model_parallel_size: int = Field(1, ge=1)
@@ -76,9 +125,60 @@ class MegatronConfig(Section):
     distributed_data_parallel_config: MegatronDDPConfig = MegatronDDPConfig()
     optimizer: MegatronOptimizerConfig = MegatronOptimizerConfig()
 
+    def data_parallel_size(self, num_workers: int) -> int:
+        model_parallel = self.tensor_model_parallel_size * self.pipeline_model_parallel_size * self.context_parallel_size
+        return max(1, num_workers // model_parallel)
 
-class DTensorConfig(Section):
-    enabled: bool = False
+    def layout_words(self, num_workers: int) -> str:
+        return (f"TP={self.tensor_model_parallel_size} PP={self.pipeline_model_parallel_size} "
+                f"CP={self.context_parallel_size} EP={self.expert_model_parallel_size} "
+                f"DP={self.data_parallel_size(num_workers)}" + (" (sequence parallel)" if self.sequence_parallel else ""))
+
+    def pipelined(self) -> bool:
+        return self.pipeline_model_parallel_size > 1
+
+    def problems(self, policy: "PolicyConfig") -> list[str]:
+        from rlkit.config.checks import distributed_optimizer_problems, expert_packing_problems
+
+        return distributed_optimizer_problems(policy) + expert_packing_problems(policy)
+
+    def model_problems(self, policy: "PolicyConfig", model_config: Mapping[str, Any], world_size: int) -> list[str]:
+        from rlkit.config.checks import parallel_layout_problems
+
+        return parallel_layout_problems(self, model_config, world_size)
+
+
+class DTensorConfig(BackendSection):
+    """PyTorch's FSDP2 over every rank (:mod:`rlkit.policy.dtensor`)."""
+
+    backend_name: ClassVar[str] = "dtensor"
+    title: ClassVar[str] = "DTensor (FSDP2)"
+    start_words: ClassVar[str] = "DTensor, FSDP2"
+
+    def layout_words(self, num_workers: int) -> str:
+        return f"FSDP2 DP={num_workers} (no TP/PP/CP/EP)"
+
+
+class HFPolicyConfig(BackendSection):
+    """transformers' model in one process, unsharded (:mod:`rlkit.policy.hf`): the simplest backend, for
+    debugging a loss."""
+
+    backend_name: ClassVar[str] = "hf"
+    title: ClassVar[str] = "transformers (one process)"
+    start_words: ClassVar[str] = "transformers, one process"
+
+    def layout_words(self, num_workers: int) -> str:
+        return "one process, no sharding"
+
+    def problems(self, policy: "PolicyConfig") -> list[str]:
+        return [] if policy.precision == "float32" else [
+            f"policy.precision={policy.precision}: the transformers backend (policy.hf_cfg) trains in float32 only; "
+            "set policy.precision=float32, or use policy.dtensor_cfg or policy.megatron_cfg"]
+
+    def model_problems(self, policy: "PolicyConfig", model_config: Mapping[str, Any], world_size: int) -> list[str]:
+        many = [f"policy.num_workers={world_size}: the transformers backend (policy.hf_cfg) runs one rank; set "
+                "policy.num_workers=1, or use policy.dtensor_cfg or policy.megatron_cfg"] if world_size > 1 else []
+        return many + super().model_problems(policy, model_config, world_size)
 
 
 class DynamicBatchingConfig(Section):
@@ -169,7 +269,7 @@ class PolicyConfig(Section):
     model_name: Optional[str] = None
     model_preset: Optional[str] = None  # if set and model_name does not exist, create this tiny preset there
     # family of the created preset (MoE presets: mixtral, qwen2-moe, qwen3-moe)
-    model_family: Literal["llama", "llama3", "qwen2", "qwen3", "mixtral", "qwen2-moe", "qwen3-moe"] = "llama"
+    model_family: ModelFamily = "llama"
     # bfloat16: bf16 weights and activations in forward and backward, fp32 master weights, fp32 gradients
     # (accumulated and reduced) and fp32 optimizer state, logits -> logprobs -> loss in fp32
     precision: Literal["float32", "bfloat16"] = "float32"
@@ -183,8 +283,9 @@ class PolicyConfig(Section):
     ray_cfg: RayClusterConfig = RayClusterConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
-    megatron_cfg: MegatronConfig = MegatronConfig()
+    megatron_cfg: MegatronConfig = MegatronConfig()  # the training backends: exactly one enabled
     dtensor_cfg: DTensorConfig = DTensorConfig()
+    hf_cfg: HFPolicyConfig = HFPolicyConfig()
     dynamic_batching: DynamicBatchingConfig = DynamicBatchingConfig()
     sequence_packing: SequencePackingConfig = SequencePackingConfig()
     generation: GenerationConfig = GenerationConfig()
@@ -197,6 +298,18 @@ class PolicyConfig(Section):
             family = data.get("model_family", cls.model_fields["model_family"].default)
             data = {**data, "model_name": default_model_folder(data.get("model_preset"), family)}
         return data
+
+    def backends(self) -> dict[str, BackendSection]:
+        """Every backend's section by name (the fields of type :class:`BackendSection`)."""
+        sections = (getattr(self, key) for key in type(self).model_fields)
+        return {s.name: s for s in sections if isinstance(s, BackendSection)}
+
+    @property
+    def backend(self) -> BackendSection:
+        """The backend this config builds, read here only: the enabled section (validation requires exactly
+        one); with several enabled, the first other than Megatron's, whose section is enabled by default."""
+        enabled = [s for s in self.backends().values() if s.enabled]
+        return next((s for s in enabled if s.name != "megatron"), self.megatron_cfg)
 
     @property
     def max_model_len(self) -> int:

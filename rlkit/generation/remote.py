@@ -16,7 +16,7 @@ through the public ``actor`` handle: :class:`rlkit.weight_sync.BroadcastWeightSy
 Deliberate simplifications: one engine actor (no data-parallel generation), which reserves no CPU and is not
 part of the policy's placement group (Ray puts it where it fits; it reads the model folder at the driver's
 path); a failed actor is not restarted (build a new generator). A Ray worker-group policy is refit from its
-rank 0 directly (:meth:`rlkit.policy.workers.RayPolicyGroup.broadcast_weights`), not through the driver.
+rank 0 directly (:class:`rlkit.weight_sync.RanksBroadcastWeightSync`), not through the driver.
 """
 
 from __future__ import annotations

@@ -15,19 +15,15 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Literal, Mapping
+from typing import Any, Mapping
 
 import torch
 
 from rlkit.errors import ModelError
+from rlkit.models.families import BY_NAME, FAMILY_NAMES, MOE_FAMILIES, SUPPORTED_ARCHITECTURES, ModelFamily, family_of
 from rlkit.models.folder import check_weight_files, read_json_object
 from rlkit.models.tokenizer import TokenizerKind, save_tokenizer, tokenizer_vocab_size
 
-ModelFamily = Literal["llama", "llama3", "qwen2", "qwen3", "mixtral", "qwen2-moe", "qwen3-moe"]
-MOE_FAMILIES = ("mixtral", "qwen2-moe", "qwen3-moe")
-SUPPORTED_ARCHITECTURES = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-                           "MixtralForCausalLM": "mixtral", "Qwen2MoeForCausalLM": "qwen2_moe",
-                           "Qwen3MoeForCausalLM": "qwen3_moe"}
 # Llama 3.1 / 3.2's RoPE scaling: low/high frequency factors and original context as Megatron-Core applies them
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}
@@ -90,9 +86,10 @@ def hf_config(spec: TinyModelSpec, family: ModelFamily):
 
     fields = asdict(spec)
     experts, top_k = fields.pop("num_experts"), fields.pop("num_experts_per_tok")
-    if family not in MOE_FAMILIES + ("llama", "llama3", "qwen2", "qwen3"):
-        raise ModelError(f"unknown model family {family!r}; choose one of {list(ModelFamily.__args__)}")
-    if (family in MOE_FAMILIES) != (experts > 0):
+    if family not in BY_NAME:
+        raise ModelError(f"unknown model family {family!r}; choose one of {list(FAMILY_NAMES)}")
+    config_class = getattr(tf, BY_NAME[family].config_class)
+    if BY_NAME[family].moe != (experts > 0):
         raise ModelError(f"family {family!r} with num_experts={experts}: Mixture-of-Experts presets (e.g. 'nano-moe') "
                          f"go with the families {', '.join(MOE_FAMILIES)}, dense presets with the others")
     common = dict(fields, bos_token_id=1, eos_token_id=2, pad_token_id=0, head_dim=spec.head_dim)
@@ -100,19 +97,18 @@ def hf_config(spec: TinyModelSpec, family: ModelFamily):
     moe = dict(num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=spec.intermediate_size,
                router_aux_loss_coef=0.0, output_router_logits=False)
     if family == "mixtral":
-        return tf.MixtralConfig(**common, rope_parameters=rope, num_local_experts=experts, num_experts_per_tok=top_k,
-                                router_aux_loss_coef=0.0, output_router_logits=False)
+        return config_class(**common, rope_parameters=rope, num_local_experts=experts, num_experts_per_tok=top_k,
+                            router_aux_loss_coef=0.0, output_router_logits=False)
     if family == "qwen2-moe":
-        return tf.Qwen2MoeConfig(**common, rope_parameters=rope, **moe, norm_topk_prob=False, decoder_sparse_step=1,
-                                 shared_expert_intermediate_size=2 * spec.intermediate_size)
+        return config_class(**common, rope_parameters=rope, **moe, norm_topk_prob=False, decoder_sparse_step=1,
+                            shared_expert_intermediate_size=2 * spec.intermediate_size)
     if family == "qwen3-moe":
-        return tf.Qwen3MoeConfig(**common, rope_parameters=rope, **moe, norm_topk_prob=True, decoder_sparse_step=1)
+        return config_class(**common, rope_parameters=rope, **moe, norm_topk_prob=True, decoder_sparse_step=1)
     if family == "llama3":  # Llama 3.1's scaling needs a context beyond its original 8192 positions
         common["max_position_embeddings"] = 131072
-        return tf.LlamaConfig(**common, rope_parameters=dict(rope, **LLAMA3_ROPE), attention_bias=False, mlp_bias=False)
+        return config_class(**common, rope_parameters=dict(rope, **LLAMA3_ROPE), attention_bias=False, mlp_bias=False)
     if family == "llama":
-        return tf.LlamaConfig(**common, rope_parameters=rope, attention_bias=False, mlp_bias=False)
-    config_class = tf.Qwen2Config if family == "qwen2" else tf.Qwen3Config
+        return config_class(**common, rope_parameters=rope, attention_bias=False, mlp_bias=False)
     return config_class(**common, rope_parameters=rope, use_sliding_window=False)
 
 
@@ -183,7 +179,7 @@ def read_hf_config(folder: str | Path, check_weights: bool = True) -> dict:
     if check_weights:
         check_weight_files(folder)
     archs = config.get("architectures") or []
-    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+    if family_of(archs) is None:
         raise ModelError(
             f"architecture {archs} in {str(folder)!r} is not supported by rlkit's Megatron policy; "
             f"supported: {sorted(SUPPORTED_ARCHITECTURES)}."

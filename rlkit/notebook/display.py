@@ -60,24 +60,10 @@ def start_warnings(s: Any) -> list[str]:
 
 
 def _backend_and_layout(cfg: Any, policy: Any) -> tuple[str, str]:
-    """The training backend the session built (``build_policy`` picks DTensor when ``policy.dtensor_cfg.enabled``,
-    Megatron-Core otherwise; either may run in Ray workers) and its parallel layout."""
-    dp = getattr(policy, "__dict__", {}).get("dp_size")  # DTensorPolicy and RayPolicyGroup set it; no property runs
-    if cfg.policy.dtensor_cfg.enabled:
-        return "DTensor (FSDP2)", f"FSDP2 DP={dp if dp is not None else cfg.policy.num_workers} (no TP/PP/CP/EP)"
-    if dp is None:
-        dp = "?"
-        try:
-            from megatron.core import parallel_state
-
-            dp = parallel_state.get_data_parallel_world_size()
-        except Exception:  # noqa: BLE001 - a display never raises
-            pass
-    mc = cfg.policy.megatron_cfg
-    layout = getattr(policy, "layout", None)
-    return "Megatron-Core", (f"TP={mc.tensor_model_parallel_size} PP={mc.pipeline_model_parallel_size} "
-                             f"CP={mc.context_parallel_size} EP={mc.expert_model_parallel_size} DP={dp}"
-                             + (" (sequence parallel)" if layout is not None and layout.sequence_parallel else ""))
+    """The training backend the session built and its parallel layout, in the words of the backend's config
+    section (``cfg.policy.backend``: the one ``build_policy`` built)."""
+    backend = cfg.policy.backend
+    return backend.title, backend.layout_words(cfg.policy.num_workers)
 
 
 @functools.lru_cache(maxsize=1)

@@ -71,8 +71,8 @@ def weights_swapped_in(module: torch.nn.Module, weights: Mapping[str, Tensor]):
 
 def sum_metrics_over_ranks(sums: dict[str, Tensor], group, device: torch.device) -> dict[str, float]:
     """Sums (float64 scalars: metric sums, token counts) added up over ``group`` in one all-reduce (on ``device``:
-    NCCL reduces device tensors only); unchanged for a group of one."""
-    if sums and dist.get_world_size(group) > 1:
+    NCCL reduces device tensors only); unchanged for a group of one (or None: no process group)."""
+    if sums and group is not None and dist.get_world_size(group) > 1:
         keys = sorted(sums)
         packed = torch.stack([sums[k].to(device) for k in keys])
         dist.all_reduce(packed, group=group)
@@ -115,6 +115,9 @@ class InProcessPolicy:
     model: Optional[torch.nn.Module]
     device: torch.device
     _holds_process_group = False  # a subclass that acquired the default group sets it; close() releases it
+    # rank facts (a Ray worker reports them): this rank's data-parallel rank and size, and whether it is the first
+    # rank of its data-parallel group (the one whose results are kept)
+    dp_rank, dp_size, leader = 0, 1, True
     returns_step_logprobs = True  # (the backend contract; Megatron's pipeline schedule overrides it)
     # bf16 copy that runs forward and backward while ``model`` holds the fp32 master weights (Megatron at
     # policy.precision=bfloat16; a :class:`rlkit.policy.precision.Bf16Twin`); None when ``model`` itself computes
@@ -133,7 +136,8 @@ class InProcessPolicy:
 
     # ---- what a backend supplies --------------------------------------------------------------------
     def _rows_group(self):
-        """The process group whose ranks hold different rows of a batch (the data-parallel group)."""
+        """The process group whose ranks hold different rows of a batch (the data-parallel group); None: this
+        process alone."""
         raise NotImplementedError
 
     def _logits(self, input_ids: Tensor) -> Tensor:
@@ -447,8 +451,8 @@ class InProcessPolicy:
 
     def close(self) -> None:
         """Release the model, optimizer and reference, and this policy's hold on the default process group
-        (destroyed with its last holder if rlkit created it: :mod:`rlkit.policy.megatron.parallel`)."""
-        from rlkit.policy.megatron.parallel import release_process_group
+        (destroyed with its last holder if rlkit created it: :mod:`rlkit.policy.process_group`)."""
+        from rlkit.policy.process_group import release_process_group
 
         self.model = None
         self._twin = None

@@ -3,9 +3,9 @@
 Why Ray: a notebook kernel is one process, and Megatron's parallel state is process-global, so more than
 one training rank means more processes. Ray starts them (or finds them on a cluster), carries tensors and
 exceptions back, and lets the notebook kill them when something hangs. Each actor builds the same
-in-process policy class a single-rank session uses (:class:`MegatronPolicy` or its MoE subclass, or
-:class:`DTensorPolicy` with ``policy.dtensor_cfg.enabled``), with torch.distributed initialised from ``MASTER_ADDR``/``RANK``/
-``WORLD_SIZE`` (gloo on CPU, NCCL on GPU), so the group adds no numerics of its own:
+in-process policy a single-rank session uses (the config's backend: :mod:`rlkit.policy.backends`), with
+torch.distributed initialised from ``MASTER_ADDR``/``RANK``/``WORLD_SIZE`` (gloo on CPU, NCCL on GPU), so the
+group adds no numerics of its own:
 
 * **Data parallelism.** A batch is cut into contiguous row slices, one per data-parallel rank; the
   tensor-parallel ranks of one data-parallel group get the same slice. Each rank normalises its loss by
@@ -27,8 +27,9 @@ in-process policy class a single-rank session uses (:class:`MegatronPolicy` or i
   a placement group sized from the cluster, tensor-parallel groups packed per node
   (:mod:`rlkit.cluster_placement`); the workers' code and variables come from :mod:`rlkit.cluster`; the model
   folder is checked on every node and shipped where missing (:mod:`rlkit.cluster_model`); rank 0 hosts the
-  rendezvous store on a port the OS picks; a refit sends the weights from rank 0 straight to the engine
-  (:meth:`RayPolicyGroup.broadcast_weights`); a worker's output reaches the driver prefixed with its rank
+  rendezvous store on a port the OS picks; a refit can send the weights from rank 0 straight to the engine
+  (:meth:`RayPolicyGroup.on_ranks`, used by :class:`rlkit.weight_sync.RanksBroadcastWeightSync`); a worker's
+  output reaches the driver prefixed with its rank
   (when Ray was joined by address), and a failure names the rank's node.
 
 Deliberate simplifications: every call waits for all ranks (no overlap of rollout and training); a Ctrl-C
@@ -44,7 +45,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import torch
 from torch import Tensor
@@ -56,9 +57,8 @@ from rlkit.cluster_placement import RankPlacement, place_ranks, rank_resources
 from rlkit.distributed import ensure_ray as start_ray
 from rlkit.errors import ConfigError, RLKitError
 from rlkit.policy.base import LossFn, TokenLogprobs, TrainStepResult
-from rlkit.policy.megatron.build import Architecture
+from rlkit.policy.architecture import Architecture
 from rlkit.trajectories import Trajectories
-from rlkit.weight_sync.colocated import RefitReport
 from rlkit.weights import HFGroup
 
 FAILURE_GRACE_S = 15.0  # after one rank fails, how long the others get to finish before the group is broken
@@ -90,20 +90,6 @@ class RankInfo:
     node_id: str  # Ray's id of the node this rank runs on
 
 
-@dataclass(frozen=True)
-class EnginePeer:
-    """A generator engine as a policy rank sees it: the engine actor's handle, which a weight sync sends to,
-    and the prefix-cache reset that ends a refit (what :class:`rlkit.weight_sync.BroadcastWeightSync` needs
-    of its generator, without importing the generator's module into the rank)."""
-
-    actor: Any
-
-    def reset_prefix_cache(self) -> None:
-        import ray
-
-        ray.get(self.actor.reset_prefix_cache.remote())
-
-
 class _PolicyWorker:
     """The actor: one rank's policy. Methods mirror the Policy protocol on this rank's share of the batch."""
 
@@ -115,7 +101,7 @@ class _PolicyWorker:
         self.policy = None
         self._export: Optional[Iterator[HFGroup]] = None
         self._store = None  # rank 0: the rendezvous store it hosts
-        self._weight_sync = None  # rank 0: its open weight sync to a generator engine
+        self.kept: dict[str, Any] = {}  # what code run by run() keeps on this rank (rank 0: its weight sync)
 
     def __repr__(self) -> str:  # Ray prefixes each line the actor prints with this
         return f"rank {self.rank}"
@@ -146,17 +132,10 @@ class _PolicyWorker:
         store = self._store if rank == 0 else join_store(*master, world_size)
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", store=store, rank=rank,
                                 world_size=world_size)
-        from rlkit.policy.factory import in_process_policy
+        from rlkit.policy.backends import in_process_policy
 
-        self.policy = in_process_policy(cfg, seed)
-        if cfg.dtensor_cfg.enabled:
-            dp_rank, dp_size, leader = self.policy.dp_rank, self.policy.dp_size, True
-        else:
-            from megatron.core import parallel_state as ps
-
-            dp_rank, dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
-            leader = ps.get_tensor_model_parallel_rank() == 0 and ps.get_pipeline_model_parallel_rank() == 0
-        return RankInfo(rank, dp_rank, dp_size, leader, os.getpid(), os.environ.get("OMP_NUM_THREADS"),
+        p = self.policy = in_process_policy(cfg, seed)
+        return RankInfo(rank, p.dp_rank, p.dp_size, p.leader, os.getpid(), os.environ.get("OMP_NUM_THREADS"),
                         torch.get_num_threads(), ray.get_runtime_context().get_node_id())
 
     def call(self, method: str, *args: Any, keep: bool = True, **kwargs: Any) -> Any:
@@ -186,22 +165,10 @@ class _PolicyWorker:
     def export_end(self) -> None:
         self._export = None
 
-    def broadcast_weights(self, engine: Optional[EnginePeer], bucket_bytes: float):
-        """Rank 0 (``engine`` given): send this policy's weights to the engine over rank 0's own two-rank group
-        with it (a :class:`rlkit.weight_sync.BroadcastWeightSync` living in this process, kept for later refits);
-        returns its report and the engine's seconds. The other ranks (``engine`` None) take part in the export's
-        gathers and return None."""
-        if engine is None:
-            for _ in self.policy.export_hf_groups():
-                pass
-            return None
-        from rlkit.weight_sync import BroadcastWeightSync
-
-        sync = self._weight_sync
-        if sync is None or sync.generator.actor != engine.actor or sync.bucket_bytes != bucket_bytes:
-            sync = self._weight_sync = BroadcastWeightSync(engine, bucket_bytes)
-        report = sync.sync(self.policy, sync.generator)
-        return report, dict(sync.last_actor_seconds)
+    def run(self, fn: Callable, *args: Any) -> Any:
+        """``fn(kept, policy, rank, *args)``: code of a layer above the policy (a weight sync's rank side) on this
+        rank, with ``kept``, a dict this rank keeps for it between calls."""
+        return fn(self.kept, self.policy, self.rank, *args)
 
     def close(self) -> None:
         if self.policy is not None:
@@ -229,12 +196,9 @@ class RayPolicyGroup:
         self._started_ray = False
         self._broken: Optional[str] = None
         self._closed = False
-        if not cfg.dtensor_cfg.enabled:
-            from rlkit.config.checks import parallel_layout_problems
-
-            problems = parallel_layout_problems(cfg.megatron_cfg, read_hf_config(cfg.model_name), world_size)
-            if problems:
-                raise ConfigError(problems)
+        problems = cfg.backend.model_problems(cfg, read_hf_config(cfg.model_name), world_size)
+        if problems:
+            raise ConfigError(problems)
         try:
             self._start(cfg, seed, ray_address)
         except BaseException:
@@ -416,16 +380,12 @@ class RayPolicyGroup:
             if self._broken is None and not self._closed:
                 self._gather([w.export_end.remote() for w in self._workers], "export_hf_groups")
 
-    def broadcast_weights(self, generator: Any, bucket_bytes: float) -> tuple[RefitReport, dict[str, float]]:
-        """Refit ``generator`` (a :class:`rlkit.generation.remote.RemoteGenerator` whose engine actor carries a
-        :class:`rlkit.weight_sync.BroadcastReceiver`) from rank 0 directly: rank 0 holds its own two-rank group
-        with the engine and streams the buckets over it while every rank takes part in the export's gathers.
-        Only the call and its report pass through this process. Returns the report and the engine's seconds."""
+    def on_ranks(self, fn: Callable, *args: Any) -> Any:
+        """``fn(kept, policy, rank, *args)`` on every rank together (``kept``: a dict each rank keeps for ``fn``'s
+        module between calls); rank 0's result. How a weight sync sends from rank 0 straight to an engine
+        (:class:`rlkit.weight_sync.RanksBroadcastWeightSync`) without the policy importing it."""
         self._check_usable()
-        engine = EnginePeer(generator.actor)
-        refs = [w.broadcast_weights.remote(engine if r == 0 else None, bucket_bytes)
-                for r, w in enumerate(self._workers)]
-        return self._gather(refs, "broadcast_weights")[0]
+        return self._gather([w.run.remote(fn, *args) for w in self._workers], getattr(fn, "__name__", "run"))[0]
 
     def hf_state_dict(self) -> dict[str, Tensor]:
         return {name: t for group in self.export_hf_groups() for name, t in group}
@@ -484,8 +444,7 @@ class RayPolicyGroup:
         a = self.arch
         if self._closed:
             return f"RayPolicyGroup({a.family}, closed)"
-        mc = self._cfg.megatron_cfg
-        backend = "DTensor" if self._cfg.dtensor_cfg.enabled else f"Megatron TP={mc.tensor_model_parallel_size}"
+        backend = self._cfg.backend
         state = f", BROKEN: {self._broken}" if self._broken else ""
-        return (f"RayPolicyGroup({a.family}, {a.num_layers}x{a.hidden_size}, {self.world_size} workers: {backend} "
-                f"DP={getattr(self, 'dp_size', '?')}, version={self._version}{state})")
+        return (f"RayPolicyGroup({a.family}, {a.num_layers}x{a.hidden_size}, {self.world_size} workers: {backend.title} "
+                f"{backend.layout_words(self.world_size)}, version={self._version}{state})")

@@ -5,7 +5,7 @@ A checkpoint is a folder::
     policy/                 the policy's own state (``Policy.save_state``): weights, KL reference, optimizer
                             and schedule as a distributed checkpoint, one safetensors shard per rank, and
                             policy.json (layout, version); see :mod:`rlkit.policy.state`
-    rng.safetensors         torch CPU RNG (+ CUDA, + Megatron's tracked RNG states) of this process
+    rng.safetensors         torch CPU RNG (+ CUDA, + a backend's tracked RNG states: rlkit.rng) of this process
     config.yaml             the resolved run config
     state.json              the run state (``run_state``: RunState.state_dict(), i.e. step, sampler
                             position, the step's prompts, baseline, history), python/numpy RNG, caller's
@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import shutil
 import time
@@ -46,11 +45,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
-import numpy as np
 import psutil
-import torch
 from safetensors.torch import load_file, save_file
 
+from rlkit import rng
 from rlkit.errors import CheckpointError
 
 FORMAT = "rlkit-checkpoint"
@@ -113,49 +111,9 @@ def clean_stale_temporaries(folder: str | Path) -> list[Path]:
     return removed
 
 
-# ---- state capture ------------------------------------------------------------------------------------
+# ---- state capture (the RNGs: rlkit.rng) ---------------------------------------------------------------
 def _json_dump(obj: Any, path: Path) -> None:
     path.write_text(json.dumps(obj, indent=1))
-
-
-def _megatron_rng_tracker():
-    try:
-        from megatron.core.tensor_parallel import get_cuda_rng_tracker
-
-        tracker = get_cuda_rng_tracker()
-        return tracker if tracker.is_initialized() else None
-    except Exception:  # pragma: no cover - Megatron absent or not set up: nothing of its RNG to keep
-        return None
-
-
-def capture_rng() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """Every RNG a session step could draw from: torch CPU (+CUDA), Megatron's tracker, python, numpy."""
-    tensors = {"torch_cpu": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        tensors.update({f"cuda/{i}": state for i, state in enumerate(torch.cuda.get_rng_state_all())})
-    tracker = _megatron_rng_tracker()
-    if tracker is not None:
-        tensors.update({f"megatron/{name}": state for name, state in tracker.get_states().items()})
-    version, mt, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    meta = {"python": [version, list(mt), gauss],
-            "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]}
-    return tensors, meta
-
-
-def restore_rng(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any]) -> None:
-    torch.set_rng_state(tensors["torch_cpu"])
-    cuda = [tensors[k] for k in sorted((k for k in tensors if k.startswith("cuda/")), key=lambda k: int(k[5:]))]
-    if cuda and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(cuda)
-    tracker = _megatron_rng_tracker()
-    megatron = {k.split("/", 1)[1]: v for k, v in tensors.items() if k.startswith("megatron/")}
-    if tracker is not None and megatron:
-        tracker.set_states(megatron)
-    version, mt, gauss = meta["python"]
-    random.setstate((version, tuple(mt), gauss))
-    name, keys, pos, has_gauss, cached = meta["numpy"]
-    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
 
 
 # ---- save -----------------------------------------------------------------------------------------------
@@ -171,7 +129,7 @@ def save_session(session: Any, path: str | Path, extra: Optional[Mapping[str, An
     if policy is None:
         raise CheckpointError("this session is closed: nothing to save")
     with session.rollouts.exclusive():  # async GRPO: keep its producer off the sampler meanwhile
-        rng_tensors, rng_meta = capture_rng()
+        rng_tensors, rng_meta = rng.capture()
         state = {
             "format": FORMAT,
             "format_version": FORMAT_VERSION,
@@ -247,7 +205,7 @@ def restore_session_state(session: Any, path: str | Path) -> dict[str, Any]:
     folder = Path(state["folder"])
     session.policy.load_state(folder / POLICY_DIR)  # refuses another layout before loading anything
     session.restore_run_state(state["run_state"])
-    restore_rng(load_file(str(folder / "rng.safetensors")), state["rng"])
+    rng.restore(load_file(str(folder / "rng.safetensors")), state["rng"])
     return state
 
 

@@ -3,7 +3,7 @@
 from typing import Protocol, runtime_checkable
 
 from rlkit.generation.base import Generator
-from rlkit.weight_sync.broadcast import BroadcastReceiver, BroadcastWeightSync
+from rlkit.weight_sync.broadcast import BroadcastReceiver, BroadcastWeightSync, RanksBroadcastWeightSync
 from rlkit.weight_sync.colocated import ColocatedWeightSync, RefitReport
 from rlkit.weights import WeightSource
 
@@ -15,4 +15,5 @@ class WeightSync(Protocol):
         ...
 
 
-__all__ = ["BroadcastReceiver", "BroadcastWeightSync", "ColocatedWeightSync", "RefitReport", "WeightSync"]
+__all__ = ["BroadcastReceiver", "BroadcastWeightSync", "ColocatedWeightSync", "RanksBroadcastWeightSync", "RefitReport",
+           "WeightSync"]

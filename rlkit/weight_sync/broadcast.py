@@ -23,9 +23,8 @@ as its last tensor is loaded, and buckets hold whole layers).
 
 Both ends live here: :class:`BroadcastReceiver` is mixed into the engine's actor
 (``RemoteGenerator(..., actor_extension=BroadcastReceiver)``), and :class:`BroadcastWeightSync` is built with
-that generator and refits only it (:func:`rlkit.builders.build_generation` makes the pair). Another sender
-(e.g. a policy rank that holds a group with the actor) speaks the same protocol with :func:`send_buckets`,
-after calling the actor's ``receive_weights``.
+that generator and refits only it (:func:`rlkit.builders.build_generation` makes the pair). A policy whose
+ranks live in Ray workers gets :class:`RanksBroadcastWeightSync`: its rank 0 runs a :class:`BroadcastWeightSync`.
 
 The group is opened on the first sync and kept for later ones; it never touches the default process group
 (Megatron's and vLLM's own). If the transfer fails, the actor ends its stream there, so vLLM's reload finishes
@@ -40,7 +39,7 @@ import json
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterable, Iterator, Optional, Protocol, runtime_checkable
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import torch
 
@@ -195,15 +194,6 @@ class BroadcastReceiver:
         return self.receive_buffers[slot]
 
 
-@runtime_checkable
-class SendsFromRanks(Protocol):
-    """A policy whose ranks live in other processes and send their weights to the engine themselves (the Ray
-    worker group, :meth:`rlkit.policy.workers.RayPolicyGroup.broadcast_weights`): a :class:`BroadcastWeightSync`
-    runs in its rank 0."""
-
-    def broadcast_weights(self, generator: Any, bucket_bytes: float) -> tuple[RefitReport, dict[str, float]]: ...
-
-
 class BroadcastWeightSync(CodeRepr):
     """``sync(policy, generator) -> RefitReport`` for the one :class:`rlkit.generation.remote.RemoteGenerator`
     it was built with, whose actor carries a :class:`BroadcastReceiver`."""
@@ -217,13 +207,7 @@ class BroadcastWeightSync(CodeRepr):
         self.last_actor_seconds: dict[str, float] = {}  # the actor's side of the last sync: receive, load
 
     def sync(self, policy: WeightSource, generator: Any) -> RefitReport:
-        if generator is not self.generator:
-            raise ValueError(f"this BroadcastWeightSync refits {self.generator!r}, not {generator!r}: build a "
-                             "generator and its sync together (rlkit.builders.build_generation)")
-        if isinstance(policy, SendsFromRanks):  # its rank 0 sends: the weights never pass through this process
-            self.close()  # the engine's group is the rank's from now on
-            report, self.last_actor_seconds = policy.broadcast_weights(generator, self.bucket_bytes)
-            return report
+        _check_pair(self, generator)
         return stream_refit(policy, generator, self._send)
 
     def _send(self, groups: Iterator[HFGroup]) -> int:
@@ -266,6 +250,61 @@ class BroadcastWeightSync(CodeRepr):
     def __repr__(self) -> str:
         state = f"open ({self.backend})" if self.group is not None else "not connected"
         return f"BroadcastWeightSync(bucket={self.bucket_bytes / 1e6:.0f} MB, group {state})"
+
+
+def _check_pair(sync: Any, generator: Any) -> None:
+    if generator is not sync.generator:
+        raise ValueError(f"this {type(sync).__name__} refits {sync.generator!r}, not {generator!r}: build a "
+                         "generator and its sync together (rlkit.builders.build_generation)")
+
+
+@dataclass(frozen=True)
+class EnginePeer:
+    """A generator engine as a policy rank sees it: the engine actor's handle, which a
+    :class:`BroadcastWeightSync` in the rank sends to, and the prefix-cache reset that ends a refit."""
+
+    actor: Any
+
+    def reset_prefix_cache(self) -> None:
+        import ray
+
+        ray.get(self.actor.reset_prefix_cache.remote())
+
+
+class RanksBroadcastWeightSync(CodeRepr):
+    """``sync(policy, generator) -> RefitReport`` for a policy whose ranks live in Ray workers
+    (:class:`rlkit.policy.workers.RayPolicyGroup`) and a generator in its own actor: rank 0 holds its own
+    :class:`BroadcastWeightSync` with the engine (kept for later refits) and streams the buckets while every rank
+    takes part in the export's gathers, so the weights never pass through this process. Only the call and
+    its report do. :func:`rlkit.builders.build_generation` picks it for such a pair."""
+
+    def __init__(self, generator: Any, bucket_bytes: float = 256e6):
+        self.generator = generator
+        self.bucket_bytes = bucket_bytes
+        self.last_actor_seconds: dict[str, float] = {}  # the actor's side of the last sync: receive, load
+
+    def sync(self, policy: Any, generator: Any) -> RefitReport:
+        _check_pair(self, generator)
+        report, self.last_actor_seconds = policy.on_ranks(_send_from_rank, EnginePeer(generator.actor),
+                                                          self.bucket_bytes)
+        return report
+
+    def __repr__(self) -> str:
+        return f"RanksBroadcastWeightSync(bucket={self.bucket_bytes / 1e6:.0f} MB, sent by the policy's rank 0)"
+
+
+def _send_from_rank(kept: dict, policy: Any, rank: int, engine: EnginePeer, bucket_bytes: float):
+    """On each policy rank: rank 0 refits the engine through the sync it keeps (a new one for another engine
+    or bucket size) and returns the report and the engine's seconds; the other ranks take part in the export."""
+    if rank != 0:
+        for _ in policy.export_hf_groups():
+            pass
+        return None
+    sync = kept.get("weight_sync")
+    if sync is None or sync.generator.actor != engine.actor or sync.bucket_bytes != bucket_bytes:
+        sync = kept["weight_sync"] = BroadcastWeightSync(engine, bucket_bytes)
+    report = sync.sync(policy, sync.generator)
+    return report, dict(sync.last_actor_seconds)
 
 
 def _wait_watching(works: list, receiving: Any) -> None:

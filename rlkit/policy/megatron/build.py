@@ -8,9 +8,8 @@ frequency scaling with ``rope_scaling`` / ``rope_scaling_factor``; GQA with
 setting, not hidden / heads); Qwen3's per-head q/k RMSNorm with ``qk_layernorm``; no linear biases except
 the QKV bias of Qwen2; tied or untied output layer.
 
-Refused with the reason (never silently ignored): RoPE scaling types other than llama3 (YaRN, linear,
-dynamic), llama3 scaling with other low/high frequency factors or original context than Megatron-Core
-applies (1, 4, 8192: those of Llama 3.1 and 3.2), sliding-window attention.
+What is refused (RoPE scalings other than llama3's, sliding-window attention) is refused by
+:class:`rlkit.policy.architecture.Architecture`, which every backend reads.
 
 Causal attention comes from the layer spec's mask type (``AttnMaskType.causal``): no mask tensor is passed; on
 CUDA torch's ``scaled_dot_product_attention`` computes it as a flag (:mod:`.attention`), never a [T, T] mask.
@@ -22,84 +21,11 @@ next linear layer (other parameter names than :mod:`.convert` maps) and is not b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 
-from rlkit.errors import ModelError
+from rlkit.policy.architecture import Architecture
 from rlkit.policy.megatron.cpu import cuda_literals_on_cpu
-from rlkit.models.factory import SUPPORTED_ARCHITECTURES, read_hf_config
-
-
-@dataclass(frozen=True)
-class Architecture:
-    """The facts of an HF decoder config that the Megatron model and the weight conversion need."""
-
-    family: str  # "llama" | "qwen2" | "qwen3" | "mixtral" | "qwen2_moe" | "qwen3_moe"
-    hidden_size: int
-    num_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    ffn_hidden_size: int
-    vocab_size: int
-    max_position_embeddings: int
-    rope_theta: float
-    rms_norm_eps: float
-    tie_word_embeddings: bool
-    qkv_bias: bool
-    qk_layernorm: bool = False  # Qwen3: RMSNorm over each query and key head before RoPE
-    rope_scaling_factor: float | None = None  # Llama 3.x: the factor of its "llama3" frequency scaling
-
-    @classmethod
-    def from_hf_folder(cls, folder: str | Path) -> "Architecture":
-        return cls.from_hf_config(read_hf_config(folder))
-
-    @classmethod
-    def from_hf_config(cls, cfg: dict) -> "Architecture":
-        family = next(SUPPORTED_ARCHITECTURES[a] for a in cfg["architectures"] if a in SUPPORTED_ARCHITECTURES)
-        rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-        if cfg.get("use_sliding_window"):
-            raise ModelError("sliding-window attention (use_sliding_window: true) is not supported; rlkit's Megatron "
-                             "model attends to the whole sequence")
-        heads = cfg["num_attention_heads"]
-        return cls(
-            family=family,
-            hidden_size=cfg["hidden_size"],
-            num_layers=cfg["num_hidden_layers"],
-            num_attention_heads=heads,
-            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
-            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
-            ffn_hidden_size=cfg["intermediate_size"],
-            vocab_size=cfg["vocab_size"],
-            max_position_embeddings=cfg["max_position_embeddings"],
-            rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
-            rms_norm_eps=cfg["rms_norm_eps"],
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            qkv_bias=family in ("qwen2", "qwen2_moe") or bool(cfg.get("attention_bias", False)),
-            qk_layernorm=family in ("qwen3", "qwen3_moe"),
-            rope_scaling_factor=_llama3_rope_factor(rope),
-        )
-
-
-def _llama3_rope_factor(rope: dict) -> float | None:
-    """The factor of Llama 3.x's RoPE scaling (None for plain RoPE); other scalings are refused."""
-    from rlkit.models.factory import LLAMA3_ROPE
-
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type in ("default", None):
-        return None
-    if rope_type != "llama3":
-        raise ModelError(f"RoPE scaling type {rope_type!r} is not supported: Megatron-Core's GPT model offers plain "
-                         "RoPE and Llama 3's 'llama3' scaling. Use a model with one of those.")
-    fixed = {k: v for k, v in LLAMA3_ROPE.items() if k not in ("rope_type", "factor")}
-    differ = {k: rope.get(k) for k, v in fixed.items() if float(rope.get(k, v)) != v}
-    if differ:
-        raise ModelError(f"llama3 RoPE scaling with {differ} is not supported: Megatron-Core applies it with {fixed} "
-                         "(the values of Llama 3.1 and 3.2)")
-    return float(rope["factor"])
 
 
 def transformer_config(arch: Architecture, tensor_parallel_size: int = 1, sequence_parallel: bool = False,

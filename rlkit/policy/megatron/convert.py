@@ -30,7 +30,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Optional
 import torch
 from torch import Tensor
 
-from rlkit.policy.megatron.build import Architecture
+from rlkit.policy.architecture import Architecture
 from rlkit.weights import HFGroup
 
 

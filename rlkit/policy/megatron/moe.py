@@ -53,9 +53,11 @@ from torch import Tensor
 
 from rlkit.config.components import MegatronConfig
 from rlkit.errors import ModelError
+from rlkit.models.families import BY_NAME
 from rlkit.models.folder import num_experts_of
 from rlkit.policy.megatron import convert
-from rlkit.policy.megatron.build import Architecture, build_gpt_model, transformer_config
+from rlkit.policy.architecture import Architecture
+from rlkit.policy.megatron.build import build_gpt_model, transformer_config
 from rlkit.policy.megatron.policy import MegatronPolicy
 from rlkit.weights import HFGroup
 
@@ -77,12 +79,12 @@ class MoEArchitecture(Architecture):
     @property
     def hf_prefix(self) -> str:
         """Where a layer's MLP lives in the HF checkpoint."""
-        return "block_sparse_moe." if self.family == "mixtral" else "mlp."
+        return BY_NAME[self.family].expert_prefix
 
     @property
     def hf_expert_names(self) -> tuple[str, str, str]:
         """HF names of an expert's gate, up and down projections."""
-        return ("w1", "w3", "w2") if self.family == "mixtral" else ("gate_proj", "up_proj", "down_proj")
+        return BY_NAME[self.family].expert_names
 
     @classmethod
     def from_hf_config(cls, cfg: dict) -> "MoEArchitecture":

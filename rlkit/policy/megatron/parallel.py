@@ -4,28 +4,21 @@ Megatron keeps its parallel layout in module-level globals, so only one layout c
 :func:`init_parallel` sets it up, :func:`destroy_parallel` tears it down so that a new Session in the same
 notebook kernel can build a fresh one.
 
-Who creates which group, and who destroys it (each gloo group runs two worker threads and a transport loop,
-and the default group's rendezvous store a server thread and sockets, so a group left alive leaks them):
-
-- the default group: :func:`acquire_process_group` creates it for the first in-process policy (from
-  ``RANK``/``WORLD_SIZE`` in a Ray worker, else a single-process gloo group, its store in memory) and destroys
-  it when its last holder releases it (:func:`release_process_group`); one that was there before (your
-  script's) is left alone.
-  vLLM's in-process engine uses the group it finds, and its shutdown destroys the default group whoever made
-  it (vLLM's ``cleanup_dist_env_and_memory``); a release after that has nothing left to do.
-- Megatron's subgroups: made by ``initialize_model_parallel``; :func:`destroy_parallel` drops every reference
-  Megatron keeps to them, so they end with the model that used them.
+The default group is :mod:`rlkit.policy.process_group`'s (acquired for the policy, released on close).
+Megatron's subgroups: made by ``initialize_model_parallel``; :func:`destroy_parallel` drops every reference
+Megatron keeps to them, so they end with the model that used them.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from rlkit import rng
 from rlkit.policy.megatron.cpu import apply_cpu_fallbacks
+from rlkit.policy.process_group import acquire_process_group, release_process_group  # noqa: F401 - (re-exported)
 
 
 @dataclass(frozen=True)
@@ -38,37 +31,6 @@ class ParallelLayout:
     expert_model_parallel_size: int = 1
     expert_tensor_parallel_size: int | None = None
     sequence_parallel: bool = False
-
-
-_created_group = None  # the default group acquire_process_group() created, until its last holder releases it
-_holders = 0  # acquire_process_group() calls not yet released
-
-
-def acquire_process_group() -> None:
-    """A default torch.distributed group exists, held for the caller until its :func:`release_process_group`:
-    the one already there (a launcher's, or one acquired before), or a new one from ``RANK``/``WORLD_SIZE``
-    (a Ray worker), or else a single-process gloo group."""
-    global _created_group, _holders
-    if not dist.is_initialized():
-        if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-        else:
-            # one process needs no rendezvous: an in-memory store, no port (a port picked free and bound later
-            # could be taken in between by another process starting a group)
-            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-        _created_group = dist.group.WORLD
-    _holders += 1
-
-
-def release_process_group() -> None:
-    """Undo one :func:`acquire_process_group`; the last release destroys the default group if it is the one
-    acquiring created (it may be gone already: vLLM's engine shutdown destroys it)."""
-    global _created_group, _holders
-    _holders = max(0, _holders - 1)
-    if _holders == 0 and _created_group is not None:
-        if dist.is_initialized() and dist.group.WORLD is _created_group:
-            dist.destroy_process_group()
-        _created_group = None
 
 
 def init_parallel(layout: ParallelLayout, seed: int) -> None:
@@ -125,3 +87,24 @@ def _drop_megatron_group_references(parallel_state) -> None:
 def is_expert_parallel(param) -> bool:
     """True for a parameter of an expert that only some ranks hold (Megatron marks them ``allreduce=False``)."""
     return not getattr(param, "allreduce", True)
+
+
+def _seed_tracker(seed: int) -> None:
+    from megatron.core import parallel_state
+    from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+    if parallel_state.model_parallel_is_initialized():
+        model_parallel_cuda_manual_seed(seed)
+
+
+def _live_tracker():
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    tracker = get_cuda_rng_tracker()
+    return tracker if tracker.is_initialized() else None
+
+
+# Megatron's tracked RNG states (dropout per tensor-parallel rank) are seeded, saved and restored with the rest
+rng.register_tracker("megatron", rng.Tracker(
+    seed=_seed_tracker, get_states=lambda: (t.get_states() if (t := _live_tracker()) else None),
+    set_states=lambda states: _live_tracker().set_states(states)))

@@ -33,7 +33,6 @@ import contextlib
 import dataclasses
 import re
 from collections import Counter
-from pathlib import Path
 from typing import Callable, Iterator, Mapping, Optional
 
 import torch
@@ -46,19 +45,12 @@ from rlkit.config.components import PolicyConfig
 from rlkit.policy.base import LossFn, TokenLogprobs
 from rlkit.policy.in_process import InProcessPolicy
 from rlkit.policy.megatron import convert, parallel, pipeline
-from rlkit.policy.megatron.build import (Architecture, bf16_twin_of, build_gpt_model, data_parallel_wrapper,
-                                         transformer_config)
+from rlkit.policy.architecture import Architecture, load_hf_state
+from rlkit.policy.megatron.build import bf16_twin_of, build_gpt_model, data_parallel_wrapper, transformer_config
 from rlkit.policy.megatron.scores import shifted_entropy, shifted_token_logprobs
 from rlkit.policy.packing import PackedRows, pack_rows
 from rlkit.trajectories import LossCounts, Trajectories
 from rlkit.weights import HFGroup
-
-
-def load_hf_state(folder: str | Path) -> Mapping[str, Tensor]:
-    """The tensors of an HF model folder's safetensors files (one or several shards), read lazily."""
-    from rlkit.models.safetensors_folder import SafetensorsFolder
-
-    return SafetensorsFolder(folder)
 
 
 _LAYER_NAME = re.compile(r"^decoder\.layers\.(\d+)\.")
@@ -78,6 +70,8 @@ class MegatronPolicy(InProcessPolicy):
         self._holds_process_group = True
         self.tp_rank, self.tp_size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
         self.pp_rank, self.pp_size = ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()
+        self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+        self.leader = self.tp_rank == 0 and self.pp_rank == 0
         self.device = parallel.device()  # the model's; batches and results stay where the caller keeps them
         self.model = self._build_model()
         self._layer_offset = get_transformer_layer_offset(self.model.config)  # this stage's first layer

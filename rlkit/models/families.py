@@ -1,0 +1,50 @@
+"""The model families rlkit makes, converts and trains: one row each, read by every other module.
+
+A family's name is spelled one way everywhere (``qwen2-moe``: ``policy.model_family``, ``--family``,
+``Architecture.family``). Adding a family is a row here; what else it needs is code for what is new in
+it (a preset's config in :func:`rlkit.models.factory.hf_config`, a weight mapping the converters lack).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Literal, Optional
+
+
+@dataclass(frozen=True)
+class Family:
+    """What rlkit needs to know of a decoder family beyond its ``config.json``."""
+
+    name: str  # as users spell it
+    architecture: str  # the HF class in config.json's "architectures"
+    config_class: str  # transformers' config class that makes a preset of it
+    moe: bool = False  # Mixture-of-Experts: every layer's MLP is routed experts
+    qkv_bias: bool = False  # Qwen2: biases on the q, k and v projections
+    qk_norm: bool = False  # Qwen3: RMSNorm over each query and key head before RoPE
+    expert_prefix: str = "mlp."  # where a layer's experts live in the HF checkpoint
+    expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # an expert's gate, up, down
+
+
+FAMILIES = (
+    Family("llama", "LlamaForCausalLM", "LlamaConfig"),
+    Family("llama3", "LlamaForCausalLM", "LlamaConfig"),  # Llama 3.x's RoPE scaling
+    Family("qwen2", "Qwen2ForCausalLM", "Qwen2Config", qkv_bias=True),
+    Family("qwen3", "Qwen3ForCausalLM", "Qwen3Config", qk_norm=True),
+    Family("mixtral", "MixtralForCausalLM", "MixtralConfig", moe=True, expert_prefix="block_sparse_moe.",
+           expert_names=("w1", "w3", "w2")),
+    Family("qwen2-moe", "Qwen2MoeForCausalLM", "Qwen2MoeConfig", moe=True, qkv_bias=True),
+    Family("qwen3-moe", "Qwen3MoeForCausalLM", "Qwen3MoeConfig", moe=True, qk_norm=True),
+)
+FAMILY_NAMES = tuple(f.name for f in FAMILIES)
+MOE_FAMILIES = tuple(f.name for f in FAMILIES if f.moe)
+DENSE_FAMILIES = tuple(f.name for f in FAMILIES if not f.moe)
+ModelFamily = Literal[FAMILY_NAMES]  # type: ignore[valid-type]
+BY_NAME = {f.name: f for f in FAMILIES}
+SUPPORTED_ARCHITECTURES = tuple(dict.fromkeys(f.architecture for f in FAMILIES))
+
+
+def family_of(architectures: Iterable[str]) -> Optional[Family]:
+    """The family of an HF config's ``architectures`` (the first row of its class: ``llama`` for a Llama 3.x
+    folder, whose scaling is read from its config), or None when rlkit does not support it."""
+    archs = list(architectures or ())
+    return next((f for f in FAMILIES if f.architecture in archs), None)

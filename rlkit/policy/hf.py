@@ -1,0 +1,144 @@
+"""The plain transformers backend: an HF causal LM trained in this process, unsharded.
+
+Why: the simplest policy there is, for debugging a loss. transformers' own model of the folder, no process
+group, no sharding and no weight conversion (the HF names are the parameter names), on the loop, optimizer step,
+reference swap and checkpoints of :class:`rlkit.policy.in_process.InProcessPolicy`. Chosen with
+``policy.hf_cfg.enabled=true policy.megatron_cfg.enabled=false``. The DTensor backend
+(:class:`rlkit.policy.dtensor.DTensorPolicy`) is this model sharded with FSDP2, so the methods here accept
+DTensor parameters (each rank then handles its shard).
+
+Numerics: logits divided by the sampling temperature, logprobs and entropy from one log-softmax over the full
+vocabulary in fp32, the gradient norm over all parameters in float64.
+
+Deliberate simplifications: one process (``policy.num_workers=1``), dense models only (transformers 5 holds
+Mixtral's experts fused under names that differ from the checkpoint's), float32 only (``policy.precision``,
+checked at validation).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Iterator, Mapping, Optional
+
+import torch
+from torch import Tensor
+
+from rlkit.config.components import PolicyConfig
+from rlkit.errors import ModelError
+from rlkit.models.families import BY_NAME
+from rlkit.policy import packed_attention
+from rlkit.policy.architecture import Architecture
+from rlkit.policy.in_process import InProcessPolicy
+from rlkit.policy.packing import PackedRows
+from rlkit.weights import HFGroup
+
+_LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+
+
+def load_causal_lm(cfg: PolicyConfig, device: torch.device) -> torch.nn.Module:
+    """transformers' fp32 model of ``cfg.model_name`` on ``device``; with sequence packing its attention is
+    rlkit's registered per-row attention (:mod:`rlkit.policy.packed_attention`), else SDPA."""
+    from transformers import AutoModelForCausalLM
+
+    attention = packed_attention.register() if cfg.sequence_packing.enabled else "sdpa"
+    model = AutoModelForCausalLM.from_pretrained(cfg.model_name, dtype=torch.float32, attn_implementation=attention)
+    return model.to(device)
+
+
+class HFPolicy(InProcessPolicy):
+    """A causal LM from an HF folder in this process (implements :class:`rlkit.policy.base.Policy`)."""
+
+    def __init__(self, cfg: PolicyConfig, seed: int = 0):
+        self._setup(cfg)
+        torch.manual_seed(seed)
+        self.model = load_causal_lm(cfg, self.device)
+        self._start_training()
+
+    def _setup(self, cfg: PolicyConfig) -> None:
+        """Config, architecture (a dense model) and device."""
+        self.cfg = cfg
+        self.arch = Architecture.from_hf_folder(cfg.model_name)
+        if BY_NAME[self.arch.family].moe:
+            raise ModelError(f"{type(self).__name__} does not train Mixture-of-Experts models yet "
+                             "(transformers holds the experts fused, under other names than the checkpoint's); "
+                             "use policy.megatron_cfg")
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+    # ---- weights ----------------------------------------------------------------------------------
+    def load_hf_state(self, hf: Mapping[str, Tensor]) -> None:
+        """Load HF-named full tensors (a DTensor parameter keeps this rank's shard). Strict on names and shapes."""
+        from torch.distributed.tensor import distribute_tensor
+
+        params = dict(self.model.named_parameters())
+        missing = sorted(set(params) - set(hf))
+        if missing:
+            raise KeyError(f"no HF weights for parameters {missing[:5]}")
+        with torch.no_grad():
+            for name, param in params.items():
+                if tuple(hf[name].shape) != tuple(param.shape):
+                    raise ValueError(f"{name}: HF weights have shape {tuple(hf[name].shape)}, model has {tuple(param.shape)}")
+                full = hf[name].to(self.device, param.dtype)
+                sharded = hasattr(param, "placements")
+                param.copy_(distribute_tensor(full, param.device_mesh, param.placements) if sharded else full)
+
+    def export_hf_groups(self) -> Iterator[HFGroup]:
+        """HF-named full tensors: embeddings, each decoder layer, then final norm and head. Gathering a DTensor
+        is a collective, so every rank must iterate in step. Unsharded they alias the live weights: copy them
+        if you keep them past the next optimizer step."""
+        groups: dict[str, list[tuple[str, Tensor]]] = {}
+        for name, param in self.model.named_parameters():
+            m = _LAYER.match(name)
+            key = f"layer{int(m.group(1)):06d}" if m else ("0embed" if "embed_tokens" in name else "zfinal")
+            groups.setdefault(key, []).append((name, param))
+        for key in sorted(groups):
+            yield [(name, _full_tensor(param)) for name, param in groups[key]]
+
+    def parallel_layout(self) -> dict[str, int | str]:
+        return {"backend": "hf", "data_parallel_size": 1}
+
+    def _checkpoint_names(self) -> dict[str, str]:
+        return {name: name for name, _ in self.model.named_parameters()}  # (DTensors carry their own placement)
+
+    # ---- logprobs and training --------------------------------------------------------------------
+    def _rows_group(self):
+        return None  # this process holds every row
+
+    def _logits(self, input_ids: Tensor) -> Tensor:
+        """input_ids [b, T] -> logits [b, T, V], divided by the sampling temperature (right padding needs
+        no mask: a causal model never looks at later positions)."""
+        return self._scaled(self.model(input_ids=input_ids.to(self.device), use_cache=False).logits)
+
+    def _packed_logits(self, packed: PackedRows) -> Tensor:
+        """Packed rows -> logits [1, L, V] / temperature: position_ids restart per row (RoPE), and the registered
+        attention (:mod:`rlkit.policy.packed_attention`) runs each row's segment of ``cu_seq_lens_q`` alone."""
+        return self._scaled(self.model(input_ids=packed.input_ids.to(self.device),
+                                       position_ids=packed.position_ids.to(self.device),
+                                       cu_seq_lens_q=packed.cu_seqlens.to(self.device), use_cache=False).logits)
+
+    def _token_logprobs_and_entropy(self, logits: Tensor, input_ids: Tensor,
+                                    with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
+        """One log-softmax over the full vocabulary (in fp32) for both."""
+        logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
+        token = torch.nn.functional.pad(logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1), (1, 0))
+        if not with_entropy:
+            return token, None
+        with torch.no_grad():
+            return token, torch.nn.functional.pad(-(logp.exp() * logp).sum(-1), (1, 0))
+
+    def _grad_norm(self) -> float:
+        sq = torch.zeros((), dtype=torch.float64, device=self.device)
+        for p in self.model.parameters():
+            if p.grad is not None:  # (this rank's shard of a DTensor gradient)
+                sq += (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).double().pow(2).sum()
+        if self.dp_size > 1:
+            torch.distributed.all_reduce(sq)  # FSDP shards are disjoint: the squares add up
+        return float(sq.sqrt())
+
+    def __repr__(self) -> str:
+        a = self.arch
+        return f"HFPolicy({a.family}, {a.num_layers}x{a.hidden_size}, one process, version={self.version})"
+
+
+def _full_tensor(param: Tensor) -> Tensor:
+    t = param.detach()
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
