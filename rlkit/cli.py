@@ -52,7 +52,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from rlkit.tracking.sweep import parse_grid, run_sweep
+    from rlkit.sweep import parse_grid, run_sweep
 
     result = run_sweep(args.config, parse_grid(args.grid), base_overrides=args.set, out_dir=args.out)
     print(json.dumps({"sweep_dir": str(result.folder), "runs": len(result.runs)}, indent=2))

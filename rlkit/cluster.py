@@ -75,10 +75,8 @@ def _module_source(module: ModuleType) -> Path | None:
 def driver_modules() -> list[Path]:
     """Folders (packages) and files (single-file modules) of the top-level modules imported on the driver
     from outside the Python installation, rlkit first."""
-    import rlkit
-
     installation = _installation_dirs()
-    found = [_module_source(rlkit)]
+    found = [Path(__file__).resolve().parent]  # rlkit's own folder
     for name, module in sorted(sys.modules.items()):
         if "." in name or name == "__main__" or module is None:
             continue

@@ -42,7 +42,7 @@ def run_demo(preset: str = "tiny", family: str = "qwen2", prompts: int = 32, sam
         t = time.perf_counter()
         gen = generator.generate(ids, samples, sampling)
         figures["generate_s"] = time.perf_counter() - t
-        batch = trajectories_from_generation(gen, tok.pad_token_id, texts)
+        batch = trajectories_from_generation(gen, tok.pad_token_id, texts, tokenizer=tok)
         figures["generated_tokens"] = int(batch.loss_mask.sum())
         figures["logprob_diff_max_before"], figures["logprob_diff_mean_before"] = _mismatch(policy, batch)
 
@@ -62,7 +62,7 @@ def run_demo(preset: str = "tiny", family: str = "qwen2", prompts: int = 32, sam
         figures["refit_s"] = report.seconds
         figures["refit_mb"] = report.bytes_moved / 1e6
         gen = generator.generate(ids, samples, SamplingSettings(max_new_tokens=32, seed=1))
-        batch = trajectories_from_generation(gen, tok.pad_token_id, texts)
+        batch = trajectories_from_generation(gen, tok.pad_token_id, texts, tokenizer=tok)
         figures["logprob_diff_max_after"], figures["logprob_diff_mean_after"] = _mismatch(policy, batch)
         generator.close()
         policy.close()

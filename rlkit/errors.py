@@ -2,8 +2,10 @@
 (Ctrl-C, Jupyter's stop button) is held over a block that must not be cut short."""
 
 import contextlib
+import difflib
 import signal
 import threading
+from typing import Any
 
 
 class RLKitError(Exception):
@@ -24,6 +26,26 @@ class ConfigError(RLKitError, ValueError):
         self.problems = list(problems)
         lines = "\n".join(f"  - {p}" for p in self.problems)
         super().__init__(f"{len(self.problems)} configuration problem(s):\n{lines}")
+
+
+def describe_invalid(error: dict, prefix: tuple = (), root: Any = None) -> str:
+    """One pydantic validation ``error`` as a config problem: its dotted key (``prefix`` + the error's location),
+    and for an unknown key the nearest known one of the class that owns it (``root``, the validated type, walked
+    along the location)."""
+    loc = tuple(p for p in error["loc"] if isinstance(p, str) and not p.startswith(("literal[", "callable")))
+    key = ".".join(map(str, prefix + loc))
+    if error["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
+        section = root  # a pydantic model, a dataclass, or None once the walk leaves them
+        for part in loc[:-1]:
+            fields = getattr(section, "model_fields", None) or {}
+            section = (fields[part].annotation if part in fields
+                       else getattr(section, "__dataclass_fields__", {}).get(part, None))
+            section = getattr(section, "type", section)
+        known = list(getattr(section, "model_fields", None) or getattr(section, "__dataclass_fields__", {}))
+        hint = difflib.get_close_matches(str(loc[-1]), known, n=1)
+        return f"{key}: unknown key" + (f"; did you mean {'.'.join(map(str, prefix + loc[:-1] + (hint[0],)))}?"
+                                        if hint else "") + (f" (known here: {', '.join(known)})" if known else "")
+    return f"{key}: {error['msg']} (got {error.get('input')!r})"
 
 
 class DataError(ConfigError):

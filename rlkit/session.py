@@ -22,14 +22,13 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from rlkit import stages
 from rlkit.algorithms import RLLoss
-from rlkit.config.changes import Change, changes_needed, refusals
+from rlkit.config.changes import Change, changes_needed, changes_summary, refusals
 from rlkit.config.loading import load_config
 from rlkit.config.run import RunConfig
 from rlkit.errors import SessionClosedError
 from rlkit.generation.base import SamplingSettings
 from rlkit.run_state import RunState, seed_everything
 from rlkit.session_loop import RunLoop
-from rlkit.stages.async_rollouts import updates_per_step
 from rlkit.stages.metrics import StepMetrics, step_metrics
 from rlkit.stages.reuse import warn_if_reused
 from rlkit.stages.rollout_sources import RolloutSource, rollout_source, step_seed, warn_if_off_policy
@@ -115,9 +114,8 @@ class Session(RunLoop):
         self._rebuild_loss(old, changes)
         if Change.ROLLOUTS in changes.values():
             self._start_run(self.run_state)
-        from rlkit.notebook.display import changes_summary
-
-        print(changes_summary(old, new, changes, self.loss_fn if self.loss_fn is not old_loss else None))
+        new_loss = stages.loss_description(self.loss_fn) if self.loss_fn is not old_loss else None
+        print(changes_summary(old, new, changes, new_loss))
         return new
 
     def _changes(self, overrides: Sequence[str] | Mapping[str, Any] | RunConfig, allowed: set[Change],
@@ -151,7 +149,7 @@ class Session(RunLoop):
             self.rollouts.close()  # async GRPO: stop the producer, drop the batches sampled for the old state
         self.run_state = run
         self.rollouts = rollout_source(self.config, self._sample, self._score, run, self.generator_version,
-                                       lambda: updates_per_step(self.config))
+                                       lambda: self.config.updates_per_step)
 
     def restore_run_state(self, state: Mapping[str, Any]) -> None:
         """Continue the run ``RunState.state_dict()`` saved (a checkpoint does this): the run state is replaced,

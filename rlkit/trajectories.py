@@ -51,6 +51,8 @@ class Trajectories:
     entropy: Optional[Tensor] = None  # [B, T] float32, trainer's per-token entropy, from logprobs()
     info: dict[str, Any] = field(default_factory=dict)  # small per-batch facts (timings, counts)
     rollout_step: Optional[int] = None  # steps completed when Session.rollout() made it; None: made elsewhere
+    # the tokenizer that made input_ids: the token views decode with it (not pickled: Ray workers never decode)
+    tokenizer: Any = field(default=None, repr=False, compare=False)
 
     # ---- shape facts -------------------------------------------------------------------------------
     @property
@@ -137,7 +139,7 @@ class Trajectories:
     def show(self, color: Any = "advantages", tokenizer: Any = None, rows: int = 8, label: Optional[str] = None) -> Any:
         """Completion tokens of the first ``rows`` samples coloured by ``color``: "advantages", "mismatch"
         (|generator - trainer logprob|), "entropy" or any [B, T] tensor (named ``label``). ``tokenizer`` decodes
-        the ids (default: the character tokenizer of rlkit's tiny models; pass ``session.tokenizer`` for others)."""
+        the ids (default: the tokenizer the batch was made with; a batch built by hand must be given one)."""
         from rlkit.notebook.display import token_view
 
         return token_view(self, color, tokenizer, rows, label)
@@ -148,6 +150,9 @@ class Trajectories:
         from rlkit.notebook.conversation import conversation_view
 
         return conversation_view(self, index, tokenizer)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {k: v for k, v in self.__dict__.items() if k != "tokenizer"}
 
     def __repr__(self) -> str:
         from rlkit.notebook.display import trajectories_summary

@@ -14,7 +14,7 @@ says otherwise).
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any
+from typing import Any, Optional
 
 from rlkit.config.run import RunConfig
 
@@ -75,3 +75,28 @@ def refusals(changes: dict[str, Change], allowed: set[Change], where: str) -> li
     """One ConfigError line per change that ``where`` (``configure()``, ``reset()``) cannot make."""
     return [f"{key}: changing it needs {change.value}; {where} cannot change it"
             for key, change in changes.items() if change not in allowed]
+
+
+def _dotted(values: dict, key: str) -> Any:
+    for part in key.split("."):
+        values = values.get(part) if isinstance(values, dict) else None
+    return values
+
+
+def changes_summary(old: RunConfig, new: RunConfig, changes: dict[str, Change], new_loss: Optional[str] = None) -> str:
+    """What ``configure()`` changed: one line per key, ``key: old -> new``, and what the change needed
+    (``new_loss``: a description of the loss it built, None when it kept a loss function of yours, which the
+    change does not reach)."""
+    if not changes:
+        return "configure(): nothing changed"
+    needed = {Change.LIVE: "live: read at its next use",
+              Change.ROLLOUTS: "new rollout source from the next rollout()",
+              Change.LOSS: f"new loss: {new_loss}" if new_loss is not None
+              else "your loss function is kept: the change does not reach it",
+              Change.OPTIMIZER: "new optimizer and schedule (Adam moments and the schedule restart)"}
+    before, after = old.model_dump(mode="json"), new.model_dump(mode="json")
+    rows = [(key, f"{_dotted(before, key)!r} -> {_dotted(after, key)!r}", needed.get(change, change.value))
+            for key, change in changes.items()]
+    width = max(len(k) for k, _, _ in rows), max(len(v) for _, v, _ in rows)
+    lines = [f"  {k:<{width[0]}}  {v:<{width[1]}}  {n}" for k, v, n in rows]
+    return f"configure(): {len(rows)} setting(s) changed\n" + "\n".join(lines)

@@ -20,7 +20,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from rlkit.config.checks import cross_section_problems
 from rlkit.config.run import RunConfig
-from rlkit.errors import ConfigError
+from rlkit.errors import ConfigError, describe_invalid
 
 PRESET_DIR = Path(__file__).parent / "presets"
 
@@ -139,33 +139,6 @@ def apply_overrides(raw: dict, overrides: Mapping[str, Any]) -> dict:
     return out
 
 
-def _section_type(loc: tuple) -> Any:
-    """The config class that owns the field at ``loc[:-1]``."""
-    cls: Any = RunConfig
-    for part in loc[:-1]:
-        fields = getattr(cls, "model_fields", None)
-        if fields is not None and part in fields:
-            cls = fields[part].annotation
-        elif part in getattr(cls, "__dataclass_fields__", {}):
-            cls = cls.__dataclass_fields__[part].type
-        else:
-            return None
-    return cls
-
-
-def describe(error: dict, prefix: tuple = ()) -> str:
-    loc = prefix + tuple(p for p in error["loc"] if isinstance(p, str) and not p.startswith(("literal[", "callable")))
-    key = ".".join(map(str, loc))
-    if error["type"] in ("extra_forbidden", "unexpected_keyword_argument"):
-        section = _section_type(loc)  # a pydantic section, a config dataclass, or None
-        known = list(getattr(section, "model_fields", None) or getattr(section, "__dataclass_fields__", {}))
-        hint = difflib.get_close_matches(str(loc[-1]), known, n=1)
-        return f"{key}: unknown key" + (f"; did you mean {'.'.join(map(str, loc[:-1] + (hint[0],)))}?" if hint else "") + (
-            f" (known here: {', '.join(known)})" if known else "")
-    value = error.get("input")
-    return f"{key}: {error['msg']} (got {value!r})"
-
-
 REQUIRED = "???"
 
 
@@ -192,12 +165,12 @@ def validate(raw: Mapping[str, Any]) -> RunConfig:
     fields = RunConfig.model_fields
     for key, value in raw.items():
         if key not in fields:
-            problems.append(describe({"loc": (key,), "type": "extra_forbidden"}))
+            problems.append(describe_invalid({"loc": (key,), "type": "extra_forbidden"}, root=RunConfig))
             continue
         try:
             sections[key] = TypeAdapter(fields[key].annotation).validate_python(value)
         except ValidationError as e:  # each distinct line once (errors that differ only in a stripped loc part)
-            problems += dict.fromkeys(describe(err, (key,)) for err in e.errors())
+            problems += dict.fromkeys(describe_invalid(err, (key,), fields[key].annotation) for err in e.errors())
         except ConfigError as e:
             problems.extend(f"{key}.{p}" if not p.startswith(key) else p for p in e.problems)
     if problems:

@@ -14,7 +14,7 @@ from rlkit.algorithms import AdvantageEstimatorName, AdvantageParams, LossParams
 from rlkit.data import DataParams
 from rlkit.envs.base import MAX_REWARD_FAILURE_FRACTION
 from rlkit.envs.registry import EnvironmentName
-from rlkit.config.components import PolicyConfig, Section
+from rlkit.config.components import PolicyConfig, Section, generation_colocated
 
 _ADV = AdvantageParams()
 
@@ -112,3 +112,14 @@ class RunConfig(Section):
     eval: EvalConfig = EvalConfig()
     logger: LoggerConfig = LoggerConfig()
     checkpointing: CheckpointConfig = CheckpointConfig()
+
+    @property
+    def generation_colocated(self) -> bool:
+        """Whether the engine runs in this process (the one reading of ``policy.generation.colocated.enabled``)."""
+        return generation_colocated(self.policy.generation, self.grpo.async_grpo.enabled)
+
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer steps (policy versions) one RL step takes: epochs x minibatches."""
+        samples = self.grpo.num_prompts_per_step * self.grpo.num_generations_per_prompt
+        return self.grpo.num_epochs * max(1, samples // (self.policy.train_global_batch_size or samples))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Literal, Optional, Sequence
 
+from rlkit.data.chat import render_prompts
 from rlkit.errors import DataError
 
 OverlongPrompts = Literal["filter", "error"]
@@ -21,8 +22,6 @@ _SHOW_CHARS = 80
 
 def prompt_token_lengths(tokenizer: Any, prompts: Sequence[str], system_prompt: Optional[str] = None) -> list[int]:
     """Tokens of each prompt as the rollout stage feeds it to the engine (chat template, no extra specials)."""
-    from rlkit.data.prompts import render_prompts
-
     return [len(ids) for ids in render_prompts(tokenizer, list(prompts), system_prompt)]
 
 

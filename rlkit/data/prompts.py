@@ -39,7 +39,7 @@ from rlkit.data.lengths import OverlongPrompts, overlong_rows
 from rlkit.data.named import AnswerFormat, load_named_splits, map_answers, map_columns
 from rlkit.envs.arithmetic import count_arithmetic_prompts, iter_arithmetic_rows
 from rlkit.envs.tool_arithmetic import iter_tool_arithmetic_rows
-from rlkit.errors import ConfigError, ModelError
+from rlkit.errors import ConfigError, describe_invalid
 
 Task = Literal["arithmetic", "tool_arithmetic"]  # tool_arithmetic: rows with a calculator demonstration
 _SUFFIXES = JSON_SUFFIXES + PARQUET_SUFFIXES
@@ -131,12 +131,10 @@ class DataParams:
         and wrong types are reported together, by dotted key."""
         from pydantic import TypeAdapter, ValidationError
 
-        from rlkit.config.loading import describe
-
         try:
             return TypeAdapter(cls).validate_python(dict(values))
         except ValidationError as e:
-            raise ConfigError([describe(error, ("data",)) for error in e.errors()]) from None
+            raise ConfigError([describe_invalid(error, ("data",), cls) for error in e.errors()]) from None
 
 
 def load_prompt_dataset(source: Union[DataParams, Mapping[str, Any], str, Path], tokenizer: Any = None,
@@ -244,29 +242,3 @@ def _hold_out(train: Dataset, p: DataParams) -> DatasetDict:
         train=train.select([i for i, v in enumerate(in_validation) if not v]),
         validation=train.select([i for i, v in enumerate(in_validation) if v]),
     )
-
-
-def render_prompt_texts(tokenizer: Any, prompts: list[str], system_prompt: Optional[str] = None) -> list[str]:
-    """Each prompt as a user turn (after an optional system turn) rendered by the chat template."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise ModelError(
-            f"the tokenizer {type(tokenizer).__name__} has no chat template, so prompts cannot be rendered as "
-            "chat turns; set tokenizer.chat_template to a Jinja template, or use a model folder made by "
-            "`rlkit make-model` (its tokenizer ships one)"
-        )
-    head = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
-    return [
-        tokenizer.apply_chat_template(
-            head + [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
-        )
-        for p in prompts
-    ]
-
-
-def render_prompts(tokenizer: Any, prompts: list[str], system_prompt: Optional[str] = None) -> list[list[int]]:
-    """Token ids of each rendered prompt, ending with the assistant header so generation starts the reply.
-
-    The template already writes any BOS, so the text is encoded with ``add_special_tokens=False``.
-    """
-    texts = render_prompt_texts(tokenizer, prompts, system_prompt)
-    return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from rlkit.data.prompts import render_prompts
+from rlkit.data.chat import render_prompts
 from rlkit.errors import ModelError
 
 

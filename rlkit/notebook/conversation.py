@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional
 
-from rlkit.notebook.display import _char_tokenizer
+from rlkit.notebook.display import batch_tokenizer
 from rlkit.notebook.html import MUTED, STYLE, esc, fmt, legend
 
 TRAINED = "#c8f0c8"
@@ -45,7 +45,7 @@ def conversation_view(batch: Any, index: int = 0, tokenizer: Any = None) -> Conv
     """See :meth:`rlkit.trajectories.Trajectories.show_conversation`."""
     if not 0 <= index < batch.batch_size:
         raise IndexError(f"sample {index} is not in this batch of {batch.batch_size}")
-    tokenizer = tokenizer if tokenizer is not None else _char_tokenizer()
+    tokenizer = batch_tokenizer(batch, tokenizer)
     length = int(batch.attention_mask[index].sum())
     ids = batch.input_ids[index, :length].tolist()
     trained = batch.loss_mask[index, :length].tolist()

@@ -76,13 +76,11 @@ def flat_panel_notes(session: Any) -> dict[str, str]:
     (the loss asks for one when ``loss_fn.reference_policy_kl_penalty`` > 0 or KL is folded into the reward);
     with one optimizer update per rollout the importance ratio is exactly 1 (the trainer's logprobs are taken
     with the weights it then updates), so nothing is clipped."""
-    from rlkit.stages.async_rollouts import updates_per_step
-
     notes = {}
     loss_fn, config = getattr(session, "loss_fn", None), getattr(session, "config", None)
     if loss_fn is not None and getattr(loss_fn, "needs_reference", True) is False:
         notes["KL to reference"] = "KL penalty 0: not measured"
-    if config is not None and updates_per_step(config) == 1:
+    if config is not None and config.updates_per_step == 1:
         notes["clipped fraction"] = "on-policy: ratio 1"
     return notes
 

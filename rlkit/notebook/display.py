@@ -12,7 +12,6 @@ import dataclasses
 import functools
 from typing import Any, Optional, Union
 
-from rlkit.config.components import generation_colocated
 from rlkit.notebook.html import CELL, MUTED, STYLE, diverging, esc, fmt, key_values, legend, metrics_table, \
     sequential, table, token_span
 
@@ -28,7 +27,7 @@ def session_facts(s: Any) -> dict[str, object]:
     arch = getattr(policy, "arch", None)
     device = "cuda" if _cuda() else "cpu"
     backend, layout = _backend_and_layout(cfg, policy)
-    colocated = generation_colocated(cfg.policy.generation, cfg.grpo.async_grpo.enabled)
+    colocated = cfg.generation_colocated
     facts = {
         "model": f"{cfg.policy.model_name}" + (f" ({arch.family}, {arch.num_layers} layers x {arch.hidden_size})" if arch else ""),
         "backend": backend,
@@ -143,13 +142,6 @@ def trajectories_html(batch: Any, limit: int = 16) -> str:
 
 
 # ---- token-level view ----------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=1)
-def _char_tokenizer() -> Any:
-    from rlkit.models.tokenizer import build_char_tokenizer
-
-    return build_char_tokenizer()
-
-
 @dataclasses.dataclass(frozen=True)
 class TokenView:
     """The completion tokens of some samples, each coloured by one per-token value (a hover shows them all).
@@ -186,12 +178,22 @@ def undecodable_token(token_id: int) -> str:
     return f"\ufffd{token_id}"
 
 
+def batch_tokenizer(batch: Any, tokenizer: Any = None) -> Any:
+    """``tokenizer`` if given, else the one the batch was made with; a batch that knows none is refused (decoding
+    with a guess shows wrong tokens and nothing would say so)."""
+    tok = tokenizer if tokenizer is not None else getattr(batch, "tokenizer", None)
+    if tok is None:
+        raise ValueError("this batch does not know the tokenizer that made its token ids (it was built by hand or "
+                         "came through pickling): pass one, e.g. batch.show(tokenizer=session.tokenizer)")
+    return tok
+
+
 def token_view(batch: Any, color: Union[str, Any] = "advantages", tokenizer: Any = None, rows: int = 8,
                label: Optional[str] = None) -> TokenView:
     """See :meth:`rlkit.trajectories.Trajectories.show`."""
     import torch
 
-    tok = tokenizer if tokenizer is not None else _char_tokenizer()
+    tok = batch_tokenizer(batch, tokenizer)
     mask = batch.loss_mask
     if color == "mismatch":  # (a tensor compared with a string is False)
         trainer = batch.require("prev_logprobs", "logprobs()")
@@ -317,35 +319,7 @@ def config_html(section: Any) -> str:
     return f"<div><b style='font-family:monospace'>{esc(type(section).__name__)}</b>{''.join(blocks)}</div>"
 
 
-def _dotted(values: dict, key: str) -> Any:
-    for part in key.split("."):
-        values = values.get(part) if isinstance(values, dict) else None
-    return values
-
-
-def changes_summary(old: Any, new: Any, changes: dict, new_loss: Any = None) -> str:
-    """What ``configure()`` changed: one line per key, ``key: old -> new``, and what the change needed
-    (``changes``: dotted key -> :class:`rlkit.config.changes.Change`; ``new_loss``: the loss it built, None
-    when it kept a loss function of yours, which the change does not reach)."""
-    from rlkit.config.changes import Change
-    from rlkit.stages.train import loss_description
-
-    if not changes:
-        return "configure(): nothing changed"
-    needed = {Change.LIVE: "live: read at its next use",
-              Change.ROLLOUTS: "new rollout source from the next rollout()",
-              Change.LOSS: f"new loss: {loss_description(new_loss)}" if new_loss is not None
-              else "your loss function is kept: the change does not reach it",
-              Change.OPTIMIZER: "new optimizer and schedule (Adam moments and the schedule restart)"}
-    before, after = old.model_dump(mode="json"), new.model_dump(mode="json")
-    rows = [(key, f"{_dotted(before, key)!r} -> {_dotted(after, key)!r}", needed.get(change, change.value))
-            for key, change in changes.items()]
-    width = max(len(k) for k, _, _ in rows), max(len(v) for _, v, _ in rows)
-    lines = [f"  {k:<{width[0]}}  {v:<{width[1]}}  {n}" for k, v, n in rows]
-    return f"configure(): {len(rows)} setting(s) changed\n" + "\n".join(lines)
-
-
-__all__ = ["TokenView", "changes_summary", "config_html", "config_leaves", "config_summary", "metrics_html", "metrics_summary",
+__all__ = ["TokenView", "config_html", "config_leaves", "config_summary", "metrics_html", "metrics_summary",
            "report_html", "sample_rows", "session_facts", "session_html", "session_summary", "token_view", "trajectories_html",
            "trajectories_summary"]
 

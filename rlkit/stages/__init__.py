@@ -18,7 +18,7 @@ from rlkit.stages.refit import refit
 from rlkit.stages.rollout import rollout
 from rlkit.stages.score import score
 from rlkit.stages.sft import SFTResult, sft
-from rlkit.stages.train import LossReport, TrainInterrupted, TrainResult, loss, one_update, train
+from rlkit.stages.train import LossReport, TrainInterrupted, TrainResult, loss, loss_description, one_update, train
 
 __all__ = ["AsyncRollouts", "EvalResult", "LossReport", "SFTResult", "TrainInterrupted", "TrainResult", "advantages", "conversations", "dynamic_sampling", "evaluate", "is_multi_turn", "logprobs",
-           "logprobs_from_train_step", "loss", "one_update", "refit", "rollout", "score", "sft", "train"]
+           "logprobs_from_train_step", "loss", "loss_description", "one_update", "refit", "rollout", "score", "sft", "train"]

@@ -233,9 +233,3 @@ class AsyncRollouts(CodeRepr):
                 f"{s['generator_version']}, {behind} step(s) behind the trainer; ready: versions "
                 f"{s['ready_versions']}{' (+1 sampling)' if s['sampling'] else ''}; trained lags (steps): "
                 f"{s['lag_counts']}; dropped {s['dropped_batches']} batch(es))")
-
-
-def updates_per_step(config: Any) -> int:
-    """Optimizer steps (policy versions) one RL step of ``config`` (a RunConfig) takes: epochs x minibatches."""
-    samples = config.grpo.num_prompts_per_step * config.grpo.num_generations_per_prompt
-    return config.grpo.num_epochs * max(1, samples // (config.policy.train_global_batch_size or samples))

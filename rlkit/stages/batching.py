@@ -16,10 +16,11 @@ def trajectories_from_generation(
     prompts: Sequence[str],
     rows: Sequence[dict[str, Any]] = (),
     policy_version: int = 0,
+    tokenizer: Any = None,
 ) -> Trajectories:
     """Right-pad prompt + completion of each sample to ``[B, T]`` and place the generator's logprobs on the
     completion tokens. ``prompts`` are the ``N`` rendered prompt texts; sample ``i`` belongs to prompt
-    ``i // G``."""
+    ``i // G``. ``tokenizer`` (the one that made the ids) travels with the batch for its token views."""
     if generation.texts is None:
         raise ValueError("the generation's completions are not decoded (texts=None, as VllmGenerator.sample "
                          "returns them): decode them first with rlkit.generation.vllm.decode_completions(generation, "
@@ -49,4 +50,5 @@ def trajectories_from_generation(
         group_size=g,
         policy_version=policy_version,
         rows=tuple(rows),
+        tokenizer=tokenizer,
     )

@@ -206,5 +206,5 @@ def _as_trajectories(games: list[_Conversation], texts: list[str], rows: Sequenc
         attention_mask=attention_mask, loss_mask=loss_mask, generator_logprobs=logprobs,
         finish_reasons=tuple(c.finish_reason for c in games), group_size=g, policy_version=policy_version,
         rows=tuple(rows), rewards=turn_rewards.sum(1), turn_rewards=turn_rewards, reward_errors=tuple(errors),
-        env_metadata=metadata,
+        env_metadata=metadata, tokenizer=tokenizer,
     )

@@ -26,5 +26,5 @@ def rollout(
     texts = render_prompt_texts(tokenizer, [r[prompt_key] for r in rows], system_prompt)
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     generation = generator.generate(ids, num_generations, sampling)
-    batch = trajectories_from_generation(generation, tokenizer.pad_token_id, texts, rows, policy_version)
+    batch = trajectories_from_generation(generation, tokenizer.pad_token_id, texts, rows, policy_version, tokenizer)
     return batch.with_(info={"timing/rollout": time.perf_counter() - t0, "sampling_seed": sampling.seed})

@@ -47,6 +47,7 @@ def sft_batch_as_trajectories(tokenizer: Any, rows: list[dict[str, Any]], cfg: S
         prompts=tuple(r["prompt"] for r in rows), completions=tuple(str(r[cfg.response_key]) for r in rows),
         input_ids=ids, attention_mask=attention, loss_mask=loss_mask,
         generator_logprobs=torch.zeros(ids.shape), finish_reasons=("stop",) * n, group_size=1, policy_version=0,
+        tokenizer=tokenizer,
     )
 
 

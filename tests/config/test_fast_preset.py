@@ -4,7 +4,7 @@ import warnings
 
 from rlkit.config.loading import load_config
 from rlkit.data import load_prompt_dataset
-from rlkit.data.prompts import render_prompts
+from rlkit.data.chat import render_prompts
 from rlkit.envs.arithmetic import count_arithmetic_prompts
 from rlkit.models.tokenizer import build_char_tokenizer
 

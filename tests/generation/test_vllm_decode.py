@@ -15,7 +15,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from rlkit.config.components import GenerationConfig
-from rlkit.data.prompts import render_prompts
+from rlkit.data.chat import render_prompts
 from rlkit.generation.base import Generation, SamplingSettings
 from rlkit.generation.vllm import VllmGenerator, decode_completions
 

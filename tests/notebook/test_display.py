@@ -12,13 +12,17 @@ import torch
 
 from rlkit.config.loading import load_config
 from rlkit.errors import StageOrderError
+from rlkit.generation.base import Generation
+from rlkit.models.bpe import build_bpe_tokenizer
+from rlkit.models.tokenizer import build_char_tokenizer
+from rlkit.stages.batching import trajectories_from_generation
 from rlkit.notebook.charts import line_chart, sparkline, stacked_bars
 from rlkit.stages.metrics import StepMetrics
 from tests.helpers import random_batch
 
 
 def scored_batch():
-    b = random_batch(b=8, t=20, group_size=4, seed=1)
+    b = random_batch(b=8, t=20, group_size=4, seed=1).with_(tokenizer=build_char_tokenizer())
     rows = ({"prompt": "1<2", "answer": "x"}, {"prompt": "3+4", "answer": "7"})
     return b.with_(rows=rows, rewards=torch.tensor([1.0, 0, 0, 1, 0, 0, 1, 0]),
                    prev_logprobs=b.generator_logprobs - 0.01 * b.loss_mask,
@@ -75,8 +79,35 @@ def test_token_view_shows_an_undecodable_token_as_a_replacement_mark_with_its_id
     assert ">\ufffd117</span>" in view._repr_html_()
 
 
+def test_token_view_decodes_with_the_tokenizer_the_batch_was_made_with():
+    bpe = build_bpe_tokenizer()
+    completion = bpe("café 語 3.14", add_special_tokens=False)["input_ids"]
+    prompt = bpe("π=", add_special_tokens=False)["input_ids"]
+    sample = (completion, [-0.5] * len(completion), "café 語 3.14", "stop")
+    batch = trajectories_from_generation(Generation.from_samples([prompt], [sample], 1), 0, ["π="], tokenizer=bpe)
+    view = batch.show(color=batch.loss_mask.float(), rows=1)
+    shown = [piece[0] for piece in view.rows[0][3]]
+    assert shown == bpe.convert_ids_to_tokens(completion)  # the vocabulary's own token names
+    assert shown != build_char_tokenizer().convert_ids_to_tokens(completion)  # the guess the view used to make
+    assert batch.show_conversation(0).pieces  # the conversation view decodes with it too
+
+
+def test_a_batch_without_its_tokenizer_is_refused_not_decoded_with_a_guess():
+    import pickle
+
+    b = random_batch().with_(tokenizer=build_char_tokenizer())
+    unpickled = pickle.loads(pickle.dumps(b))  # as a Ray worker receives it: the tokenizer stays behind
+    assert unpickled.tokenizer is None and torch.equal(unpickled.input_ids, b.input_ids)
+    for batch in (random_batch(), unpickled):
+        with pytest.raises(ValueError, match=r"tokenizer=session.tokenizer"):
+            batch.show(color=batch.loss_mask.float())
+        with pytest.raises(ValueError, match=r"tokenizer=session.tokenizer"):
+            batch.show_conversation(0)
+    assert unpickled.show(color=b.loss_mask.float(), tokenizer=build_char_tokenizer()).rows
+
+
 def test_token_view_guards_missing_fields():
-    b = random_batch()
+    b = random_batch().with_(tokenizer=build_char_tokenizer())
     with pytest.raises(StageOrderError, match=r"logprobs\(\)"):
         b.show(color="mismatch")
     with pytest.raises(ValueError, match="advantages"):

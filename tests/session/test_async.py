@@ -13,7 +13,7 @@ from rlkit.config.loading import load_config
 from rlkit.config.run import RunConfig
 from rlkit.envs import RewardFunctionEnvironment
 from rlkit.errors import ConfigError, StageOrderError
-from rlkit.stages.async_rollouts import AsyncRollouts, updates_per_step
+from rlkit.stages.async_rollouts import AsyncRollouts
 from tests.helpers import random_batch
 from tests.session.conftest import tiny_overrides, varied_reward
 
@@ -113,7 +113,7 @@ def test_updates_per_step_counts_epochs_and_minibatches():
         return RunConfig.model_validate({"grpo": {"num_prompts_per_step": 8, "num_generations_per_prompt": 8,
                                                   "num_epochs": epochs}, "policy": {"train_global_batch_size": global_batch}})
 
-    assert updates_per_step(config(None, 1)) == 1 and updates_per_step(config(16, 2)) == 8
+    assert config(None, 1).updates_per_step == 1 and config(16, 2).updates_per_step == 8
 
 
 def test_async_needs_an_importance_sampling_correction():

@@ -8,7 +8,7 @@ import pytest
 
 from rlkit.errors import ConfigError
 from rlkit.session import Session
-from rlkit.tracking.sweep import can_reuse, parse_grid, run_sweep
+from rlkit.sweep import can_reuse, parse_grid, run_sweep
 from tests.tracking.conftest import deterministic, tiny_config, tiny_overrides
 
 
