@@ -9,9 +9,9 @@ Re-running ``rollout()`` within a step returns the same prompts and samples (sam
 the step's prompts are consumed when ``train()`` completes.
 
 Where things live: the run's mutable state (step, history, prompt position, baseline, the step's prompts,
-latest results) in one :class:`rlkit.run_state.RunState`, which the constructor, ``reset()`` and a checkpoint
+latest results) in one :class:`rlkit.run.state.RunState`, which the constructor, ``reset()`` and a checkpoint
 restore replace through one method; where each step's batch comes from in a rollout source
-(:mod:`rlkit.stages.rollout_sources`); what a config change needs in :data:`rlkit.config.changes.CHANGES`.
+(:mod:`rlkit.run.sources`); what a config change needs in :data:`rlkit.config.changes.CHANGES`.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from rlkit.config.loading import load_config
 from rlkit.config.run import RunConfig
 from rlkit.errors import SessionClosedError
 from rlkit.generation.base import SamplingSettings
-from rlkit.run_state import RunState, seed_everything
-from rlkit.session_loop import RunLoop
+from rlkit.run.state import RunState, seed_everything
+from rlkit.run.loop import RunLoop
 from rlkit.stages.metrics import StepMetrics, step_metrics
 from rlkit.stages.reuse import warn_if_reused
-from rlkit.stages.rollout_sources import RolloutSource, rollout_source, step_seed, warn_if_off_policy
+from rlkit.run.sources import RolloutSource, rollout_source, step_seed, warn_if_off_policy
 from rlkit.trajectories import Trajectories
 
 
@@ -252,7 +252,7 @@ class Session(RunLoop):
     def rollout(self, rows: Optional[Sequence[dict]] = None, seed: Optional[int] = None) -> Trajectories:
         """This step's batch from the rollout source the config chose (plain: not scored; dynamic sampling:
         scored; async GRPO: the producer's next ready batch, ``seed`` unused), see
-        :mod:`rlkit.stages.rollout_sources`. Within a step it is the same batch again. ``rows``: G samples of
+        :mod:`rlkit.run.sources`. Within a step it is the same batch again. ``rows``: G samples of
         exactly these prompts instead, whatever the source: not scored, or with a multi-turn environment G
         conversations each, scored as they are played. The batch is marked with the step it is for
         (``rollout_step``), so that ``train()`` can tell a batch of an earlier step."""

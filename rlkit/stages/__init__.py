@@ -5,7 +5,7 @@
 Logprobs come before advantages because estimators that fold KL into the reward need the reference
 logprobs. ``Session.step()`` skips the logprobs pass when a batch's one update computes the same values in its
 own forward (``logprobs_from_train_step``, :meth:`rlkit.Session.step`). Where ``Session.rollout()`` gets a step's batch is a rollout source (plain, dynamic sampling, or
-async GRPO's background producer ``AsyncRollouts``): :mod:`rlkit.stages.rollout_sources`.
+async GRPO's background producer ``AsyncRollouts``): :mod:`rlkit.run.sources`.
 """
 
 from rlkit.stages.advantages import advantages

@@ -13,7 +13,7 @@ from rlkit.config.run import GRPOConfig, RunConfig
 from rlkit.generation.base import SamplingSettings
 from rlkit.notebook.dashboard import Dashboard
 from rlkit.notebook.display import TokenView
-from rlkit.run_state import RunState
+from rlkit.run.state import RunState
 from rlkit.session import Session
 from rlkit.startup import StartupReport
 from rlkit.stages import EvalResult, LossReport, SFTResult, TrainResult

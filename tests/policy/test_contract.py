@@ -1,6 +1,6 @@
 """The backend contract (:class:`rlkit.policy.base.Policy`), every method, against every backend: the in-process
-Megatron policy, the in-process DTensor policy and a 2-rank Ray group (Megatron, TP=2, so checkpoint shards
-differ per rank).
+Megatron policy, the in-process DTensor policy, the plain transformers policy and a 2-rank Ray group (Megatron,
+TP=2, so checkpoint shards differ per rank).
 
 Independent references: logprobs against transformers' model of the same folder in float64 (bound 1e-4, fp32
 policies); checkpoint state by replay: a step taken after loading a saved state must give bitwise-close
@@ -11,10 +11,11 @@ position or the weights came back wrong.
 import pytest
 import torch
 
-from rlkit.config.components import DTensorConfig, MegatronConfig, OptimizerConfig, PolicyConfig, SchedulerConfig
+from rlkit.config.components import (DTensorConfig, HFPolicyConfig, MegatronConfig, OptimizerConfig, PolicyConfig,
+                                     SchedulerConfig)
+from rlkit.policy.architecture import load_hf_state
+from rlkit.policy.backends import in_process_policy
 from rlkit.policy.base import Policy
-from rlkit.policy.factory import in_process_policy
-from rlkit.policy.megatron.policy import load_hf_state
 from rlkit.policy.state import CheckpointLayoutError
 from tests.helpers import pg_token_mean_loss, random_batch
 
@@ -38,6 +39,9 @@ def build(backend, cfg):
         return in_process_policy(cfg)
     if backend == "dtensor":
         return in_process_policy(cfg.model_copy(update={"dtensor_cfg": DTensorConfig(enabled=True)}))
+    if backend == "hf":
+        return in_process_policy(cfg.model_copy(update={"hf_cfg": HFPolicyConfig(enabled=True),
+                                                        "megatron_cfg": MegatronConfig(enabled=False)}))
     from rlkit.policy.workers import RayPolicyGroup
 
     return RayPolicyGroup(cfg.model_copy(update={"megatron_cfg": MegatronConfig(tensor_model_parallel_size=2)}),
@@ -59,7 +63,7 @@ def max_diff(a, b):
     return max((a[k].double() - b[k].double()).abs().max().item() for k in a)
 
 
-@pytest.mark.parametrize("backend", ["megatron", "dtensor", "ray"])
+@pytest.mark.parametrize("backend", ["megatron", "dtensor", "hf", "ray"])
 def test_every_backend_implements_the_whole_contract(backend, model_cfg, ray_cluster, tmp_path):
     batch = random_batch(b=8, t=24, seed=1)
     ids, mask = batch.input_ids, batch.attention_mask

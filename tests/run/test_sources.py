@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from rlkit.data import PromptSampler
-from rlkit.run_state import RunState
-from rlkit.stages.rollout_sources import ROUND_SEED_STRIDE, AsyncSource, DynamicSampling, PlainRollouts, step_seed
+from rlkit.run.state import RunState
+from rlkit.run.sources import ROUND_SEED_STRIDE, AsyncSource, DynamicSampling, PlainRollouts, step_seed
 from tests.helpers import random_batch
 
 ROWS = [{"prompt": f"p{i}", "vary": i % 3 == 0} for i in range(30)]

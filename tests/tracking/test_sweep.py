@@ -1,4 +1,4 @@
-"""Sweeps: grid parsing, session reuse that reproduces a fresh session, wandb grouping, table and plot."""
+"""Sweeps (rlkit.sweep; here for the tracking fixtures): grid parsing, session reuse that reproduces a fresh session, wandb grouping, table and plot."""
 
 import csv
 import json

@@ -30,7 +30,7 @@ from contextlib import nullcontext
 from typing import Callable, ContextManager, Sequence
 
 from rlkit.config.run import RunConfig
-from rlkit.run_state import RunState
+from rlkit.run.state import RunState
 from rlkit.stages.async_rollouts import AsyncRollouts
 from rlkit.stages.dynamic_sampling import dynamic_sampling
 from rlkit.trajectories import Trajectories
