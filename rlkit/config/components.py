@@ -224,8 +224,8 @@ class ColocatedConfig(Section):
 def generation_colocated(generation: "GenerationConfig", async_grpo: bool) -> bool:
     """``policy.generation.colocated.enabled`` as the run uses it. Unset, the engine runs in this process, except
     for async GRPO on vLLM: there it runs in a Ray actor, as NeMo-RL requires. Async overlaps sampling with
-    training, and in one process the two share the interpreter's lock (async measured 0.94-1.04x sync on 2 idle
-    cores, against 1.4-1.6x with the actor; README, "Where the generator runs"). Set it to keep a choice."""
+    training, and in one process the two share the interpreter's lock (README, "Where the generator runs").
+    Set it to keep a choice. Read it through ``RunConfig.generation_colocated``."""
     if generation.colocated.enabled is not None:
         return generation.colocated.enabled
     return not (async_grpo and generation.backend == "vllm")

@@ -49,10 +49,8 @@ def split_cores(cores: int, engine_threads: int) -> int:
     """Give this process's torch the ``cores`` an engine on the same CPU does not take; returns the former count.
 
     Why: async GRPO trains while the engine samples, and an OpenMP parallel region waits for its slowest thread.
-    With more threads than cores, the trainer's threads are descheduled in turn and every region waits: on 2
-    cores (the engine on 1 thread) a train step at 2 threads took 1.3-2.5 s against 0.14 s alone, and async
-    ran at 0.67x sync's steps per minute; with the cores split (1 + 1) async ran at 1.05-1.22x
-    (``bench/async_vs_sync.py``, README)."""
+    With more threads than cores, the trainer's threads are descheduled in turn and every region waits
+    (figures: docs/measurements.md, ``bench/async_vs_sync.py``)."""
     before = torch.get_num_threads()
     torch.set_num_threads(max(1, cores - engine_threads))
     return before

@@ -1,6 +1,6 @@
 """Steps skipped for non-finite gradients: how ``Session.run()`` recognises one, records it, and when it stops.
 
-Why: one overflow (a log-ratio spike, one bad batch) used to end a whole run, although the policy already
+Why: one overflow (a log-ratio spike, one bad batch) should not end a whole run, and the policy already
 refuses such an update whole (weights and optimizer state unchanged, ``FloatingPointError``). So ``run()``
 goes on: the step's prompts are consumed, nothing is applied, and the step is recorded like any other, with
 the rollout metrics of its batch, no ``train/`` metrics, and ``train/skipped_steps``, the count of skipped

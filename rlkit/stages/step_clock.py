@@ -1,9 +1,9 @@
 """The step clock: every second of an RL step under a named ``timing/`` key.
 
-Why: the stage timers a batch carries in ``info`` cover only the stage functions. The work between them
-(metrics reduction, the progress bar, an evaluation inside ``run()``, logging and checkpoint saves) and
-dynamic sampling's extra generation rounds went unmeasured, so a third of a step could hide outside every
-timer. The clock times the parts of a step where the session does them, and names the remainder.
+Why: the stage timers a batch carries in ``info`` cover only the stage functions, not the work between them
+(metrics reduction, the progress bar, an evaluation inside ``run()``, logging and checkpoint saves) nor
+dynamic sampling's extra generation rounds. The clock times the parts of a step where the session does
+them, and names the remainder.
 
 How the parts add up: parts nest, and a part's seconds exclude the parts opened inside it (dynamic
 sampling's scoring inside its rollout counts as ``score``, not twice), so the parts partition the step's wall

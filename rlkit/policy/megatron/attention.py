@@ -9,11 +9,9 @@ it needs. Same numerics as Megatron's unfused path within float rounding (tests/
 the conversion tests compare against transformers' forward).
 
 Where it is used (:func:`core_attention`): on CUDA. On the CPU Megatron's own unfused attention stays the
-default: the two agree within float rounding (5.4e-7), but a seeded RL run is chaotic, and that rounding moved
-the suite's calibrated checks (tests/session/test_learning.py's reward gain at its seed fell from +0.20 to
-+0.06 against a +0.08 bound; over six seeds the gains spread from -0.04 to +0.20 with either kernel; the MoE
-TP=2+SP weights after one Adam step moved from within 1e-5 to 1.6e-5 of one process's), while at the short
-sequences CPU runs use it saves nothing (0.96x the CPU-seconds at 256 tokens; 0.67x at 1024).
+default: the two agree within float rounding, but a seeded RL run is chaotic and that rounding moves the
+suite's calibrated checks, while at the short sequences CPU runs use it saves nothing (figures:
+docs/measurements.md, "Figures that docstrings used to carry").
 
 Packed sequences (``policy.sequence_packing``: several rows in one sequence, Megatron's ``PackedSeqParams`` in
 the "thd" format, query [L, heads, hn]): both core attentions here run causal attention within each segment of
