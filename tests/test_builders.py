@@ -23,3 +23,21 @@ def test_an_engine_in_this_process_is_paired_with_the_in_process_hand_over(model
         assert type(sync) is ColocatedWeightSync  # one streamed hand-over: no bucket to size
     finally:
         generator.close()
+
+
+def test_an_engine_in_an_actor_is_refit_from_the_policys_rank_0_when_the_policy_runs_in_workers(model_factory,
+                                                                                               monkeypatch):
+    """Which sync goes with an engine in a Ray actor: this process sends, unless the policy runs in Ray workers,
+    whose rank 0 then sends. The engine actor is stood in for: the test is about the pairing around it (the
+    real pair refits in tests/generation/test_remote.py and tests/cluster/test_two_nodes.py)."""
+    from types import SimpleNamespace
+
+    import rlkit.generation.remote as remote
+    from rlkit.weight_sync import BroadcastWeightSync, RanksBroadcastWeightSync
+
+    monkeypatch.setattr(remote, "RemoteGenerator", lambda *args, **kwargs: SimpleNamespace(actor="engine"))
+    for workers, sync_class in ((1, BroadcastWeightSync), (2, RanksBroadcastWeightSync)):
+        config = load_config("quickstart", {"policy.model_name": str(model_factory("nano")), "policy.model_preset": None,
+                                            "policy.generation.colocated.enabled": False, "policy.num_workers": workers})
+        generator, sync = build_generation(config)
+        assert type(sync) is sync_class and sync.generator is generator and sync.bucket_bytes == 256e6
