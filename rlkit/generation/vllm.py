@@ -236,9 +236,10 @@ class VllmGenerator:
         with defer_keyboard_interrupt():
             self.llm.collective_rpc("reload_weights",
                                     kwargs={"weights_iterator": named(weights), "is_checkpoint_format": True})
-            layers = moe_layers_with_experts_in(names)
-            if layers and not torch.cuda.is_available():
-                self.llm.collective_rpc(prepack_cpu_moe_experts, kwargs={"layers": layers})
+            if not torch.cuda.is_available():
+                if layers := moe_layers_with_experts_in(names):
+                    self.llm.collective_rpc(prepack_cpu_moe_experts, kwargs={"layers": layers})
+                self.llm.collective_rpc(redispatch_cpu_tied_layers)
 
     def _abort_unfinished(self) -> None:
         """Drop the requests an interrupted ``generate`` left in the engine: left there, the next call waits
@@ -327,3 +328,26 @@ def prepack_cpu_moe_experts(worker, layers: list[int]) -> int:
             kernel.fused_experts.process_weights_after_loading(module)
             done += 1
     return done
+
+
+def redispatch_cpu_tied_layers(worker) -> int:
+    """Rebuild the CPU matmul kernel of every layer that shares its weight tensor with another (a tied
+    ``lm_head`` and ``embed_tokens``); runs inside the engine's worker (``collective_rpc``) and returns the
+    number of layers rebuilt.
+
+    Why: on the CPU vLLM multiplies by a kernel built from a layer's weight when the layer is loaded (oneDNN
+    prepacks a copy). A tied ``lm_head`` holds no tensor of its own in the checkpoint, so a reload writes the new
+    weights into the shared tensor through ``embed_tokens`` and never re-processes ``lm_head``: the engine then
+    samples from the first load's head. Rebuilding is idempotent for these layers (their weight stays in place),
+    so every layer of a tie is rebuilt after each reload. tests/generation/test_vllm_refit.py shows the reload
+    alone is wrong on a tied model.
+    """
+    layers: dict[int, list] = {}
+    for module in worker.model_runner.model.modules():
+        weight = getattr(module, "weight", None)
+        if getattr(module, "quant_method", None) is not None and isinstance(weight, torch.Tensor) and weight.numel():
+            layers.setdefault(weight.untyped_storage().data_ptr(), []).append(module)
+    tied = [module for group in layers.values() if len(group) > 1 for module in group]
+    for module in tied:
+        module.quant_method.process_weights_after_loading(module)
+    return len(tied)

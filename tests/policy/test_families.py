@@ -132,12 +132,12 @@ def test_unsupported_rope_scalings_are_refused_with_the_reason():
         build.Architecture.from_hf_config(dict(base, use_sliding_window=True))
 
 
-@pytest.mark.parametrize("family,preset", FAMILIES)
-def test_vllm_agrees_with_the_policy_after_a_step_and_refit(folder, family, preset):
+@pytest.mark.parametrize("family,preset,tied", [(f, p, False) for f, p in FAMILIES] + [("qwen3", "nano", True)])
+def test_vllm_agrees_with_the_policy_after_a_step_and_refit(folder, family, preset, tied):
     from rlkit.generation.vllm import VllmGenerator
     from rlkit.weight_sync import ColocatedWeightSync
 
-    path = folder(family, preset)
+    path = folder(family, preset, **({"tie_word_embeddings": True} if tied else {}))
     texts, ids = arithmetic_prompts()
     policy = in_process_policy(PolicyConfig(model_name=str(path), optimizer=OptimizerConfig(lr=1e-2)))
     generator = VllmGenerator(path, GenerationConfig(), max_model_len=128, seed=0)
