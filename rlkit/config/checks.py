@@ -88,7 +88,7 @@ def cross_section_problems(sections: Mapping[str, Any]) -> list[str]:
     if policy is not None:
         out += precision_problems(policy) + policy.backend.problems(policy)
         if sum(b.enabled for b in policy.backends().values()) != 1:
-            keys = " / ".join(f"policy.{b.key}.enabled" for b in policy.backends().values())
+            keys = " / ".join(f"policy.{name}_cfg.enabled" for name in policy.backends())
             out.append(f"{keys}: enable exactly one training backend")
         if policy.generation.colocated.enabled is False and policy.generation.backend != "vllm":
             out.append(f"policy.generation.colocated.enabled=false: runs vLLM in a Ray actor, but "

@@ -62,12 +62,13 @@ class MegatronOptimizerConfig(Section):
 
 
 class BackendSection(Section):
-    """A training backend's section, ``policy.<name>_cfg``: ``enabled`` picks it (exactly one is enabled), and it
-    holds the backend's rules and words, which validation and the start line read without importing the
-    backend (:mod:`rlkit.policy.backends` builds it). A :class:`PolicyConfig` field of this type is a backend."""
+    """A training backend's section, ``policy.<name>_cfg``: ``enabled`` picks it (exactly one is enabled). It holds
+    the backend's rules and words (its data-parallel size, pipelining, problems, layout), which validation, the
+    start line and the session card read without importing the backend (:mod:`rlkit.policy.backends` builds it).
+    Every :class:`PolicyConfig` field of this type is a backend."""
 
     enabled: bool = False
-    backend_name: ClassVar[str]  # its name: policy.<name>_cfg is its key
+    name: ClassVar[str]  # the backend's name: policy.<name>_cfg is its key
     title: ClassVar[str]  # the backend in words on the session card
     start_words: ClassVar[str]  # ... and on the start line
 
@@ -77,7 +78,7 @@ class BackendSection(Section):
 
     def layout_words(self, num_workers: int) -> str:
         """The parallel layout in words (the session card)."""
-        return f"DP={self.data_parallel_size(num_workers)}"
+        raise NotImplementedError
 
     def pipelined(self) -> bool:
         """Whether microbatches go through a pipeline schedule (they must all have one shape)."""
@@ -93,22 +94,12 @@ class BackendSection(Section):
 
         if not num_experts_of(model_config):
             return []
-        return [f"policy.{self.key}.enabled: {policy.model_name!r} is a Mixture-of-Experts model, which the "
+        return [f"policy.{self.name}_cfg.enabled: {policy.model_name!r} is a Mixture-of-Experts model, which the "
                 f"{self.title} backend does not train yet; enable policy.megatron_cfg instead"]
-
-    @property
-    def key(self) -> str:
-        return f"{self.name}_cfg"
-
-    @property
-    def name(self) -> str:
-        return type(self).backend_name
 
 
 class MegatronConfig(BackendSection):
-    backend_name: ClassVar[str] = "megatron"
-    title: ClassVar[str] = "Megatron-Core"
-    start_words: ClassVar[str] = "Megatron-Core"
+    name, title, start_words = "megatron", "Megatron-Core", "Megatron-Core"
     enabled: bool = True
     tensor_model_parallel_size: int = Field(1, ge=1)
     pipeline_model_parallel_size: int = Field(1, ge=1)
@@ -151,9 +142,7 @@ class MegatronConfig(BackendSection):
 class DTensorConfig(BackendSection):
     """PyTorch's FSDP2 over every rank (:mod:`rlkit.policy.dtensor`)."""
 
-    backend_name: ClassVar[str] = "dtensor"
-    title: ClassVar[str] = "DTensor (FSDP2)"
-    start_words: ClassVar[str] = "DTensor, FSDP2"
+    name, title, start_words = "dtensor", "DTensor (FSDP2)", "DTensor, FSDP2"
 
     def layout_words(self, num_workers: int) -> str:
         return f"FSDP2 DP={num_workers} (no TP/PP/CP/EP)"
@@ -163,9 +152,7 @@ class HFPolicyConfig(BackendSection):
     """transformers' model in one process, unsharded (:mod:`rlkit.policy.hf`): the simplest backend, for
     debugging a loss."""
 
-    backend_name: ClassVar[str] = "hf"
-    title: ClassVar[str] = "transformers (one process)"
-    start_words: ClassVar[str] = "transformers, one process"
+    name, title, start_words = "hf", "transformers (one process)", "transformers, one process"
 
     def layout_words(self, num_workers: int) -> str:
         return "one process, no sharding"
