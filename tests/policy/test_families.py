@@ -15,9 +15,10 @@ from transformers import AutoModelForCausalLM
 
 from rlkit.config.components import GenerationConfig, MegatronConfig, OptimizerConfig, PolicyConfig
 from rlkit.errors import ModelError
-from rlkit.policy.factory import in_process_policy
-from rlkit.policy.megatron import build, moe
-from rlkit.policy.megatron.policy import load_hf_state
+from rlkit.policy import architecture
+from rlkit.policy.architecture import load_hf_state
+from rlkit.policy.backends import in_process_policy
+from rlkit.policy.megatron import moe
 from tests.helpers import arithmetic_prompts, generator_policy_mismatch, pg_token_mean_loss, random_batch
 
 TOL = 1e-4
@@ -60,9 +61,9 @@ def test_logits_match_transformers_and_export_round_trips(folder, family, preset
 
 
 def test_the_families_use_their_knobs(folder):
-    a = build.Architecture.from_hf_folder(folder("llama3", "nano"))
+    a = architecture.Architecture.from_hf_folder(folder("llama3", "nano"))
     assert a.rope_scaling_factor == 8.0 and not a.qk_layernorm
-    assert build.Architecture.from_hf_folder(folder("qwen3", "nano")).qk_layernorm
+    assert architecture.Architecture.from_hf_folder(folder("qwen3", "nano")).qk_layernorm
     q2 = moe.MoEArchitecture.from_hf_folder(folder("qwen2-moe", "nano-moe"))
     assert q2.shared_expert_size > 0 and not q2.norm_topk_prob and q2.qkv_bias
     q3 = moe.MoEArchitecture.from_hf_folder(folder("qwen3-moe", "nano-moe"))
@@ -92,7 +93,7 @@ def test_each_knob_has_a_negative_control(folder, monkeypatch, tmp_path, control
     if control == "rope_scaling_ignored":
         path = sharp_attention_copy(folder("llama3", "nano"), tmp_path)
         assert logits_error(path) < TOL
-        monkeypatch.setattr(build, "_llama3_rope_factor", lambda rope: None)
+        monkeypatch.setattr(architecture, "_llama3_rope_factor", lambda rope: None)
     elif control == "qk_norms_swapped":
         path = folder("qwen3", "nano")
 
@@ -123,13 +124,13 @@ def test_unsupported_rope_scalings_are_refused_with_the_reason():
     base = dict(architectures=["LlamaForCausalLM"], hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                 intermediate_size=96, vocab_size=128, max_position_embeddings=131072, rms_norm_eps=1e-6)
     with pytest.raises(ModelError, match="'yarn' is not supported"):
-        build.Architecture.from_hf_config(dict(base, rope_parameters={"rope_type": "yarn", "factor": 4.0}))
+        architecture.Architecture.from_hf_config(dict(base, rope_parameters={"rope_type": "yarn", "factor": 4.0}))
     llama3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 2.0, "high_freq_factor": 4.0,
               "original_max_position_embeddings": 8192}
     with pytest.raises(ModelError, match="low_freq_factor"):
-        build.Architecture.from_hf_config(dict(base, rope_parameters=llama3))
+        architecture.Architecture.from_hf_config(dict(base, rope_parameters=llama3))
     with pytest.raises(ModelError, match="sliding-window"):
-        build.Architecture.from_hf_config(dict(base, use_sliding_window=True))
+        architecture.Architecture.from_hf_config(dict(base, use_sliding_window=True))
 
 
 @pytest.mark.parametrize("family,preset,tied", [(f, p, False) for f, p in FAMILIES] + [("qwen3", "nano", True)])
