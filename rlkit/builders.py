@@ -2,11 +2,65 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, Optional
 
+from rlkit.algorithms import RLLoss
 from rlkit.config.run import RunConfig
 from rlkit.generation.base import Generator
 from rlkit.weight_sync import WeightSync
+
+
+@dataclass
+class Components:
+    """What a session is built from and keeps for its life; :meth:`close` releases the engines."""
+
+    tokenizer: Any
+    dataset: Any  # DatasetDict of prompt rows: "train" and "validation"
+    env: Any
+    policy: Any
+    generator: Optional[Generator]
+    weight_sync: Optional[WeightSync]  # refits the generator: built as one pair with it
+    loss_fn: Callable  # build_loss(config), or a loss function of yours
+
+    def close(self) -> None:
+        """Close the generator, the weight sync, the policy and the environment, in that order; each becomes
+        None. Safe twice."""
+        for part in ("generator", "weight_sync", "policy", "env"):
+            component = getattr(self, part)
+            if component is not None and hasattr(component, "close"):
+                component.close()
+            setattr(self, part, None)
+
+
+def build_components(config: RunConfig, start: Any, env: Any = None, loss_fn: Optional[Callable] = None) -> Components:
+    """Every component of ``config``, each timed as a part of ``start`` (a :class:`rlkit.startup.StartupReport`);
+    ``env`` and ``loss_fn``, when given, are used instead of the config's."""
+    from transformers import AutoTokenizer
+
+    from rlkit.data import load_prompt_dataset
+    from rlkit.startup import generator_engine, policy_engine
+
+    with start.part("model folder"):
+        ensure_model(config)
+    with start.part("tokenizer"):
+        tokenizer = AutoTokenizer.from_pretrained(config.policy.model_name)
+    with start.part("data"):
+        dataset = load_prompt_dataset(config.data, tokenizer, config.policy.max_prompt_tokens)
+    with start.part("environment"):
+        env = env if env is not None else build_environment(config)
+    with start.part("policy", engine=policy_engine(config)):
+        policy = build_policy(config)
+    with start.part("generator", engine=generator_engine(config)):
+        generator, weight_sync = build_generation(config)
+    return Components(tokenizer, dataset, env, policy, generator, weight_sync,
+                      loss_fn if loss_fn is not None else build_loss(config))
+
+
+def build_loss(config: RunConfig) -> RLLoss:
+    """The loss of ``loss_fn.*``; KL folded into the reward (``grpo.reward_kl_coef`` > 0) needs the reference too."""
+    return RLLoss(config.loss_fn, kl_in_reward=config.grpo.reward_kl_coef > 0)
 
 
 def ensure_model(config: RunConfig) -> Path:
@@ -43,11 +97,10 @@ def build_generation(config: RunConfig) -> tuple[Generator, WeightSync]:
     actor (``policy.generation.colocated.enabled=false``, and unset with async GRPO) gets them by broadcast,
     from a sync that talks to that actor and no other: sent by this process, or by the policy's rank 0 when
     the policy runs in Ray workers."""
-    from rlkit.config.components import ColocatedConfig, generation_colocated
+    from rlkit.config.components import ColocatedConfig
     from rlkit.weight_sync import BroadcastReceiver, BroadcastWeightSync, ColocatedWeightSync, RanksBroadcastWeightSync
 
-    p = config.policy
-    colocated = generation_colocated(p.generation, config.grpo.async_grpo.enabled)
+    p, colocated = config.policy, config.generation_colocated
     g = p.generation.model_copy(update={"colocated": ColocatedConfig(enabled=colocated)})
     engine = dict(max_model_len=p.max_model_len, seed=config.seed)
     bucket_bytes = g.refit_bucket_size_mb * 1e6

@@ -1,17 +1,17 @@
 """The Session: a policy, a reference, a generator, an environment and prompt data, alive in one process.
 
-The session is thin on purpose. Each stage method calls the stage function of the same name in
-:mod:`rlkit.stages` and keeps the result, so a notebook can re-run any cell; nothing here computes a
-loss or an advantage itself. It also keeps the bookkeeping a researcher should not have to: which policy
-version the generator holds (``stale``), which prompts the current step uses, and the step history.
+The session is thin on purpose: components and a run. The components (tokenizer, data, environment, policy,
+generator, weight sync, loss) are one :class:`rlkit.builders.Components` record, built once and closed
+together; the run's mutable state (step, history, prompt position, baseline, the step's prompts, latest
+results) is one :class:`rlkit.run.state.RunState`, where each step's batch comes from a rollout source
+(:mod:`rlkit.run.sources`), and the step and run loops are :mod:`rlkit.run.loop`. Each stage method calls the
+stage function of the same name in :mod:`rlkit.stages` and keeps the result, so a notebook can re-run any
+cell; nothing here computes a loss or an advantage itself. It also keeps the bookkeeping a researcher should
+not have to: which policy version the generator holds (``stale``) and which prompts the current step uses.
 
 Re-running ``rollout()`` within a step returns the same prompts and samples (same seed, same weights);
-the step's prompts are consumed when ``train()`` completes.
-
-Where things live: the run's mutable state (step, history, prompt position, baseline, the step's prompts,
-latest results) in one :class:`rlkit.run.state.RunState`, which the constructor, ``reset()`` and a checkpoint
-restore replace through one method; where each step's batch comes from in a rollout source
-(:mod:`rlkit.run.sources`); what a config change needs in :data:`rlkit.config.changes.CHANGES`.
+the step's prompts are consumed when ``train()`` completes. What a config change needs is
+:data:`rlkit.config.changes.CHANGES`; what is rebuilt for each kind of change is :data:`REBUILDS`.
 """
 
 from __future__ import annotations
@@ -22,22 +22,38 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from rlkit import stages
 from rlkit.algorithms import RLLoss
+from rlkit.builders import build_components, build_loss
 from rlkit.config.changes import Change, changes_needed, changes_summary, refusals
 from rlkit.config.loading import load_config
 from rlkit.config.run import RunConfig
 from rlkit.errors import SessionClosedError
 from rlkit.generation.base import SamplingSettings
-from rlkit.run.state import RunState, seed_everything
 from rlkit.run.loop import RunLoop
-from rlkit.stages.metrics import StepMetrics, step_metrics
-from rlkit.stages.reuse import warn_if_reused
 from rlkit.run.sources import RolloutSource, rollout_source, step_seed, warn_if_off_policy
+from rlkit.run.state import RunState, seed_everything
+from rlkit.stages.metrics import StepMetrics
 from rlkit.trajectories import Trajectories
 
 
-def _run_state_field(name: str, doc: str) -> property:
-    """A read-only view of ``session.run_state.<name>``: the run state is the one place the value is kept."""
-    return property(lambda session: getattr(session.run_state, name), doc=f"{doc} (session.run_state.{name})")
+def _view(record: str, name: str, doc: str, settable: bool = False) -> property:
+    """``session.<name>``, read from (and, if ``settable``, assigned to) ``session.<record>.<name>``, the one
+    place the value is kept."""
+    return property(lambda session: getattr(getattr(session, record), name),
+                    (lambda session, value: setattr(getattr(session, record), name, value)) if settable else None,
+                    doc=f"{doc} (session.{record}.{name})")
+
+
+def _single_turn(session: "Session", rows: Sequence[dict], sampling: SamplingSettings, version: int) -> Trajectories:
+    c = session.config
+    return stages.rollout(session.generator, session.tokenizer, rows, c.grpo.num_generations_per_prompt, sampling,
+                          version, c.data.system_prompt)
+
+
+def _conversations(session: "Session", rows: Sequence[dict], sampling: SamplingSettings, version: int) -> Trajectories:
+    c = session.config
+    return stages.conversations(session.generator, session.tokenizer, session.env, rows,
+                                c.grpo.num_generations_per_prompt, sampling, version, c.policy.max_model_len,
+                                c.data.system_prompt, max_failure_fraction=c.env.max_reward_failure_fraction)
 
 
 class Session(RunLoop):
@@ -47,31 +63,28 @@ class Session(RunLoop):
         """Build the engines of ``config``, printing one line per engine with its time. ``verbose=True`` also
         shows the third-party notices a quiet start holds back (:mod:`rlkit.quiet`); ``session.startup`` is
         what the start cost (seconds per part) and the warnings it showed."""
-        from transformers import AutoTokenizer
-
-        from rlkit.builders import build_environment, build_generation, build_policy, ensure_model
-        from rlkit.data import load_prompt_dataset
-        from rlkit.startup import StartupReport, generator_engine, policy_engine
+        from rlkit.startup import StartupReport
 
         self.config = config
-        self.startup = start = StartupReport(verbose=verbose)
-        with start.part("model folder"):
-            ensure_model(config)
-        with start.part("tokenizer"):
-            self.tokenizer = AutoTokenizer.from_pretrained(config.policy.model_name)
-        with start.part("data"):
-            self.dataset = load_prompt_dataset(config.data, self.tokenizer, config.policy.max_prompt_tokens)
-        with start.part("environment"):
-            self.env = env if env is not None else build_environment(config)
-        with start.part("policy", engine=policy_engine(config)):
-            self.policy = build_policy(config)
-        with start.part("generator", engine=generator_engine(config)):
-            self.generator, self.weight_sync = build_generation(config)  # the engine and what refits it, one pair
+        self.startup = StartupReport(verbose=verbose)
+        self.components = build_components(config, self.startup, env, loss_fn)
         self.generator_version = self.policy.version
-        self.loss_fn = loss_fn if loss_fn is not None else RLLoss(config.loss_fn, kl_in_reward=config.grpo.reward_kl_coef > 0)
+        # chosen once: a multi-turn environment plays whole conversations, scored as they are played
+        self._sample_rows = _conversations if stages.is_multi_turn(self.env) else _single_turn
         self.rollouts: Optional[RolloutSource] = None
         self._start_run(RunState.fresh(config, self.dataset))
         self.listeners: list[Callable[[StepMetrics], None]] = []  # called after every step of run()
+
+    tokenizer, dataset, env, policy, generator, weight_sync = (
+        _view("components", name, f"the session's {name.replace('_', ' ')}", settable=True)
+        for name in ("tokenizer", "dataset", "env", "policy", "generator", "weight_sync"))
+    loss_fn = _view("components", "loss_fn", "the loss train() minimizes (assign one of yours to replace it)", True)
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether ``logprobs()`` also runs the reference policy: the loss says so (RLLoss: a KL penalty, or KL
+        folded into the reward); a loss function of yours that does not say gets them."""
+        return getattr(self.loss_fn, "needs_reference", True)
 
     @classmethod
     def from_config(cls, source: str | Path | Mapping = "quickstart", overrides: Sequence[str] | Mapping = (),
@@ -92,55 +105,55 @@ class Session(RunLoop):
 
     def configure(self, overrides: Sequence[str] | Mapping[str, Any] | RunConfig) -> RunConfig:
         """Change settings in place without restarting the engines, e.g.
-        ``session.configure(["loss_fn.policy_loss=gspo"])``; returns the new config.
+        ``session.configure(["loss_fn.policy_loss=gspo"])``; returns the new config and prints what changed
+        (``key: old -> new``) and what each change needed.
 
-        What each changed key needs comes from :data:`rlkit.config.changes.CHANGES`, and all of it is done:
-        live keys (most of ``grpo.*``, ``sft.*``, ``eval.*``, ``logger.*``...) apply at their next use;
-        ``grpo.num_prompts_per_step``, ``grpo.num_generations_per_prompt`` and the dynamic-sampling keys get a
-        new rollout source (the step's prompts are kept and the missing ones drawn; async GRPO drops its queued
-        batches); ``loss_fn.*`` and ``grpo.reward_kl_coef`` a new loss (a loss function you supplied is kept,
-        with a warning that the change does not reach it); ``policy.optimizer.*`` and ``policy.scheduler.*`` a
-        new optimizer and schedule (Adam moments and the schedule position start over). ``seed`` starts a new
-        run (``reset()``), and the model, generator, data, environment and ``grpo.async_grpo`` need a new
-        Session: such changes raise ConfigError naming every key, and nothing is changed. It prints what
-        changed (``key: old -> new``) and what each change needed (live, new rollout source, new loss...)."""
+        Each key's need is its entry in :data:`rlkit.config.changes.CHANGES`, and what it rebuilds is in
+        :data:`REBUILDS`: live keys apply at their next use; the rollout keys get a new rollout source (the step's
+        prompts are kept and the missing ones drawn; async GRPO drops its queued batches); ``loss_fn.*`` and
+        ``grpo.reward_kl_coef`` a new loss (a loss function you supplied is kept, with a warning); the optimizer
+        and scheduler keys a new optimizer and schedule. ``seed`` needs ``reset()``, the engines, data,
+        environment and ``grpo.async_grpo`` a new Session: such changes raise ConfigError naming every key, and
+        nothing is changed."""
         self._refuse_if_closed("configure")
-        new, changes = self._changes(overrides, {Change.LIVE, Change.ROLLOUTS, Change.LOSS, Change.OPTIMIZER},
-                                     "configure()")
-        old, self.config = self.config, new
-        if Change.OPTIMIZER in changes.values():
-            self.policy.reset_optimizer(new.policy.optimizer, new.policy.scheduler)
-        old_loss = self.loss_fn
-        self._rebuild_loss(old, changes)
-        if Change.ROLLOUTS in changes.values():
-            self._start_run(self.run_state)
+        old, old_loss = self.config, self.loss_fn
+        changes = self._rebuild(overrides, "configure()", refused={Change.RUN, Change.SESSION})
         new_loss = stages.loss_description(self.loss_fn) if self.loss_fn is not old_loss else None
-        print(changes_summary(old, new, changes, new_loss))
-        return new
+        print(changes_summary(old, self.config, changes, new_loss))
+        return self.config
 
-    def _changes(self, overrides: Sequence[str] | Mapping[str, Any] | RunConfig, allowed: set[Change],
-                 where: str) -> tuple[RunConfig, dict[str, Change]]:
-        """The new config and what each changed key needs; ConfigError naming every change ``where`` cannot make."""
+    def reset(self, config: Sequence[str] | Mapping[str, Any] | RunConfig = ()) -> "Session":
+        """Put the session in the state ``Session(config)`` would start in, keeping its engines (a sweep does
+        this between runs: starting vLLM and Megatron costs far more than a short run).
+
+        ``config``: a RunConfig or overrides of the current one (default: none, this run over); any key short of
+        a new Session in :data:`rlkit.config.changes.CHANGES`, else ConfigError. Weights come back from the model
+        folder (the policy, then the generator by a refit) and become the reference; the optimizer, schedule,
+        run state (step 0, the sampler at the start of the seed's order, a new baseline) and rollout source are
+        new; the loss is rebuilt as in ``configure``; the RNGs are seeded as at construction. Listeners stay."""
+        self._refuse_if_closed("reset")
+        self._rebuild(config, "reset()", refused={Change.SESSION}, always=Change.RUN)
+        return self
+
+    def _rebuild(self, overrides: Sequence[str] | Mapping[str, Any] | RunConfig, where: str, refused: set[Change],
+                 always: Optional[Change] = None) -> dict[str, Change]:
+        """Take the config ``overrides`` gives and rebuild what its changes (and ``always``) need, in
+        :data:`REBUILDS`' order; a change ``where`` refuses raises ConfigError first. Returns each key's need."""
         from rlkit.errors import ConfigError
 
         new = overrides if isinstance(overrides, RunConfig) else load_config(self.config.model_dump(), overrides)
         changes = changes_needed(self.config, new)
-        if refusals(changes, allowed, where):
-            raise ConfigError(refusals(changes, allowed, where))
-        return new, changes
-
-    def _rebuild_loss(self, old: RunConfig, changes: Mapping[str, Change]) -> None:
-        """A new RLLoss when a key it is built from changed, if the loss is the RLLoss of ``old``'s ``loss_fn``;
-        any other loss (given to the constructor or assigned) is the user's: it is kept, and a warning says so."""
-        keys = [k for k, change in changes.items() if change is Change.LOSS]
-        if not keys:
-            return
-        if not (type(self.loss_fn) is RLLoss and self.loss_fn.params == old.loss_fn):
-            warnings.warn(f"{', '.join(keys)} changed, but this session trains with a loss function you supplied "
-                          f"({self.loss_fn!r}); it is kept and does not read the config, so the change does not "
-                          "reach it (assign session.loss_fn to replace it)", stacklevel=3)
-            return
-        self.loss_fn = RLLoss(self.config.loss_fn, kl_in_reward=self.config.grpo.reward_kl_coef > 0)
+        problems = refusals(changes, set(Change) - refused, where)
+        if problems:
+            raise ConfigError(problems)
+        old, self.config = self.config, new
+        needed = set(changes.values()) | ({always} if always else set())
+        if Change.RUN in needed:
+            needed -= {Change.OPTIMIZER, Change.ROLLOUTS}  # a new run makes both anew
+        for change, rebuild in REBUILDS.items():
+            if change in needed:
+                rebuild(self, old, [key for key, c in changes.items() if c is change])
+        return changes
 
     def _start_run(self, run: RunState) -> None:
         """Make ``run`` the run state, with a new rollout source over it: the one path by which the
@@ -160,44 +173,15 @@ class Session(RunLoop):
         self._start_run(run)
         self.refit()
 
-    def reset(self, config: Sequence[str] | Mapping[str, Any] | RunConfig = ()) -> "Session":
-        """Put the session in the state ``Session(config)`` would start in, keeping its engines (a sweep does
-        this between runs: starting vLLM and Megatron costs far more than a short run).
-
-        ``config`` is a RunConfig or overrides of the current config (default: none, i.e. start this run
-        over). It may change any key whose entry in :data:`rlkit.config.changes.CHANGES` is short of a new
-        Session (seed, ``grpo.*`` but ``grpo.async_grpo``, ``loss_fn.*``, ``sft.*``, ``eval.*``, ``logger.*``,
-        ``checkpointing.*``, ``policy.optimizer.*``, ``policy.scheduler.*``); anything else raises ConfigError.
-        Weights come back from the model folder (the policy, then the generator by a refit) and become the
-        reference; the optimizer and schedule are new; the run state is fresh (step 0, empty history, the
-        sampler at the start of the seed's order, a new baseline, no latest results) and so is the rollout
-        source; the loss is rebuilt from the config, unless you supplied one (it is kept, see ``configure``);
-        the RNGs are seeded as at construction. Listeners (a dashboard) stay attached."""
-        self._refuse_if_closed("reset")
-        from rlkit.policy.architecture import load_hf_state
-
-        new, changes = self._changes(config, set(Change) - {Change.SESSION}, "reset()")
-        policy = self.policy
-        policy.load_hf_state(load_hf_state(new.policy.model_name))
-        policy.reset_optimizer(new.policy.optimizer, new.policy.scheduler)
-        policy.set_reference_to_current()
-        policy.version = 0
-        old, self.config = self.config, new
-        self._rebuild_loss(old, changes)
-        self._start_run(RunState.fresh(new, self.dataset))
-        self.refit()
-        seed_everything(new.seed)
-        return self
-
     # ---- state -----------------------------------------------------------------------------------
-    step_count = _run_state_field("step", "RL steps completed")
-    history = _run_state_field("history", "StepMetrics of every completed step")
-    batch = _run_state_field("batch", "the latest batch a stage returned")
-    sampler = _run_state_field("sampler", "the prompt sampler (its position is the run's position in the data)")
-    baseline = _run_state_field("baseline", "reinforce_baseline's running reward mean")
-    last_train, last_refit, last_eval, last_sft = (_run_state_field(f"last_{stage}", f"the latest {stage}() result")
+    step_count = _view("run_state", "step", "RL steps completed")
+    history = _view("run_state", "history", "StepMetrics of every completed step")
+    batch = _view("run_state", "batch", "the latest batch a stage returned")
+    sampler = _view("run_state", "sampler", "the prompt sampler (its position is the run's position in the data)")
+    baseline = _view("run_state", "baseline", "reinforce_baseline's running reward mean")
+    last_train, last_refit, last_eval, last_sft = (_view("run_state", f"last_{stage}", f"the latest {stage}() result")
                                                    for stage in ("train", "refit", "eval", "sft"))
-    stop_requested = _run_state_field("stop_requested", "run() ends after the current step")
+    stop_requested = _view("run_state", "stop_requested", "run() ends after the current step")
 
     @property
     def stale(self) -> bool:
@@ -231,13 +215,7 @@ class Session(RunLoop):
         """G samples for each of ``rows`` (not scored), or with a multi-turn environment G conversations each,
         scored as they are played (:mod:`rlkit.stages.conversations`); async GRPO's producer thread calls it too."""
         with self.timed("rollout"):  # each of dynamic sampling's rounds
-            if stages.is_multi_turn(self.env):
-                return stages.conversations(
-                    self.generator, self.tokenizer, self.env, rows, self.config.grpo.num_generations_per_prompt,
-                    self.sampling(seed), generator_version, self.config.policy.max_model_len,
-                    self.config.data.system_prompt, max_failure_fraction=self.config.env.max_reward_failure_fraction)
-            return stages.rollout(self.generator, self.tokenizer, rows, self.config.grpo.num_generations_per_prompt,
-                                  self.sampling(seed), generator_version, self.config.data.system_prompt)
+            return self._sample_rows(self, rows, self.sampling(seed), generator_version)
 
     def _score(self, batch: Trajectories) -> Trajectories:
         if batch.rewards is not None:  # multi-turn conversations are scored as they are played
@@ -287,8 +265,7 @@ class Session(RunLoop):
         when the loss needs them (KL), the entropy, and the generator/trainer mismatch (warns past
         ``grpo.mismatch_warning_threshold``)."""
         self._refuse_if_closed("logprobs")
-        needs_reference = getattr(self.loss_fn, "needs_reference", True)
-        return self._keep(stages.logprobs(self._latest(batch, "logprobs"), self.policy, needs_reference,
+        return self._keep(stages.logprobs(self._latest(batch, "logprobs"), self.policy, self.needs_reference,
                                           self.config.grpo.mismatch_warning_threshold))
 
     def loss(self, batch: Optional[Trajectories] = None) -> stages.LossReport:
@@ -306,35 +283,6 @@ class Session(RunLoop):
         (:mod:`rlkit.stages.reuse`)."""
         self._refuse_if_closed("train")
         return self._train(self._latest(batch, "train"), allow_reuse, on_policy=False)
-
-    def _train(self, batch: Trajectories, allow_reuse: bool, on_policy: bool) -> StepMetrics:
-        """:meth:`train`; ``on_policy``: the batch has no ``prev_logprobs`` and the train step's own forward
-        fills them in, with the entropy and the mismatch figures (:meth:`_skips_logprobs_pass`)."""
-        if not allow_reuse:
-            warn_if_reused(batch, self.step_count)
-        version_before = self.policy.version
-        try:
-            result = stages.train(batch, self.policy, self.loss_fn, self.config.grpo.num_epochs,
-                                  self.config.policy.train_global_batch_size, seed=self.config.seed + self.step_count,
-                                  on_policy=on_policy)
-        except stages.TrainInterrupted as interrupted:
-            self._record_step(batch, interrupted.metrics(), interrupted.seconds, version_before)
-            raise
-        if on_policy:
-            batch = self._keep(stages.logprobs_from_train_step(batch, result.steps[0], version_before,
-                                                               self.config.grpo.mismatch_warning_threshold))
-        self.run_state.last_train = result
-        return self._record_step(batch, result.metrics, result.seconds, version_before)
-
-    def _record_step(self, batch: Trajectories, train_metrics: dict[str, float], seconds: float,
-                     version_before: int) -> StepMetrics:
-        with self.timed("metrics"):
-            metrics = step_metrics(self.step_count + 1, self.policy.version, batch, train_metrics,
-                                   {"train": seconds}, version_before)
-            # the async producer's rollout/ figures, dynamic sampling's rounds (tries, kept and dropped groups)
-            metrics.values.update({k: v for k, v in batch.info.items() if k.startswith(("rollout/", "dynamic_sampling/"))})
-            self.run_state.end_step(metrics)
-        return metrics
 
     def refit(self) -> Any:
         """Push the policy's weights into the generator. Interrupted midway, the generator stays stale."""
@@ -432,11 +380,10 @@ class Session(RunLoop):
         """Release the generator, the policy, their process groups and Megatron's global state; a new Session
         can follow. Safe twice."""
         self.closed = True
-        for part in ("rollouts", "generator", "weight_sync", "policy", "env"):
-            component = getattr(self, part, None)
-            if component is not None and hasattr(component, "close"):
-                component.close()
-            setattr(self, part, None)
+        if self.rollouts is not None:
+            self.rollouts.close()
+        self.rollouts = None
+        self.components.close()
 
     def __enter__(self) -> "Session":
         return self
@@ -453,3 +400,39 @@ class Session(RunLoop):
         from rlkit.notebook.display import session_html
 
         return session_html(self)
+
+
+def _new_loss(session: Session, old: RunConfig, keys: list[str]) -> None:
+    """The RLLoss of the new config, if the loss is the RLLoss of ``old``'s ``loss_fn``; any other loss (given to
+    the constructor or assigned) is the user's: it is kept, and a warning says so."""
+    if type(session.loss_fn) is RLLoss and session.loss_fn.params == old.loss_fn:
+        session.loss_fn = build_loss(session.config)
+        return
+    warnings.warn(f"{', '.join(keys)} changed, but this session trains with a loss function you supplied "
+                  f"({session.loss_fn!r}); it is kept and does not read the config, so the change does not "
+                  "reach it (assign session.loss_fn to replace it)", stacklevel=4)
+
+
+def _new_run(session: Session, old: RunConfig, keys: list[str]) -> None:
+    """``reset()``: the model folder's weights in the policy (also its reference), then in the generator; a new
+    optimizer and schedule; a fresh run state and rollout source; the RNGs seeded as at construction."""
+    from rlkit.policy.architecture import load_hf_state
+
+    new, policy = session.config, session.policy
+    policy.load_hf_state(load_hf_state(new.policy.model_name))
+    policy.reset_optimizer(new.policy.optimizer, new.policy.scheduler)
+    policy.set_reference_to_current()
+    policy.version = 0
+    session._start_run(RunState.fresh(new, session.dataset))
+    session.refit()
+    seed_everything(new.seed)
+
+
+# What the session rebuilds for each kind of change (LIVE: nothing; SESSION: refused), in this order.
+REBUILDS: dict[Change, Callable[[Session, RunConfig, list[str]], None]] = {
+    Change.LOSS: _new_loss,
+    Change.OPTIMIZER: lambda session, old, keys: session.policy.reset_optimizer(session.config.policy.optimizer,
+                                                                                session.config.policy.scheduler),
+    Change.ROLLOUTS: lambda session, old, keys: session._start_run(session.run_state),
+    Change.RUN: _new_run,
+}

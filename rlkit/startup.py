@@ -103,9 +103,5 @@ def policy_engine(config: Any) -> str:
 
 def generator_engine(config: Any) -> str:
     """The generation engine a config builds, in words (what :func:`rlkit.builders.build_generation` picks)."""
-    from rlkit.config.components import generation_colocated
-
-    g = config.policy.generation
-    backend = "vLLM" if g.backend == "vllm" else "transformers generate"
-    in_process = generation_colocated(g, config.grpo.async_grpo.enabled)
-    return backend + (", in this process" if in_process else ", in a Ray actor")
+    backend = "vLLM" if config.policy.generation.backend == "vllm" else "transformers generate"
+    return backend + (", in this process" if config.generation_colocated else ", in a Ray actor")

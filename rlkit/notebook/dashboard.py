@@ -77,8 +77,8 @@ def flat_panel_notes(session: Any) -> dict[str, str]:
     with one optimizer update per rollout the importance ratio is exactly 1 (the trainer's logprobs are taken
     with the weights it then updates), so nothing is clipped."""
     notes = {}
-    loss_fn, config = getattr(session, "loss_fn", None), getattr(session, "config", None)
-    if loss_fn is not None and getattr(loss_fn, "needs_reference", True) is False:
+    config = getattr(session, "config", None)
+    if getattr(session, "needs_reference", None) is False:  # the session's rule (Session.needs_reference)
         notes["KL to reference"] = "KL penalty 0: not measured"
     if config is not None and config.updates_per_step == 1:
         notes["clipped fraction"] = "on-policy: ratio 1"

@@ -1,12 +1,13 @@
 """``Session.step()`` and ``Session.run()``: one whole RL step, and the loop over steps that a notebook cell or
-``rlkit train`` runs.
+``rlkit train`` runs; and how a step is recorded (``train()``'s update, its metrics, the run state's next step).
 
 What the loop adds to ``step()``: a progress bar, evaluation every ``grpo.val_period`` steps, the listeners (a
 dashboard, the experiment's loggers and checkpoints), skipped steps (a step whose gradients are not finite is
 recorded and the run goes on, :mod:`rlkit.stages.skipped_steps`), ``request_stop()`` between steps, and an
 interrupt that reads as one line (:class:`rlkit.errors.RunInterrupted`). Its time is on the step clock too
 (:mod:`rlkit.stages.step_clock`), so a step's ``timing/`` parts still add up. A mixin of
-:class:`rlkit.session.Session`, kept apart so the session module stays readable in one sitting.
+:class:`rlkit.session.Session`: the session's stage methods are its stages, and the run state and rollout
+source (:mod:`rlkit.run`) its record; the session module stays the facade of stage calls.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ from typing import Any, Callable, ContextManager, Optional
 from rlkit import stages
 from rlkit.algorithms import RLLoss
 from rlkit.errors import RunInterrupted
-from rlkit.stages.metrics import StepMetrics
+from rlkit.stages.metrics import StepMetrics, step_metrics
+from rlkit.stages.reuse import warn_if_reused
 from rlkit.stages.step_clock import StepClock
 from rlkit.trajectories import Trajectories
 
@@ -78,13 +80,42 @@ class RunLoop:
                 self._clock = None
         return metrics
 
+    def _train(self, batch: Trajectories, allow_reuse: bool, on_policy: bool) -> StepMetrics:
+        """:meth:`train`; ``on_policy``: the batch has no ``prev_logprobs`` and the train step's own forward
+        fills them in, with the entropy and the mismatch figures (:meth:`_skips_logprobs_pass`)."""
+        if not allow_reuse:
+            warn_if_reused(batch, self.step_count)
+        version_before = self.policy.version
+        try:
+            result = stages.train(batch, self.policy, self.loss_fn, self.config.grpo.num_epochs,
+                                  self.config.policy.train_global_batch_size, seed=self.config.seed + self.step_count,
+                                  on_policy=on_policy)
+        except stages.TrainInterrupted as interrupted:
+            self._record_step(batch, interrupted.metrics(), interrupted.seconds, version_before)
+            raise
+        if on_policy:
+            batch = self._keep(stages.logprobs_from_train_step(batch, result.steps[0], version_before,
+                                                               self.config.grpo.mismatch_warning_threshold))
+        self.run_state.last_train = result
+        return self._record_step(batch, result.metrics, result.seconds, version_before)
+
+    def _record_step(self, batch: Trajectories, train_metrics: dict[str, float], seconds: float,
+                     version_before: int) -> StepMetrics:
+        with self.timed("metrics"):
+            metrics = step_metrics(self.step_count + 1, self.policy.version, batch, train_metrics,
+                                   {"train": seconds}, version_before)
+            # the async producer's rollout/ figures, dynamic sampling's rounds (tries, kept and dropped groups)
+            metrics.values.update({k: v for k, v in batch.info.items() if k.startswith(("rollout/", "dynamic_sampling/"))})
+            self.run_state.end_step(metrics)
+        return metrics
+
     def _skips_logprobs_pass(self, batch: Trajectories) -> bool:
         """Whether ``step()`` can skip the logprobs pass and take the batch's logprobs from its train step
         (TRL's rule for on-policy steps): one update on the batch, so the step's own forward, at the weights
         the pass would use, computes exactly its values (bitwise here: tests/session/test_step_logprobs.py);
         rlkit's loss (a loss function of yours may read ``prev_logprobs`` itself); no reference pass needed; and
         a policy that returns them (not a Ray worker group, not Megatron with pipeline parallelism)."""
-        return (isinstance(self.loss_fn, RLLoss) and not self.loss_fn.needs_reference
+        return (isinstance(self.loss_fn, RLLoss) and not self.needs_reference
                 and self.policy.returns_step_logprobs
                 and stages.one_update(batch.batch_size, self.config.grpo.num_epochs,
                                       self.config.policy.train_global_batch_size))
@@ -157,7 +188,7 @@ class RunLoop:
     def _show_progress(self, bar: Any, metrics: StepMetrics) -> None:
         shown = {"reward": f"{metrics['rollout/reward_mean']:.3f}",
                  "entropy": f"{metrics.get('train/approx_entropy', float('nan')):.3f}"}
-        if getattr(self.loss_fn, "needs_reference", False):
+        if self.needs_reference:
             shown["kl"] = f"{metrics.get('train/kl', 0.0):.4f}"
         bar.set_postfix(shown, refresh=False)
         bar.update(1)

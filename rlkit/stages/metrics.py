@@ -10,9 +10,13 @@ from dataclasses import dataclass, field
 from rlkit.trajectories import Trajectories
 
 
-@dataclass(frozen=True)
+@dataclass
 class StepMetrics:
-    """One RL step's metrics by NeMo-RL-style name (``metrics["rollout/reward_mean"]``); see the module docstring."""
+    """One RL step's metrics by NeMo-RL-style name (``metrics["rollout/reward_mean"]``); see the module docstring.
+
+    Mutable on purpose: it enters ``session.history`` when the update takes effect (an interrupt then keeps
+    it), and the step completes that record in place (``step()``'s timings, ``run()``'s validation accuracy
+    and the last step's listener seconds); copies would leave history and the caller with different records."""
 
     step: int  # RL steps completed, this one included
     policy_version: int  # optimizer steps the policy has taken after this step

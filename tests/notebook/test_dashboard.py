@@ -21,6 +21,8 @@ class StandInSession:
     def __init__(self):
         self.history, self.listeners, self.batch, self.stop_requested = [], [], None, False
 
+    needs_reference = property(lambda self: self.loss_fn.needs_reference)  # Session's rule, for an RLLoss
+
     def request_stop(self):
         self.stop_requested = True
 

@@ -160,12 +160,11 @@ def check_is_weights_use_generator_logprobs(session):
 
 
 def test_async_runs_the_engine_in_a_ray_actor_unless_told_otherwise():
-    from rlkit.config.components import generation_colocated
     from rlkit.startup import generator_engine
 
     def placement(**overrides):
         cfg = load_config("quickstart", overrides)
-        return generation_colocated(cfg.policy.generation, cfg.grpo.async_grpo.enabled), generator_engine(cfg)
+        return cfg.generation_colocated, generator_engine(cfg)
 
     assert placement() == (True, "vLLM, in this process")  # sync: the engine beside the policy
     assert placement(**ASYNC) == (False, "vLLM, in a Ray actor")
