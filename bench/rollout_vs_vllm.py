@@ -60,8 +60,7 @@ def main() -> None:
                     for i in range(len(prompts))]
 
         def rlkit_rollout() -> int:
-            batch = stages.rollout(s.generator, s.tokenizer, rows, g.num_generations_per_prompt, sampling,
-                                   s.policy.version, s.config.data.system_prompt)
+            batch = stages.rollout(s.generator, s.tokenizer, rows, sampling, s.policy.version, s.settings.rollout)
             return int(batch.completion_lengths.sum())
 
         def raw_generate(**engine_side) -> int:

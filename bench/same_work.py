@@ -36,13 +36,12 @@ def stage_step(s, cpu: dict) -> None:
     g = s.config.grpo
     rows = s.sampler.next_batch(g.num_prompts_per_step)
     calls = [
-        ("rollout", lambda _: stages.rollout(s.generator, s.tokenizer, rows, g.num_generations_per_prompt,
-                                             s.sampling(), s.policy.version)),
+        ("rollout", lambda _: stages.rollout(s.generator, s.tokenizer, rows, s.sampling(), s.policy.version,
+                                             s.settings.rollout)),
         ("score", lambda b: stages.score(b, s.env)),
         ("logprobs", lambda b: stages.logprobs(b, s.policy, s.loss_fn.needs_reference)),
         ("advantages", lambda b: stages.advantages(b, g.advantage_estimator, g.advantage_params(), s.baseline)),
-        ("train", lambda b: (stages.train(b, s.policy, s.loss_fn, g.num_epochs,
-                                         s.config.policy.train_global_batch_size), b)[1]),
+        ("train", lambda b: (stages.train(b, s.policy, s.loss_fn, s.settings.train), b)[1]),
         ("refit", lambda b: (stages.refit(s.policy, s.generator, s.weight_sync), b)[1]),
     ]
     batch = None

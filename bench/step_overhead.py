@@ -30,8 +30,7 @@ def main() -> None:
 
         def direct() -> None:
             rows = s.sampler.next_batch()
-            b = stages.rollout(s.generator, s.tokenizer, rows, g.num_generations_per_prompt, s.sampling(),
-                               s.policy.version)
+            b = stages.rollout(s.generator, s.tokenizer, rows, s.sampling(), s.policy.version, s.settings.rollout)
             b = stages.score(b, s.env)
             b = stages.advantages(b, g.advantage_estimator, g.advantage_params(), s.baseline)
             b = stages.logprobs(b, s.policy, s.loss_fn.needs_reference)

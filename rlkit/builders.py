@@ -1,12 +1,16 @@
-"""Builders: a validated run config -> the session's objects (the one place that maps settings to classes)."""
+"""Builders: a validated run config -> the session's objects (the one place that maps settings to classes), and
+what is rebuilt when ``configure()`` or ``reset()`` changes the config (:data:`REBUILDS`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+import warnings
+from typing import Any, Callable, Mapping, Optional, Sequence
 
 from rlkit.algorithms import RLLoss
+from rlkit.config.changes import Change, changes_needed, refusals
+from rlkit.config.loading import load_config
 from rlkit.config.run import RunConfig
 from rlkit.generation.base import Generator
 from rlkit.weight_sync import WeightSync
@@ -128,3 +132,63 @@ def build_environment(config: RunConfig):
     if config.env.name == "math":
         return make_environment("math", timeout_seconds=config.env.math_timeout_s)
     return make_environment(config.env.name)
+
+
+def _new_loss(session: Any, old: RunConfig, keys: list[str]) -> None:
+    """The RLLoss of the new config, if the loss is the RLLoss of ``old``'s ``loss_fn``; any other loss (given to
+    the constructor or assigned) is the user's: it is kept, and a warning says so."""
+    if type(session.loss_fn) is RLLoss and session.loss_fn.params == old.loss_fn:
+        session.loss_fn = build_loss(session.config)
+        return
+    warnings.warn(f"{', '.join(keys)} changed, but this session trains with a loss function you supplied "
+                  f"({session.loss_fn!r}); it is kept and does not read the config, so the change does not "
+                  "reach it (assign session.loss_fn to replace it)", stacklevel=4)
+
+
+def _new_run(session: Any, old: RunConfig, keys: list[str]) -> None:
+    """``reset()``: the model folder's weights in the policy (also its reference), then in the generator; a new
+    optimizer and schedule; a fresh run state and rollout source; the RNGs seeded as at construction."""
+    from rlkit.policy.architecture import load_hf_state
+    from rlkit import rng
+    from rlkit.run.state import RunState
+
+    new, policy = session.config, session.policy
+    policy.load_hf_state(load_hf_state(new.policy.model_name))
+    policy.reset_optimizer(new.policy.optimizer, new.policy.scheduler)
+    policy.set_reference_to_current()
+    policy.version = 0
+    session._start_run(RunState.fresh(new, session.dataset))
+    session.refit()
+    rng.seed(new.seed)  # as at construction: python, numpy, torch and a live backend's tracker
+
+
+# What a session rebuilds for each kind of change (LIVE: nothing; SESSION: refused), in this order.
+REBUILDS: dict[Change, Callable[[Any, RunConfig, list[str]], None]] = {
+    Change.LOSS: _new_loss,
+    Change.OPTIMIZER: lambda session, old, keys: session.policy.reset_optimizer(session.config.policy.optimizer,
+                                                                                session.config.policy.scheduler),
+    Change.ROLLOUTS: lambda session, old, keys: session._start_run(session.run_state),
+    Change.RUN: _new_run,
+}
+
+
+def rebuild(session: Any, overrides: Sequence[str] | Mapping[str, Any] | RunConfig, where: str,
+            refused: set[Change], always: Optional[Change] = None) -> dict[str, Change]:
+    """``session.configure()`` and ``reset()``: take the config ``overrides`` gives and rebuild what its changes
+    (and ``always``) need, in :data:`REBUILDS`' order; a change ``where`` refuses raises ConfigError first, and
+    nothing is changed. Returns each key's need."""
+    from rlkit.errors import ConfigError
+
+    new = overrides if isinstance(overrides, RunConfig) else load_config(session.config.model_dump(), overrides)
+    changes = changes_needed(session.config, new)
+    problems = refusals(changes, set(Change) - refused, where)
+    if problems:
+        raise ConfigError(problems)
+    old, session.config = session.config, new
+    needed = set(changes.values()) | ({always} if always else set())
+    if Change.RUN in needed:
+        needed -= {Change.OPTIMIZER, Change.ROLLOUTS}  # a new run makes both anew
+    for change, action in REBUILDS.items():
+        if change in needed:
+            action(session, old, [key for key, c in changes.items() if c is change])
+    return changes

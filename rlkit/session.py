@@ -1,37 +1,32 @@
 """The Session: a policy, a reference, a generator, an environment and prompt data, alive in one process.
 
-The session is thin on purpose: components and a run. The components (tokenizer, data, environment, policy,
-generator, weight sync, loss) are one :class:`rlkit.builders.Components` record, built once and closed
-together; the run's mutable state (step, history, prompt position, baseline, the step's prompts, latest
-results) is one :class:`rlkit.run.state.RunState`, where each step's batch comes from a rollout source
-(:mod:`rlkit.run.sources`), and the step and run loops are :mod:`rlkit.run.loop`. Each stage method calls the
-stage function of the same name in :mod:`rlkit.stages` and keeps the result, so a notebook can re-run any
-cell; nothing here computes a loss or an advantage itself. It also keeps the bookkeeping a researcher should
-not have to: which policy version the generator holds (``stale``) and which prompts the current step uses.
-
-Re-running ``rollout()`` within a step returns the same prompts and samples (same seed, same weights);
-the step's prompts are consumed when ``train()`` completes. What a config change needs is
-:data:`rlkit.config.changes.CHANGES`; what is rebuilt for each kind of change is :data:`REBUILDS`.
+Components and a run: the components are one :class:`rlkit.builders.Components` record, the run's mutable state
+one :class:`rlkit.run.state.RunState`, whose batches come from a rollout source (:mod:`rlkit.run.sources`); the
+step and run loops are :mod:`rlkit.run.loop`. Each stage method calls the stage function of the same name with
+the config's settings for it (``session.settings``) and keeps the result, so a notebook can re-run any cell;
+nothing here computes a loss or an advantage. It also keeps which policy version the generator holds
+(``stale``) and which prompts the current step uses: re-running ``rollout()`` within a step returns the same
+prompts and samples, and the step's prompts are consumed when ``train()`` completes.
 """
 
 from __future__ import annotations
 
-import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from rlkit import stages
-from rlkit.algorithms import RLLoss
-from rlkit.builders import build_components, build_loss
-from rlkit.config.changes import Change, changes_needed, changes_summary, refusals
+from rlkit.builders import build_components, rebuild
+from rlkit.config.changes import Change, changes_summary
 from rlkit.config.loading import load_config
 from rlkit.config.run import RunConfig
 from rlkit.errors import SessionClosedError
 from rlkit.generation.base import SamplingSettings
-from rlkit.run.loop import RunLoop
+from rlkit.run import loop
 from rlkit.run.sources import RolloutSource, rollout_source, step_seed, warn_if_off_policy
-from rlkit.run.state import RunState, seed_everything
+from rlkit.run.state import RunState
 from rlkit.stages.metrics import StepMetrics
+from rlkit.stages.step_clock import StepClock
 from rlkit.trajectories import Trajectories
 
 
@@ -43,20 +38,7 @@ def _view(record: str, name: str, doc: str, settable: bool = False) -> property:
                     doc=f"{doc} (session.{record}.{name})")
 
 
-def _single_turn(session: "Session", rows: Sequence[dict], sampling: SamplingSettings, version: int) -> Trajectories:
-    c = session.config
-    return stages.rollout(session.generator, session.tokenizer, rows, c.grpo.num_generations_per_prompt, sampling,
-                          version, c.data.system_prompt)
-
-
-def _conversations(session: "Session", rows: Sequence[dict], sampling: SamplingSettings, version: int) -> Trajectories:
-    c = session.config
-    return stages.conversations(session.generator, session.tokenizer, session.env, rows,
-                                c.grpo.num_generations_per_prompt, sampling, version, c.policy.max_model_len,
-                                c.data.system_prompt, max_failure_fraction=c.env.max_reward_failure_fraction)
-
-
-class Session(RunLoop):
+class Session:
     """Holds the components of an RL run and exposes one method per stage."""
 
     def __init__(self, config: RunConfig, env: Any = None, loss_fn: Optional[Callable] = None, verbose: bool = False):
@@ -70,7 +52,9 @@ class Session(RunLoop):
         self.components = build_components(config, self.startup, env, loss_fn)
         self.generator_version = self.policy.version
         # chosen once: a multi-turn environment plays whole conversations, scored as they are played
-        self._sample_rows = _conversations if stages.is_multi_turn(self.env) else _single_turn
+        self._sample_rows = ((lambda *a: stages.conversations(self.generator, self.tokenizer, self.env, *a))
+                             if stages.is_multi_turn(self.env) else
+                             (lambda *a: stages.rollout(self.generator, self.tokenizer, *a)))
         self.rollouts: Optional[RolloutSource] = None
         self._start_run(RunState.fresh(config, self.dataset))
         self.listeners: list[Callable[[StepMetrics], None]] = []  # called after every step of run()
@@ -85,6 +69,13 @@ class Session(RunLoop):
         """Whether ``logprobs()`` also runs the reference policy: the loss says so (RLLoss: a KL penalty, or KL
         folded into the reward); a loss function of yours that does not say gets them."""
         return getattr(self.loss_fn, "needs_reference", True)
+
+    @property
+    def settings(self) -> stages.StageSettings:
+        """What each stage reads from the config (:mod:`rlkit.stages.settings`), built once per config."""
+        if getattr(self, "_settings", (None,))[0] is not self.config:
+            self._settings = (self.config, stages.StageSettings.from_config(self.config))
+        return self._settings[1]
 
     @classmethod
     def from_config(cls, source: str | Path | Mapping = "quickstart", overrides: Sequence[str] | Mapping = (),
@@ -106,18 +97,13 @@ class Session(RunLoop):
     def configure(self, overrides: Sequence[str] | Mapping[str, Any] | RunConfig) -> RunConfig:
         """Change settings in place without restarting the engines, e.g.
         ``session.configure(["loss_fn.policy_loss=gspo"])``; returns the new config and prints what changed
-        (``key: old -> new``) and what each change needed.
-
-        Each key's need is its entry in :data:`rlkit.config.changes.CHANGES`, and what it rebuilds is in
-        :data:`REBUILDS`: live keys apply at their next use; the rollout keys get a new rollout source (the step's
-        prompts are kept and the missing ones drawn; async GRPO drops its queued batches); ``loss_fn.*`` and
-        ``grpo.reward_kl_coef`` a new loss (a loss function you supplied is kept, with a warning); the optimizer
-        and scheduler keys a new optimizer and schedule. ``seed`` needs ``reset()``, the engines, data,
-        environment and ``grpo.async_grpo`` a new Session: such changes raise ConfigError naming every key, and
-        nothing is changed."""
+        (``key: old -> new``) and what each change needed: :data:`rlkit.config.changes.CHANGES`, rebuilt by
+        :data:`rlkit.builders.REBUILDS` (a loss function you supplied is kept, with a warning). Keys that need
+        ``reset()`` (``seed``) or a new Session (engines, data, environment, ``grpo.async_grpo``) raise
+        ConfigError naming every one, and nothing is changed."""
         self._refuse_if_closed("configure")
         old, old_loss = self.config, self.loss_fn
-        changes = self._rebuild(overrides, "configure()", refused={Change.RUN, Change.SESSION})
+        changes = rebuild(self, overrides, "configure()", refused={Change.RUN, Change.SESSION})
         new_loss = stages.loss_description(self.loss_fn) if self.loss_fn is not old_loss else None
         print(changes_summary(old, self.config, changes, new_loss))
         return self.config
@@ -132,28 +118,8 @@ class Session(RunLoop):
         run state (step 0, the sampler at the start of the seed's order, a new baseline) and rollout source are
         new; the loss is rebuilt as in ``configure``; the RNGs are seeded as at construction. Listeners stay."""
         self._refuse_if_closed("reset")
-        self._rebuild(config, "reset()", refused={Change.SESSION}, always=Change.RUN)
+        rebuild(self, config, "reset()", refused={Change.SESSION}, always=Change.RUN)
         return self
-
-    def _rebuild(self, overrides: Sequence[str] | Mapping[str, Any] | RunConfig, where: str, refused: set[Change],
-                 always: Optional[Change] = None) -> dict[str, Change]:
-        """Take the config ``overrides`` gives and rebuild what its changes (and ``always``) need, in
-        :data:`REBUILDS`' order; a change ``where`` refuses raises ConfigError first. Returns each key's need."""
-        from rlkit.errors import ConfigError
-
-        new = overrides if isinstance(overrides, RunConfig) else load_config(self.config.model_dump(), overrides)
-        changes = changes_needed(self.config, new)
-        problems = refusals(changes, set(Change) - refused, where)
-        if problems:
-            raise ConfigError(problems)
-        old, self.config = self.config, new
-        needed = set(changes.values()) | ({always} if always else set())
-        if Change.RUN in needed:
-            needed -= {Change.OPTIMIZER, Change.ROLLOUTS}  # a new run makes both anew
-        for change, rebuild in REBUILDS.items():
-            if change in needed:
-                rebuild(self, old, [key for key, c in changes.items() if c is change])
-        return changes
 
     def _start_run(self, run: RunState) -> None:
         """Make ``run`` the run state, with a new rollout source over it: the one path by which the
@@ -215,16 +181,13 @@ class Session(RunLoop):
         """G samples for each of ``rows`` (not scored), or with a multi-turn environment G conversations each,
         scored as they are played (:mod:`rlkit.stages.conversations`); async GRPO's producer thread calls it too."""
         with self.timed("rollout"):  # each of dynamic sampling's rounds
-            return self._sample_rows(self, rows, self.sampling(seed), generator_version)
+            return self._sample_rows(rows, self.sampling(seed), generator_version, self.settings.rollout)
 
     def _score(self, batch: Trajectories) -> Trajectories:
         if batch.rewards is not None:  # multi-turn conversations are scored as they are played
             return batch
-        g = self.config.grpo
         with self.timed("score"):  # dynamic sampling scores each round inside the rollout
-            return stages.score(batch, self.env, g.overlong_buffer_length, g.overlong_penalty,
-                                self.config.policy.generation.max_new_tokens,
-                                max_failure_fraction=self.config.env.max_reward_failure_fraction)
+            return stages.score(batch, self.env, self.settings.score)
 
     # ---- stages ----------------------------------------------------------------------------------
     def rollout(self, rows: Optional[Sequence[dict]] = None, seed: Optional[int] = None) -> Trajectories:
@@ -282,7 +245,11 @@ class Session(RunLoop):
         A batch of an earlier step (one trained on already, too) warns unless ``allow_reuse``
         (:mod:`rlkit.stages.reuse`)."""
         self._refuse_if_closed("train")
-        return self._train(self._latest(batch, "train"), allow_reuse, on_policy=False)
+        return loop.train(self, self._latest(batch, "train"), allow_reuse, on_policy=False)
+
+    # the step and the run loop: functions of the session in rlkit.run.loop
+    step, run, request_stop, timed = loop.step, loop.run, loop.request_stop, loop.timed
+    _clock: Optional[StepClock] = None  # the step clock of the step under way in step() or run()
 
     def refit(self) -> Any:
         """Push the policy's weights into the generator. Interrupted midway, the generator stays stale."""
@@ -300,16 +267,12 @@ class Session(RunLoop):
         self._refuse_if_closed("evaluate")
         if self.stale:
             self.refit()
-        n = num_prompts or self.config.eval.num_prompts
-        rows = list(self.dataset["validation"].select(range(min(n, len(self.dataset["validation"])))))
+        settings = self.settings.eval if greedy is None else replace(self.settings.eval, greedy=greedy)
+        n, held_out = num_prompts or settings.num_prompts, self.dataset["validation"]
+        rows = list(held_out.select(range(min(n, len(held_out)))))
         with self.rollouts.exclusive():
-            self.run_state.last_eval = stages.evaluate(
-                self.generator, self.tokenizer, self.env, rows, self.config.policy.generation.max_new_tokens,
-                self.policy.version, greedy=self.config.eval.greedy if greedy is None else greedy,
-                seed=self.config.seed, system_prompt=self.config.data.system_prompt,
-                max_failure_fraction=self.config.env.max_reward_failure_fraction,
-                max_total_tokens=self.config.policy.max_model_len,
-            )
+            self.run_state.last_eval = stages.evaluate(self.generator, self.tokenizer, self.env, rows,
+                                                       self.policy.version, settings)
         return self.last_eval
 
     def sft(self, num_steps: Optional[int] = None, progress: bool = True, refit: bool = True) -> stages.SFTResult:
@@ -321,23 +284,11 @@ class Session(RunLoop):
         generator stays stale; ``step()`` and ``evaluate()`` refit first.
         """
         self._refuse_if_closed("sft")
-        from tqdm.auto import tqdm
-
         from rlkit.data import PromptSampler
 
-        cfg = self.config.sft if num_steps is None else self.config.sft.model_copy(update={"num_steps": num_steps})
-        sampler = PromptSampler(self.dataset["train"], cfg.batch_size, seed=self.config.seed + 1)
-        bar = tqdm(total=cfg.num_steps, desc="SFT", disable=not progress)
-
-        def on_step(step: int, loss: float) -> None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.4f}")
-
-        try:
-            self.run_state.last_sft = stages.sft(self.policy, self.tokenizer, sampler, cfg, self.config.policy.optimizer,
-                                       self.config.policy.scheduler, self.config.data.system_prompt, on_step)
-        finally:
-            bar.close()
+        settings = self.settings.sft if num_steps is None else stages.SFTSettings.from_config(self.config, num_steps)
+        sampler = PromptSampler(self.dataset["train"], settings.sft.batch_size, seed=self.config.seed + 1)
+        self.run_state.last_sft = stages.sft(self.policy, self.tokenizer, sampler, settings, progress)
         if refit:
             self.refit()
         return self.last_sft
@@ -401,38 +352,3 @@ class Session(RunLoop):
 
         return session_html(self)
 
-
-def _new_loss(session: Session, old: RunConfig, keys: list[str]) -> None:
-    """The RLLoss of the new config, if the loss is the RLLoss of ``old``'s ``loss_fn``; any other loss (given to
-    the constructor or assigned) is the user's: it is kept, and a warning says so."""
-    if type(session.loss_fn) is RLLoss and session.loss_fn.params == old.loss_fn:
-        session.loss_fn = build_loss(session.config)
-        return
-    warnings.warn(f"{', '.join(keys)} changed, but this session trains with a loss function you supplied "
-                  f"({session.loss_fn!r}); it is kept and does not read the config, so the change does not "
-                  "reach it (assign session.loss_fn to replace it)", stacklevel=4)
-
-
-def _new_run(session: Session, old: RunConfig, keys: list[str]) -> None:
-    """``reset()``: the model folder's weights in the policy (also its reference), then in the generator; a new
-    optimizer and schedule; a fresh run state and rollout source; the RNGs seeded as at construction."""
-    from rlkit.policy.architecture import load_hf_state
-
-    new, policy = session.config, session.policy
-    policy.load_hf_state(load_hf_state(new.policy.model_name))
-    policy.reset_optimizer(new.policy.optimizer, new.policy.scheduler)
-    policy.set_reference_to_current()
-    policy.version = 0
-    session._start_run(RunState.fresh(new, session.dataset))
-    session.refit()
-    seed_everything(new.seed)
-
-
-# What the session rebuilds for each kind of change (LIVE: nothing; SESSION: refused), in this order.
-REBUILDS: dict[Change, Callable[[Session, RunConfig, list[str]], None]] = {
-    Change.LOSS: _new_loss,
-    Change.OPTIMIZER: lambda session, old, keys: session.policy.reset_optimizer(session.config.policy.optimizer,
-                                                                                session.config.policy.scheduler),
-    Change.ROLLOUTS: lambda session, old, keys: session._start_run(session.run_state),
-    Change.RUN: _new_run,
-}

@@ -20,7 +20,7 @@ from rlkit.config.run import RunConfig
 
 
 class Change(Enum):
-    """What a changed key needs; ``rlkit.session.REBUILDS`` maps each to the one action that rebuilds it."""
+    """What a changed key needs; ``rlkit.builders.REBUILDS`` maps each to the one action that rebuilds it."""
 
     LIVE = "nothing: it is read where it is used"
     ROLLOUTS = "a new rollout source (how many prompts and samples a step draws, dynamic sampling)"

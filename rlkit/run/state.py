@@ -75,10 +75,3 @@ class RunState:
         self.batch = self.last_train = self.last_refit = self.last_eval = self.last_sft = None
         self.stop_requested = False
 
-
-def seed_everything(seed: int) -> None:
-    """Seed the RNGs a fresh session seeds at construction (:func:`rlkit.rng.seed`: python, numpy, torch, and a
-    backend's tracker where one is live in this process)."""
-    from rlkit import rng
-
-    rng.seed(seed)

@@ -29,7 +29,7 @@ import threading
 import time
 from collections import Counter, deque
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from rlkit.errors import StageOrderError
 from rlkit.notebook.html import CodeRepr

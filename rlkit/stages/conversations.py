@@ -39,9 +39,10 @@ from typing import Any, Optional, Sequence
 import torch
 
 from rlkit.data import render_prompt_texts
-from rlkit.envs.base import MAX_REWARD_FAILURE_FRACTION, Environment, error_sample_index
+from rlkit.envs.base import Environment, error_sample_index
 from rlkit.generation.base import Generation, Generator, SamplingSettings
 from rlkit.stages.score import check_reward_failures
+from rlkit.stages.settings import RolloutSettings
 from rlkit.trajectories import Trajectories
 
 TURN_SEED_STRIDE = 104_729  # turn k's engine calls sample with seed + k * stride (+ the call's index)
@@ -74,30 +75,23 @@ class _Conversation:
         self.logprobs += list(logprobs) if logprobs is not None else [0.0] * len(token_ids)
 
 
-def conversations(
-    generator: Generator,
-    tokenizer: Any,
-    env: Environment,
-    rows: Sequence[dict[str, Any]],
-    num_generations: int,
-    sampling: SamplingSettings,
-    policy_version: int,
-    max_total_tokens: int,
-    system_prompt: Optional[str] = None,
-    max_turns: Optional[int] = None,
-    prompt_key: str = "prompt",
-    max_failure_fraction: float = MAX_REWARD_FAILURE_FRACTION,
-) -> Trajectories:
-    """``len(rows)`` prompts x ``num_generations`` conversations played with ``env`` -> scored Trajectories
-    (``rewards`` [B], ``turn_rewards`` [B, T], ``loss_mask`` True on generated tokens only).
+def conversations(generator: Generator, tokenizer: Any, env: Environment, rows: Sequence[dict[str, Any]],
+                  sampling: SamplingSettings, policy_version: int, settings: RolloutSettings) -> Trajectories:
+    """``len(rows)`` prompts x ``settings.num_generations`` conversations played with ``env`` -> scored
+    Trajectories (``rewards`` [B], ``turn_rewards`` [B, T], ``loss_mask`` True on generated tokens only).
 
-    ``max_turns`` (default ``env.max_turns``) caps the assistant turns; ``max_total_tokens`` the tokens of a
-    conversation (prompt, turns and environment messages). Raises ``RewardError`` when more than
-    ``max_failure_fraction`` of the conversations had an environment failure (as the score stage does)."""
+    ``settings.max_turns`` (default ``env.max_turns``) caps the assistant turns; ``settings.max_total_tokens``
+    the tokens of a conversation (prompt, turns and environment messages). Raises ``RewardError`` when more than
+    ``settings.max_failure_fraction`` of the conversations had an environment failure (as the score stage does)."""
+    if settings.max_total_tokens is None:
+        raise ValueError("conversations need RolloutSettings.max_total_tokens (the engine's length, "
+                         "policy.max_model_len)")
     t0 = time.perf_counter()
-    max_turns = max_turns if max_turns is not None else getattr(env, "max_turns", 1)
-    head = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
-    texts = render_prompt_texts(tokenizer, [r[prompt_key] for r in rows], system_prompt)
+    num_generations, max_total_tokens, prompt_key = (settings.num_generations, settings.max_total_tokens,
+                                                     settings.prompt_key)
+    max_turns = settings.max_turns if settings.max_turns is not None else getattr(env, "max_turns", 1)
+    head = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt is not None else []
+    texts = render_prompt_texts(tokenizer, [r[prompt_key] for r in rows], settings.system_prompt)
     prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     games = [_Conversation(i // num_generations, head + [{"role": "user", "content": rows[i // num_generations][prompt_key]}],
                            list(prompt_ids[i // num_generations]), len(prompt_ids[i // num_generations]))
@@ -115,7 +109,7 @@ def conversations(
         live = [c for c in live if c.live]  # a turn with no room left ended its conversation
         _env_step(env, live, games, rows, tokenizer, max_total_tokens, last_turn=turn == max_turns - 1, errors=errors)
     batch = _as_trajectories(games, texts, rows, num_generations, policy_version, tokenizer, errors)
-    check_reward_failures(errors, batch, env, max_failure_fraction)
+    check_reward_failures(errors, batch, env, settings.max_failure_fraction)
     turns = torch.tensor([float(c.turns) for c in games])
     env_tokens = (batch.attention_mask & ~batch.loss_mask).sum(1).float() - torch.tensor([float(c.prompt_length) for c in games])
     info = {"timing/rollout": time.perf_counter() - t0, "sampling_seed": sampling.seed,

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
 from rlkit.envs import Environment
-from rlkit.envs.base import MAX_REWARD_FAILURE_FRACTION
 from rlkit.generation.base import Generator, SamplingSettings
 from rlkit.stages.conversations import conversations, is_multi_turn
 from rlkit.stages.rollout import rollout
 from rlkit.stages.score import score
+from rlkit.stages.settings import EvalSettings, ScoreSettings
 from rlkit.trajectories import Trajectories
 
 
@@ -32,24 +32,20 @@ class EvalResult:
 
 
 def evaluate(generator: Generator, tokenizer: Any, env: Environment, rows: Sequence[dict[str, Any]],
-             max_new_tokens: int, policy_version: int, greedy: bool = True, seed: int = 0,
-             system_prompt: Optional[str] = None, chunk: int = 256,
-             max_failure_fraction: float = MAX_REWARD_FAILURE_FRACTION,
-             max_total_tokens: Optional[int] = None) -> EvalResult:
+             policy_version: int, settings: EvalSettings) -> EvalResult:
     """Held-out accuracy; a multi-turn environment's conversations are played whole (within
-    ``max_total_tokens``, needed then), each scored by the sum of its turns' rewards."""
+    ``settings.rollout.max_total_tokens``, needed then), each scored by the sum of its turns' rewards."""
     t0 = time.perf_counter()
-    sampling = SamplingSettings(temperature=0.0 if greedy else 1.0, max_new_tokens=max_new_tokens, seed=seed)
+    sampling = SamplingSettings(temperature=0.0 if settings.greedy else 1.0, max_new_tokens=settings.max_new_tokens,
+                                seed=settings.seed)
     rewards, batches = [], []
-    for start in range(0, len(rows), chunk):
+    for start in range(0, len(rows), settings.chunk):
+        part = rows[start:start + settings.chunk]
         if is_multi_turn(env):
-            if max_total_tokens is None:
-                raise ValueError("evaluate: a multi-turn environment needs max_total_tokens (the engine's length)")
-            part = conversations(generator, tokenizer, env, rows[start:start + chunk], 1, sampling, policy_version,
-                                 max_total_tokens, system_prompt, max_failure_fraction=max_failure_fraction)
+            part = conversations(generator, tokenizer, env, part, sampling, policy_version, settings.rollout)
         else:
-            part = rollout(generator, tokenizer, rows[start:start + chunk], 1, sampling, policy_version, system_prompt)
-            part = score(part, env, max_failure_fraction=max_failure_fraction)
+            part = rollout(generator, tokenizer, part, sampling, policy_version, settings.rollout)
+            part = score(part, env, ScoreSettings(max_failure_fraction=settings.rollout.max_failure_fraction))
         rewards += part.rewards.tolist()
         batches.append(part)
     accuracy = sum(r >= 1.0 for r in rewards) / len(rewards)

@@ -13,20 +13,19 @@ import time
 import warnings
 
 from rlkit.envs import Environment
-from rlkit.envs.base import MAX_REWARD_FAILURE_FRACTION, error_sample_index
+from rlkit.envs.base import error_sample_index
 from rlkit.errors import RewardError
+from rlkit.stages.settings import ScoreSettings
 from rlkit.trajectories import Trajectories
 
 _SHOW_CHARS = 200  # of the failing sample's prompt and completion in the error
 
 
-def score(batch: Trajectories, env: Environment, overlong_buffer_length: int | None = None,
-          overlong_penalty: float = 1.0, max_new_tokens: int | None = None,
-          max_failure_fraction: float = MAX_REWARD_FAILURE_FRACTION) -> Trajectories:
+def score(batch: Trajectories, env: Environment, settings: ScoreSettings = ScoreSettings()) -> Trajectories:
     """Rewards [B] from ``env``; failed samples get 0 and their messages land in ``reward_errors``.
 
-    With ``overlong_buffer_length`` set, DAPO's soft overlong punishment is added to the rewards. More than
-    ``max_failure_fraction`` of the samples failing (or all of them) raises ``RewardError``.
+    With ``settings.overlong_buffer_length`` set, DAPO's soft overlong punishment is added to the rewards. More
+    than ``settings.max_failure_fraction`` of the samples failing (or all of them) raises ``RewardError``.
     """
     t0 = time.perf_counter()
     conversations = [
@@ -34,14 +33,13 @@ def score(batch: Trajectories, env: Environment, overlong_buffer_length: int | N
         for p, c in zip(batch.prompts, batch.completions)
     ]
     result = env.step(conversations, list(batch.row_of_sample))
-    check_reward_failures(result.errors, batch, env, max_failure_fraction)
+    check_reward_failures(result.errors, batch, env, settings.max_failure_fraction)
     rewards = result.rewards.float().clone()
-    if overlong_buffer_length is not None:
+    if settings.overlong_buffer_length is not None:
         from rlkit.algorithms import overlong_reward_shaping
 
-        rewards = rewards + overlong_reward_shaping(
-            batch.completion_lengths, max_new_tokens, overlong_buffer_length, overlong_penalty
-        )
+        rewards = rewards + overlong_reward_shaping(batch.completion_lengths, settings.max_new_tokens,
+                                                    settings.overlong_buffer_length, settings.overlong_penalty)
     info = dict(batch.info, **{"timing/score": time.perf_counter() - t0, "reward_errors": len(result.errors)})
     return batch.with_(rewards=rewards, reward_errors=tuple(result.errors), info=info,
                        env_metadata=tuple(result.metadata))

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 
 from rlkit.config.components import OptimizerConfig, SchedulerConfig
-from rlkit.config.run import SFTConfig
 from rlkit.data import PromptSampler, build_sft_batch
 from rlkit.policy.base import Policy
+from rlkit.stages.settings import SFTSettings
 from rlkit.trajectories import LossCounts, Trajectories
 
 
@@ -38,33 +38,36 @@ def nll_loss(logprobs: torch.Tensor, batch: Trajectories, counts: LossCounts):
     return loss, {"loss": loss.detach()}
 
 
-def sft_batch_as_trajectories(tokenizer: Any, rows: list[dict[str, Any]], cfg: SFTConfig,
+def sft_batch_as_trajectories(tokenizer: Any, rows: list[dict[str, Any]], response_key: str,
                               system_prompt: Optional[str] = None) -> Trajectories:
-    ids, attention, loss_mask = build_sft_batch(tokenizer, rows, response_key=cfg.response_key,
-                                                system_prompt=system_prompt)
+    ids, attention, loss_mask = build_sft_batch(tokenizer, rows, response_key=response_key, system_prompt=system_prompt)
     n = ids.shape[0]
     return Trajectories(
-        prompts=tuple(r["prompt"] for r in rows), completions=tuple(str(r[cfg.response_key]) for r in rows),
+        prompts=tuple(r["prompt"] for r in rows), completions=tuple(str(r[response_key]) for r in rows),
         input_ids=ids, attention_mask=attention, loss_mask=loss_mask,
         generator_logprobs=torch.zeros(ids.shape), finish_reasons=("stop",) * n, group_size=1, policy_version=0,
         tokenizer=tokenizer,
     )
 
 
-def sft(policy: Policy, tokenizer: Any, sampler: PromptSampler, cfg: SFTConfig, rl_optimizer: OptimizerConfig,
-        rl_scheduler: SchedulerConfig, system_prompt: Optional[str] = None,
-        on_step: Optional[Callable[[int, float], None]] = None) -> SFTResult:
+def sft(policy: Policy, tokenizer: Any, sampler: PromptSampler, settings: SFTSettings,
+        progress: bool = False) -> SFTResult:
+    """``settings.sft.num_steps`` steps on the answers of ``sampler``'s batches, with a progress bar if asked."""
+    from tqdm.auto import tqdm
+
     t0 = time.perf_counter()
+    cfg = settings.sft
     policy.reset_optimizer(OptimizerConfig(lr=cfg.lr), SchedulerConfig(warmup_steps=cfg.warmup_steps))
     losses = []
+    bar = tqdm(total=cfg.num_steps, desc="SFT", disable=not progress)
     try:
-        for step in range(cfg.num_steps):
-            batch = sft_batch_as_trajectories(tokenizer, sampler.next_batch(), cfg, system_prompt)
-            result = policy.train_step(batch, nll_loss)
-            losses.append(result.metrics["loss"])
-            if on_step is not None:
-                on_step(step, losses[-1])
+        for _ in range(cfg.num_steps):
+            batch = sft_batch_as_trajectories(tokenizer, sampler.next_batch(), cfg.response_key, settings.system_prompt)
+            losses.append(policy.train_step(batch, nll_loss).metrics["loss"])
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.4f}")
     finally:
-        policy.reset_optimizer(rl_optimizer, rl_scheduler)
+        bar.close()
+        policy.reset_optimizer(settings.rl_optimizer, settings.rl_scheduler)
         policy.set_reference_to_current()
     return SFTResult(tuple(losses), time.perf_counter() - t0)

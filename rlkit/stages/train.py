@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from rlkit.policy.base import LossFn, Policy, TrainStepResult
+from rlkit.stages.settings import TrainSettings
 from rlkit.trajectories import Trajectories
 
 
@@ -110,10 +111,10 @@ def one_update(batch_size: int, num_epochs: int = 1, global_batch_size: Optional
     return num_epochs == 1 and (global_batch_size is None or global_batch_size >= batch_size)
 
 
-def train(batch: Trajectories, policy: Policy, loss_fn: LossFn, num_epochs: int = 1,
-          global_batch_size: Optional[int] = None, seed: int = 0, on_policy: bool = False) -> TrainResult:
-    """``num_epochs`` passes over ``batch`` in shuffled minibatches of ``global_batch_size`` rows, one
-    optimizer step per minibatch. Returns every step's result and their mean metrics.
+def train(batch: Trajectories, policy: Policy, loss_fn: LossFn, settings: TrainSettings = TrainSettings(),
+          seed: int = 0, on_policy: bool = False) -> TrainResult:
+    """``settings.num_epochs`` passes over ``batch`` in minibatches of ``settings.global_batch_size`` rows shuffled
+    with ``seed``, one optimizer step per minibatch. Returns every step's result and their mean metrics.
 
     ``on_policy``: ``batch`` has no ``prev_logprobs`` and gets one update, whose own forward is the loss's old
     policy and is returned (:meth:`rlkit.policy.base.Policy.train_step`); refused when there would be more.
@@ -121,6 +122,7 @@ def train(batch: Trajectories, policy: Policy, loss_fn: LossFn, num_epochs: int 
     A KeyboardInterrupt after at least one update took effect surfaces as :class:`TrainInterrupted`, which
     says how many; one before any update is re-raised as it came (nothing changed).
     """
+    num_epochs, global_batch_size = settings.num_epochs, settings.global_batch_size
     if not on_policy:
         _check_ready(batch)
     elif not one_update(batch.batch_size, num_epochs, global_batch_size):

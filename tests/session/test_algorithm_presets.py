@@ -61,7 +61,7 @@ def test_several_optimizer_steps_per_rollout(shared):
     from rlkit import stages
 
     version = session.policy.version
-    result = stages.train(batch, session.policy, session.loss_fn, num_epochs=2, global_batch_size=8)
+    result = stages.train(batch, session.policy, session.loss_fn, stages.TrainSettings(2, global_batch_size=8))
     assert len(result.steps) == 4 and session.policy.version == version + 4
     ratios = [s.metrics["probs_ratio"] for s in result.steps]
     assert ratios[0] == pytest.approx(1.0, abs=1e-5) and max(abs(r - 1) for r in ratios[1:]) > 1e-6

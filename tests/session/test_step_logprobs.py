@@ -7,7 +7,7 @@ import torch
 
 import rlkit
 from rlkit.envs import RewardFunctionEnvironment
-from rlkit.stages import one_update, train
+from rlkit.stages import TrainSettings, one_update, train
 from tests.helpers import pg_token_mean_loss, random_batch
 from tests.session.conftest import tiny_overrides, varied_reward
 
@@ -60,4 +60,4 @@ def test_on_policy_training_takes_exactly_one_update():
     assert one_update(16) and one_update(16, 1, 16) and not one_update(16, 2) and not one_update(16, 1, 8)
     batch = random_batch(b=8).with_(prev_logprobs=None)
     with pytest.raises(ValueError, match="num_epochs=2 .* run the logprobs stage first"):
-        train(batch, policy=None, loss_fn=pg_token_mean_loss, num_epochs=2, on_policy=True)
+        train(batch, None, pg_token_mean_loss, TrainSettings(num_epochs=2), on_policy=True)

@@ -17,6 +17,7 @@ from rlkit.envs.tools import PythonTool
 from rlkit.generation.base import Generation, SamplingSettings
 from rlkit.models.tokenizer import build_char_tokenizer
 from rlkit.stages.conversations import conversations
+from rlkit.stages.settings import RolloutSettings
 
 TOK = build_char_tokenizer()
 V = TOK.convert_tokens_to_ids
@@ -58,7 +59,8 @@ class GoGoStop(Environment):
 
 
 def play(generator, env, max_total_tokens=64, rows=({"prompt": "hi"},), g=1):
-    return conversations(generator, TOK, env, list(rows), g, SamplingSettings(max_new_tokens=8, seed=3), 5, max_total_tokens)
+    return conversations(generator, TOK, env, list(rows), SamplingSettings(max_new_tokens=8, seed=3), 5,
+                         RolloutSettings(g, max_total_tokens=max_total_tokens))
 
 
 def test_a_three_turn_conversation_trains_exactly_on_the_generated_tokens():

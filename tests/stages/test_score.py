@@ -8,7 +8,7 @@ import torch
 from rlkit.config.loading import load_config
 from rlkit.envs import RewardFunctionEnvironment
 from rlkit.errors import ConfigError, RewardError
-from rlkit.stages import score
+from rlkit.stages import ScoreSettings, score
 from rlkit.trajectories import Trajectories
 
 
@@ -51,14 +51,14 @@ def test_failures_above_the_share_raise_and_below_it_warn_with_a_count():
     assert out.rewards.tolist() == [1.0, 0.0, 0.0, 1.0] and len(out.reward_errors) == 2
     # with a share of 0.25, the same batch is an error that names the count and the first failing sample
     with pytest.raises(RewardError, match=r"2 of 4 samples \(more than env.max_reward_failure_fraction=0.25\)") as info:
-        score(batch, RewardFunctionEnvironment(parse_reward), max_failure_fraction=0.25)
+        score(batch, RewardFunctionEnvironment(parse_reward), ScoreSettings(max_failure_fraction=0.25))
     assert "sample 1: ValueError: invalid literal for int() with base 10: 'x'" in str(info.value)
     assert "completion 'x'" in str(info.value)
 
 
 def test_every_sample_failing_raises_even_with_share_1():
     with pytest.raises(RewardError, match="every sample"):
-        score(batch_of(["x", "y"], ["1", "2"]), RewardFunctionEnvironment(parse_reward), max_failure_fraction=1.0)
+        score(batch_of(["x", "y"], ["1", "2"]), RewardFunctionEnvironment(parse_reward), ScoreSettings(max_failure_fraction=1.0))
 
 
 def test_no_failure_no_warning():

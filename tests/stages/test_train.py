@@ -39,7 +39,7 @@ def ready(b: int = 8):
 def test_an_interrupt_after_updates_says_how_many_were_applied():
     policy = StandInPolicy(interrupt_at=3, after_update=True)
     with pytest.raises(stages.TrainInterrupted) as caught:  # 4 minibatches of 2 rows: interrupted in the third
-        stages.train(ready(), policy, loss_fn=None, global_batch_size=2)
+        stages.train(ready(), policy, None, stages.TrainSettings(global_batch_size=2))
     assert isinstance(caught.value, KeyboardInterrupt)
     assert caught.value.applied == 3 and policy.version == 3 and len(caught.value.steps) == 2
     assert caught.value.metrics() == {"loss": 1.5, "grad_norm": 15.0, "learning_rate": 0.1, "interrupted": 1.0}
@@ -48,13 +48,13 @@ def test_an_interrupt_after_updates_says_how_many_were_applied():
 def test_an_interrupt_before_any_update_is_a_plain_keyboard_interrupt():
     policy = StandInPolicy(interrupt_at=1, after_update=False)
     with pytest.raises(KeyboardInterrupt) as caught:
-        stages.train(ready(), policy, loss_fn=None, global_batch_size=2)
+        stages.train(ready(), policy, None, stages.TrainSettings(global_batch_size=2))
     assert type(caught.value) is KeyboardInterrupt and policy.version == 0
 
 
 def test_an_interrupt_in_a_later_minibatch_before_its_update_still_counts_the_earlier_ones():
     policy = StandInPolicy(interrupt_at=2, after_update=False)
     with pytest.raises(stages.TrainInterrupted) as caught:
-        stages.train(ready(), policy, loss_fn=None, global_batch_size=2)
+        stages.train(ready(), policy, None, stages.TrainSettings(global_batch_size=2))
     assert caught.value.applied == 1 and len(caught.value.steps) == 1
     assert caught.value.metrics()["loss"] == 1.0
