@@ -1,4 +1,4 @@
-"""Command line: ``rlkit train | sft | sweep | make-model | demo``.
+"""Command line: ``rlkit train | sft | sweep | make-model | demo | sandbox-check``.
 
     rlkit train quickstart                         # SFT warm start, then GRPO; writes runs/quickstart/
     rlkit train my.yaml grpo.max_num_steps=50      # any preset or YAML file, with dotted overrides
@@ -7,6 +7,7 @@
     rlkit sweep quickstart loss_fn.ratio_clip_max=0.2,0.28 seed=0,1,2   # grid x seeds, table and plot
     rlkit make-model models/tiny --preset tiny     # an HF-format tiny model folder
     rlkit demo                                     # the component demo: generate, score, train, refit
+    rlkit sandbox-check                            # the Python tool's sandbox against its attack table
 """
 
 from __future__ import annotations
@@ -76,6 +77,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if agrees(run_demo(preset=args.preset, family=args.family)) else 1
 
 
+def cmd_sandbox_check(args: argparse.Namespace) -> int:
+    from rlkit.envs.sandbox_check import main as check
+
+    return check(["--sandbox", args.sandbox])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlkit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -121,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="tiny", help="a dense preset, or nano-moe | tiny-moe with an MoE --family")
     p.add_argument("--family", default="qwen2", choices=MODEL_FAMILIES)
     p.set_defaults(fn=cmd_demo)
+
+    p = sub.add_parser("sandbox-check", help="run the attack catalogue against the Python tool's sandbox: held / not held")
+    p.add_argument("--sandbox", default="auto", choices=("auto", "bwrap", "unshare", "unsafe-process"))
+    p.set_defaults(fn=cmd_sandbox_check)
     return parser
 
 

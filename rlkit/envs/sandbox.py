@@ -1,28 +1,41 @@
-"""Run untrusted Python (a policy's tool call) in a separate, limited process.
+"""Run untrusted Python (a policy's tool call) so that one line of it cannot stop the run, forge a reward or
+read a secret.
 
-What a model writes in a ``<python>`` block is run by a fresh interpreter in its own process group:
+Under RL a policy is rewarded for whatever works, so the boundary is the kernel's, not Python's. Each call runs
+in new user, PID, mount, network, IPC and UTS namespaces, through ``bwrap`` when it is installed and through
+util-linux's ``unshare`` otherwise (:mod:`rlkit.envs.sandbox_kernel`, :mod:`rlkit.envs.sandbox_child`).
+Which guarantee comes from where:
 
-- **wall time**: killed (the whole group) ``wall_seconds`` after the program starts; the interpreter's own
-  start-up (~50 ms, seconds on a loaded machine) is allowed ``startup_seconds`` apart, so a busy machine
-  does not time out a correct program before its first line;
-- **CPU time and memory**: ``RLIMIT_CPU`` and ``RLIMIT_AS`` set by the child's first lines, before the user's
-  code (not in a ``preexec_fn``: that forces a full ``fork`` of the parent, which in a process holding vLLM and
-  the policy took seconds per call; without it Python starts the child by ``vfork``);
-- **output**: stdout and stderr go to one file in a fresh temp dir whose size ``RLIMIT_FSIZE`` caps, so a
-  program that prints megabytes is stopped by the kernel, not buffered by rlkit; the first ``max_output_chars``
-  come back;
-- **network**: the child runs in a new, empty network namespace (``unshare -rn``) where the machine allows
-  unprivileged user namespaces; everywhere an audit hook also refuses sockets;
-- **file system**: the working directory is the temp dir (deleted afterwards); the audit hook refuses opening
-  files for writing, and removing or renaming files, outside it.
+- **the trainer and every other process are out of reach** (no signal, no ``ptrace``, no ``/proc/<pid>``): the
+  PID namespace and a fresh ``/proc`` of it;
+- **nothing outside is written, and the project, data, home directory and the host's ``/proc`` are not even
+  visible**: the mount namespace, whose root is a tmpfs holding read-only binds of ``/usr`` and the
+  interpreter's prefix only, and a small writable tmpfs ``/tmp`` thrown away with the call; every capability
+  is dropped, so the program cannot remount anything;
+- **no network, not even loopback; no Unix socket of the host**: the network namespace (abstract sockets are
+  scoped to it too) and the mount namespace (socket files are not visible);
+- **no process outlives the call**: its first process is the namespace's PID 1, and when it ends the kernel
+  kills every process left in the namespace (``setsid`` and double forks included); the parent also kills it
+  at the wall limit;
+- **time, CPU, memory, processes, output**: the wall clock is the parent's (``wall_seconds`` from the
+  program's start; the interpreter's start-up is allowed ``startup_seconds`` apart); ``RLIMIT_CPU``,
+  ``RLIMIT_AS``, ``RLIMIT_FSIZE`` and ``RLIMIT_NPROC`` per process; where cgroups can be made (see
+  :mod:`rlkit.envs.sandbox_kernel`), ``memory_mb`` and ``max_processes`` bound all the call's processes
+  together; output goes to a pipe the parent owns and reads at most ``max_file_bytes`` of;
+- **clear messages for an honest program's mistakes** (writing outside the temp dir, starting a process,
+  opening a socket): an audit hook, the second guard only; a program can get around it, not around the above.
 
-Whatever happens (a timeout, a crash, a limit), :func:`run_python` returns a :class:`SandboxResult` with a
-short message; it never raises on the program's behalf and never waits past ``wall_seconds`` after the
-program's start (plus the interpreter's start-up).
+Without user namespaces (many Docker and Kubernetes pods) neither backend works, and the Python tool is
+refused (:class:`SandboxUnavailableError`) unless ``sandbox="unsafe-process"`` (config ``env.sandbox``) asks
+for a plain process: then only the resource limits, the cgroups where available, the dropped capabilities and
+the audit hook remain, and a warning names what is lost. Never a silent downgrade.
 
-Deliberate simplifications: the audit hook is a Python-level guard (a C extension loaded by the program
-could bypass it); the kernel-level guards are the resource limits and, where available, the network
-namespace. No seccomp filter. For hostile code use a container; this is for a policy's mistakes.
+Whatever the program does, :func:`run_python` returns a :class:`SandboxResult`: it never raises and never
+waits longer than ``startup_seconds + wall_seconds`` plus the teardown.
+
+Deliberate simplifications: no seccomp filter (the program may make any system call its namespaces allow);
+the kernel's own attack surface is in reach, as in every container; ``bench/sandbox_call.py`` measures the
+per-call cost.
 """
 
 from __future__ import annotations
@@ -32,52 +45,38 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
+import time
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Optional
 
-# Runs inside the child before the user's code: the resource limits (``{limits}``, filled in per run), then
-# confine writes to the temp dir, refuse sockets.
-_GUARD = r'''
-import os, resource, sys
-for _limit, _value in {limits}:
-    resource.setrlimit(getattr(resource, _limit), _value)
-os.write({ready_fd}, b"."); os.close({ready_fd})  # the program starts now: the parent's wall clock begins
-_root = os.path.realpath(os.getcwd())
-def _inside(path):
-    try:
-        return os.path.realpath(os.fsdecode(path)).startswith(_root + os.sep)
-    except Exception:
-        return False
-def _guard(event, args):
-    if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
-        mode, flags = (args[1] or "r"), (args[2] or 0)
-        writes = any(c in str(mode) for c in "wax+") or flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)
-        if writes and not _inside(args[0]):
-            raise PermissionError(f"sandbox: writing outside the temp dir is not allowed: {args[0]}")
-    elif event in ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "shutil.rmtree") and args:
-        if not _inside(args[0]):
-            raise PermissionError(f"sandbox: {event} outside the temp dir is not allowed: {args[0]}")
-    elif event.startswith("socket.") or event in ("os.system", "subprocess.Popen", "os.exec", "os.posix_spawn"):
-        raise PermissionError(f"sandbox: {event} is not allowed")
-sys.addaudithook(_guard)
-del _guard
-_code = open("program.py").read()
-exec(compile(_code, "<tool>", "exec"), {"__name__": "__main__"})
-'''
+from rlkit.envs.sandbox_kernel import Backend, SandboxMode, cgroups_available, command, make_cgroups
+from rlkit.errors import RLKitError
+
+UNSAFE_LOSSES = ("the trainer and every process of its user can be signalled (killed, stopped)",
+                 "every file the user can read is readable (the dataset's answers, the project, secrets in "
+                 "/proc/<pid>/environ); writes outside the temp dir are stopped only by the audit hook",
+                 "loopback and Unix-socket network access; processes outlive the call unless cgroups are available")
+
+
+class SandboxUnavailableError(RLKitError):
+    """No kernel sandbox works here and the user did not opt in to running programs without one."""
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
     """Limits of one sandboxed run."""
 
-    wall_seconds: float = 2.0  # the whole process group is killed this long after the program starts
-    startup_seconds: float = 30.0  # allowed for the interpreter to start, apart from wall_seconds
-    cpu_seconds: int = 2  # RLIMIT_CPU (whole seconds)
-    memory_mb: int = 512  # RLIMIT_AS
-    max_file_bytes: int = 1_000_000  # RLIMIT_FSIZE: output file and any file written in the temp dir
+    wall_seconds: float = 2.0  # the call is killed this long after the program starts
+    startup_seconds: float = 30.0  # allowed for the sandbox and interpreter to start, apart from wall_seconds
+    cpu_seconds: int = 2  # RLIMIT_CPU (whole seconds), per process
+    memory_mb: int = 512  # RLIMIT_AS per process; all the call's processes together where cgroups exist
+    max_processes: int = 16  # RLIMIT_NPROC; the call's pids cgroup where cgroups exist
+    max_file_bytes: int = 1_000_000  # output read from the pipe, and RLIMIT_FSIZE for files in /tmp
+    tmp_mb: int = 16  # size of the writable tmpfs /tmp (namespace backends)
     max_output_chars: int = 200  # of stdout + stderr returned
 
 
@@ -87,88 +86,179 @@ class SandboxResult:
 
     output: str  # at most max_output_chars of stdout + stderr ("... [truncated]" appended when cut)
     ok: bool  # exit status 0 within the limits
-    reason: str  # "ok", "timeout", "exit <code>", "killed by <signal>"
+    reason: str  # "ok", "timeout", "exit <code>", "killed by <signal>", "refused: ...", "sandbox error: ..."
     seconds: float  # the whole call
-    startup_seconds: float = 0.0  # of which before the program started (the interpreter's start-up)
+    startup_seconds: float = 0.0  # of which before the program started (sandbox set-up, interpreter start-up)
+
+
+def run_python(code: str, limits: SandboxLimits = SandboxLimits(), sandbox: SandboxMode = "auto") -> SandboxResult:
+    """Run ``code`` in a fresh interpreter under ``limits`` in the ``sandbox`` backend; see the module docstring."""
+    try:
+        backend = resolve_backend(sandbox)
+    except SandboxUnavailableError as exc:
+        return SandboxResult("", False, f"refused: {exc}", 0.0)
+    return run_in(backend, code, limits)
+
+
+def resolve_backend(sandbox: SandboxMode = "auto") -> Backend:
+    """The backend ``sandbox`` runs in here; raises :class:`SandboxUnavailableError` (cause and fix) if none."""
+    if sandbox == "unsafe-process":
+        _warn_unsafe()
+        return "unsafe-process"
+    wanted: tuple[Backend, ...] = ("bwrap", "unshare") if sandbox == "auto" else (sandbox,)
+    problems = [f"{b}: {why}" for b in wanted if (why := backend_problem(b))]
+    for backend in wanted:
+        if not backend_problem(backend):
+            return backend
+    raise SandboxUnavailableError(
+        f"no kernel sandbox for the Python tool here ({'; '.join(problems)}). It needs unprivileged user "
+        f"namespaces (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0; in Docker, a "
+        f"seccomp profile that allows unshare/clone) and util-linux's unshare or bubblewrap. To run programs "
+        f"without one, set env.sandbox: unsafe-process (PythonTool(sandbox='unsafe-process')); lost then: "
+        + "; ".join(UNSAFE_LOSSES))
+
+
+@lru_cache(maxsize=None)
+def backend_problem(backend: Backend) -> str:
+    """``""`` when ``backend`` runs a program here, else why not (one probe, cached for the process)."""
+    if backend != "unsafe-process" and shutil.which(backend) is None:
+        return f"{backend} is not installed"
+    probe = run_in(backend, "print(6 * 7)", SandboxLimits(wall_seconds=10.0))
+    return "" if probe.output == "42\n" else f"failed here: {probe.reason}: {probe.output.strip()[-300:]}"
+
+
+def describe_backend(sandbox: SandboxMode = "auto") -> str:
+    """One line: the backend ``sandbox`` uses here and whether calls get cgroups."""
+    try:
+        backend = resolve_backend(sandbox)
+    except SandboxUnavailableError as exc:
+        return f"none ({exc})"
+    return f"{backend}, " + ("memory and pids cgroup per call" if cgroups_available() else "per-process rlimits only")
 
 
 @lru_cache(maxsize=1)
-def network_namespace_available() -> bool:
-    """True when ``unshare -rn`` works here (unprivileged user and network namespaces)."""
-    if shutil.which("unshare") is None:
-        return False
-    try:
-        return subprocess.run(["unshare", "-rn", "true"], capture_output=True, timeout=5).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        return False
+def _warn_unsafe() -> None:
+    warnings.warn("env.sandbox: unsafe-process: Python tool calls run as plain processes, without a kernel "
+                  "sandbox. Lost: " + "; ".join(UNSAFE_LOSSES), RuntimeWarning, stacklevel=3)
 
 
-def run_python(code: str, limits: SandboxLimits = SandboxLimits()) -> SandboxResult:
-    """Run ``code`` in a fresh interpreter under ``limits``; see the module docstring."""
-    import time
-
+def run_in(backend: Backend, code: str, limits: SandboxLimits) -> SandboxResult:
+    """:func:`run_python` in a given backend, without checking that it works here."""
     t0 = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="rlkit-sandbox-") as tmp:
-        Path(tmp, "program.py").write_text(code)
-        out_path = Path(tmp, "output.txt")
-        ready, ready_in_child = os.pipe()  # the guard writes one byte when the program starts
-        guard = _GUARD.replace("{limits}", repr(_rlimits(limits))).replace("{ready_fd}", str(ready_in_child))
-        command = [sys.executable, "-I", "-S", "-c", guard]
-        if network_namespace_available():
-            command = ["unshare", "-rn", *command]
-        with open(out_path, "wb") as out:
-            try:
-                child = subprocess.Popen(command, cwd=tmp, stdin=subprocess.DEVNULL, stdout=out,
-                                         stderr=subprocess.STDOUT, env={"PATH": "/usr/bin:/bin", "HOME": tmp,
-                                                                        "TMPDIR": tmp},
-                                         start_new_session=True, pass_fds=(ready_in_child,))
-            finally:
-                os.close(ready_in_child)
-            try:
-                started = select.select([ready], [], [], limits.startup_seconds)[0]  # (or ended: EOF)
-                startup = time.perf_counter() - t0
+    tmp, proc, cgroups, fds = tempfile.mkdtemp(prefix="rlkit-sandbox-"), None, None, []
+    output, total, reason, startup = b"", 0, "", 0.0
+    try:
+        Path(tmp, "program.py").write_bytes(code.encode("utf-8", errors="replace"))
+        os.mkdir(os.path.join(tmp, "root"))
+        if cgroups_available():
+            cgroups = make_cgroups(limits.memory_mb * 2**20, limits.max_processes + 1)  # + the namespace's init
+        out_r, out_w = os.pipe()
+        status_r, status_w = os.pipe()
+        fds = [out_r, out_w, status_r, status_w]
+        config = {"status_fd": status_w, "cgroup_fds": cgroups.fds if cgroups else [], "tmp_kb": limits.tmp_mb * 1024,
+                  "rlimits": _rlimits(limits)}
+        argv, config = command(backend, tmp, config)
+        home = config["workdir"]
+        proc = subprocess.Popen(argv, cwd=tmp, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w,
+                                env={"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LC_ALL": "C.UTF-8"},
+                                start_new_session=True, pass_fds=(status_w, *config["cgroup_fds"]))
+        for fd in (out_w, status_w):
+            os.close(fd)
+            fds.remove(fd)
+        if cgroups:
+            cgroups.close_fds()
+        output, total, reason, startup = _watch(out_r, status_r, limits, t0)
+    except Exception as exc:  # noqa: BLE001 - run_python never raises on the program's behalf
+        reason = f"sandbox error: {type(exc).__name__}: {exc}"
+    finally:
+        reason = _teardown(proc, cgroups, fds, reason)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return SandboxResult(_head(output, total, limits.max_output_chars), reason == "ok", reason, time.perf_counter() - t0,
+                         startup)
+
+
+def _watch(out_r: int, status_r: int, limits: SandboxLimits, t0: float) -> tuple[bytes, int, str, float]:
+    """Read the output and the status pipe until the call ends or a limit is hit: ``(output head, output bytes,
+    reason, start-up seconds)``; reason ``""`` means the child's status pipe closed without a status (see teardown)."""
+    deadline, started, startup = t0 + limits.startup_seconds, False, 0.0
+    head, total, status, cap = bytearray(), 0, b"", limits.max_output_chars * 4 + 1  # utf-8: <= 4 bytes a char
+    open_fds = {out_r, status_r}
+    while open_fds:
+        done = status.endswith(b"\n")  # the program has ended: take what is already in the pipe, then stop
+        left = 0.0 if done else deadline - time.perf_counter()
+        if left <= 0 and not done:
+            why = "" if started else f" (the interpreter did not start in {limits.startup_seconds:g} s)"
+            return bytes(head), total, "timeout" + why, startup or time.perf_counter() - t0
+        ready = select.select(list(open_fds), [], [], left)[0]
+        if done and not ready:
+            break
+        for fd in ready:
+            data = os.read(fd, 65536)
+            if not data:
+                open_fds.discard(fd)
+            elif fd == status_r:
                 if not started:
-                    raise subprocess.TimeoutExpired(command, limits.startup_seconds)
-                code_ = child.wait(timeout=limits.wall_seconds)
-                reason = "ok" if code_ == 0 else _exit_reason(code_)
-            except subprocess.TimeoutExpired:
-                _kill_group(child)
-                reason = "timeout" if started else f"timeout (the interpreter did not start in {limits.startup_seconds:g} s)"
-            finally:
-                os.close(ready)
-        output = _read_head(out_path, limits.max_output_chars)
-    return SandboxResult(output, reason == "ok", reason, time.perf_counter() - t0, startup)
+                    started, startup = True, time.perf_counter() - t0
+                    deadline = time.perf_counter() + limits.wall_seconds
+                status = (status + data.lstrip(b"."))[:64]
+            else:
+                total += len(data)
+                head += data[:max(0, cap - len(head))]
+                if total > limits.max_file_bytes:
+                    return bytes(head), total, f"killed: output over {limits.max_file_bytes} bytes", startup
+    if not status.endswith(b"\n"):
+        return bytes(head), total, "", startup
+    code = os.waitstatus_to_exitcode(int(status))
+    return bytes(head), total, "ok" if code == 0 else _exit_reason(code), startup
+
+
+def _teardown(proc: Optional[subprocess.Popen], cgroups, fds: list[int], reason: str) -> str:
+    """Kill what is left of the call, reap it, close the pipes, remove the cgroups; the final reason."""
+    if proc is not None:
+        try:  # after a normal end the isolating process exits by itself, its namespace torn down
+            proc.wait(timeout=1.0 if reason and not reason.startswith(("timeout", "killed: output")) else 0.0)
+        except subprocess.TimeoutExpired:
+            pass
+        if proc.poll() is None:  # (once reaped, its pid may be another process's)
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # the isolating process: its death ends the namespace
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            code = proc.wait(timeout=5.0)
+            if not reason:
+                reason = f"sandbox set-up failed ({_exit_reason(code) if code else 'no status'})"
+        except subprocess.TimeoutExpired:
+            reason = reason or "sandbox error: the sandbox did not end"
+    if cgroups is not None:
+        if reason == "killed by SIGKILL" and cgroups.hit_memory_limit():
+            reason += " (memory limit)"
+        cgroups.remove()
+    for fd in fds:
+        os.close(fd)
+    return reason or "sandbox error: no status"
 
 
 def _rlimits(limits: SandboxLimits) -> list[tuple[str, tuple[int, int]]]:
-    """The child's resource limits (name in :mod:`resource`, (soft, hard)); anything it starts inherits them."""
+    """The program's resource limits (name in :mod:`resource`, (soft, hard)); anything it starts inherits them."""
     return [("RLIMIT_CPU", (limits.cpu_seconds, limits.cpu_seconds + 1)),
             ("RLIMIT_AS", (limits.memory_mb * 2**20,) * 2),
             ("RLIMIT_FSIZE", (limits.max_file_bytes,) * 2),
+            ("RLIMIT_NPROC", (limits.max_processes,) * 2),
             ("RLIMIT_CORE", (0, 0))]
-
-
-def _kill_group(child: subprocess.Popen) -> None:
-    try:
-        os.killpg(child.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    child.wait()
 
 
 def _exit_reason(code: int) -> str:
     if code < 0:
         name = signal.Signals(-code).name
-        hint = {"SIGXCPU": " (CPU time limit)", "SIGXFSZ": " (output size limit)", "SIGKILL": ""}.get(name, "")
+        hint = {"SIGXCPU": " (CPU time limit)", "SIGXFSZ": " (file size limit)"}.get(name, "")
         return f"killed by {name}{hint}"
     return f"exit {code}"
 
 
-def _read_head(path: Path, max_chars: int) -> str:
-    with open(path, "rb") as f:
-        head = f.read(max_chars * 4 + 1)  # utf-8: at most 4 bytes a character
-        more = f.read(1) != b""
-    text = head.decode("utf-8", errors="replace")
+def _head(output: bytes, total: int, max_chars: int) -> str:
+    more = total > len(output)
+    text = output.decode("utf-8", errors="replace")
     if len(text) > max_chars or more:
         return text[:max_chars] + "... [truncated]"
     return text

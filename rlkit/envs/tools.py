@@ -11,7 +11,7 @@ something that is not text) the model gets a short ``error: ...`` observation of
 ``MAX_OBSERVATION_CHARS`` characters, never an exception: one bad call must not stop a batch.
 
 Shipped tools: :class:`Calculator` (integer and float arithmetic, parsed with ``ast``, never ``eval``),
-:class:`PythonTool` (a separate sandboxed process, :mod:`rlkit.envs.sandbox`), and :class:`FunctionTool`,
+:class:`PythonTool` (a separate process in a kernel sandbox, :mod:`rlkit.envs.sandbox`), and :class:`FunctionTool`,
 which wraps any ``str -> str`` function with a wall-clock timeout.
 
 Deliberate simplifications: one call per assistant message; no JSON arguments (the input is the block's text).
@@ -29,7 +29,8 @@ from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, Sequence
 
-from rlkit.envs.sandbox import SandboxLimits, run_python
+from rlkit.envs.sandbox import SandboxLimits, resolve_backend, run_in
+from rlkit.envs.sandbox_kernel import SandboxMode
 
 MAX_OBSERVATION_CHARS = 200  # of a tool's result or error shown to the model
 
@@ -86,21 +87,29 @@ class Calculator(Tool):
 
 
 class PythonTool(Tool):
-    """Runs the block as a Python program in a sandboxed process; the result is what it prints."""
+    """Runs the block as a Python program in the kernel sandbox of :mod:`rlkit.envs.sandbox`; the result is what it
+    prints. ``sandbox`` (config ``env.sandbox``): ``"auto"`` (bwrap, else unshare), a backend by name, or
+    ``"unsafe-process"``. Made where no kernel sandbox works, it raises :class:`SandboxUnavailableError` with the
+    cause and the fix, unless ``sandbox="unsafe-process"`` (a warning names what is then lost)."""
 
     name = "python"
 
-    def __init__(self, limits: SandboxLimits = SandboxLimits()):
+    def __init__(self, limits: SandboxLimits = SandboxLimits(), sandbox: SandboxMode = "auto"):
         self.limits = limits
-        # the sandbox enforces its limits itself; this outer bound only catches a sandbox that does not return
-        self.timeout_seconds = limits.startup_seconds + limits.wall_seconds + 5.0
+        self.backend = resolve_backend(sandbox)  # refuse now, at build time, not on the first call
+        # the sandbox enforces its limits itself (teardown included); this outer bound only catches a sandbox
+        # that does not return
+        self.timeout_seconds = limits.startup_seconds + limits.wall_seconds + 10.0
 
     def run(self, text: str) -> str:
-        result = run_python(text, self.limits)
+        result = run_in(self.backend, text, self.limits)
         if result.ok:
             return result.output
         last = result.output.strip().splitlines()[-1] if result.output.strip() else ""
         raise RuntimeError(f"{result.reason}" + (f": {last}" if last else ""))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r}, backend={self.backend!r})"
 
 
 class FunctionTool(Tool):

@@ -2,10 +2,12 @@
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from rlkit.envs.sandbox import SandboxLimits, network_namespace_available, run_python
+from rlkit.envs import sandbox
+from rlkit.envs.sandbox import SandboxLimits, SandboxUnavailableError, resolve_backend, run_python
 from rlkit.envs.tool_env import ToolEnvironment
 from rlkit.envs.tools import MAX_OBSERVATION_CHARS, Calculator, FunctionTool, PythonTool, parse_tool_call, run_tool
 
@@ -79,9 +81,41 @@ def test_the_python_sandbox_writes_only_in_its_temp_dir_and_has_no_network(tmp_p
     assert not run_python("import os; os.system('touch /tmp/x')").ok
     net = run_python("import socket; socket.create_connection(('127.0.0.1', 22), timeout=1)")
     assert not net.ok
-    if network_namespace_available():  # the kernel guard too: no interface but loopback-down
-        ifaces = run_python("print(open('/proc/net/dev').read())")
-        assert ifaces.ok and "eth0" not in ifaces.output
+    ifaces = run_python("print([line.split(':')[0].strip() for line in open('/proc/net/dev').readlines()[2:]])")
+    assert ifaces.output == "['lo']\n"  # the kernel guard: a network namespace with no interface but loopback
+
+
+def test_the_python_sandbox_sees_only_its_own_processes_and_files():
+    project = Path(__file__).resolve().parents[2]
+    seen = run_python("import os; print(sorted(os.listdir('/')))\n"
+                      "print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()) == [1, os.getpid()])\n"
+                      f"print(os.path.exists({str(project)!r}), os.path.exists({str(Path.home())!r} + '/.bashrc'))")
+    assert seen.ok, seen
+    top = set(seen.output.splitlines()[0].strip("[]").replace("'", "").split(", "))
+    assert {"usr", "tmp", "proc", "dev"} <= top and not top & {"work", "home", "run", "mnt", "opt", "var"}, top
+    assert seen.output.splitlines()[2] == "False False"  # the project and the home directory are not there
+    assert seen.output.splitlines()[1] == "True"  # the namespace's init and the program: nothing of the host
+    readonly = run_python("open('/usr/rlkit-x', 'wb')")  # the audit hook names it; the kernel refuses it anyway
+    assert not readonly.ok and "PermissionError" in readonly.output
+    kernel = run_python("import os; os.open('rlkit-x', os.O_CREAT | os.O_WRONLY, dir_fd=os.open('/usr', 0))")
+    assert not kernel.ok and "Read-only file system" in kernel.output
+
+
+def test_the_python_tool_is_refused_without_a_kernel_sandbox_unless_asked(monkeypatch):
+    monkeypatch.setattr(sandbox, "backend_problem", lambda backend: "" if backend == "unsafe-process" else "no userns")
+    with pytest.raises(SandboxUnavailableError, match="env.sandbox: unsafe-process"):
+        PythonTool()
+    refused = run_python("print(1)")  # never a silent downgrade: run_python refuses, it does not raise
+    assert not refused.ok and refused.reason.startswith("refused: no kernel sandbox") and refused.output == ""
+    sandbox._warn_unsafe.cache_clear()
+    with pytest.warns(RuntimeWarning, match="Lost: the trainer and every process"):
+        tool = PythonTool(sandbox="unsafe-process")
+    assert tool.backend == "unsafe-process" and tool.run("print(6 * 7)") == "42\n"
+
+
+def test_the_sandbox_picks_a_kernel_backend_and_says_which():
+    assert resolve_backend("auto") in ("bwrap", "unshare")
+    assert sandbox.describe_backend().startswith(("bwrap", "unshare"))
 
 
 def test_the_tool_environment_answers_calls_and_scores_answers():

@@ -1,0 +1,192 @@
+"""The child side of :mod:`rlkit.envs.sandbox`: what runs inside the namespaces, as their PID 1.
+
+This file is not imported by the package at run time: :func:`rlkit.envs.sandbox.run_python` passes its text to
+``python -I -S -c`` (standard library only, no ``site``), with one argument: its config as a Python literal
+(``repr`` of a dict of strings, numbers and tuples; read with ``eval`` and no builtins, since importing ``json``
+or ``ast`` would double the interpreter's start-up). Its ``main``:
+
+1. joins the call's cgroups (memory, pids), when the parent made them, through files the parent opened;
+2. ``unshare`` backend: builds the file system of the call in its new mount namespace (a tmpfs root holding
+   read-only binds of only what the interpreter needs, a fresh ``/proc`` of the new PID namespace, a small
+   tmpfs ``/tmp`` with the working directory ``/tmp/rlkit-sandbox``) and ``pivot_root``s into it, detaching the host's tree (``bwrap`` does all this itself);
+3. forks the program's process and stays behind as a small init: it tells the parent the program started
+   (one byte on the status pipe), waits for it, writes its wait status, and exits. Being PID 1, its exit makes
+   the kernel kill every process left in the namespace;
+4. in the program's process: resource limits, every capability dropped (bounding set too, no new privileges;
+   the mounts stay read-only whatever the program does), the audit hook (the second guard: clear messages for
+   an honest program's mistakes), then ``exec`` of the program's text.
+"""
+
+import os
+import sys
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+_STATVFS_LOCKED = {2: MS_NOSUID, 4: MS_NODEV, 8: MS_NOEXEC, 1024: 1024, 2048: 2048}  # flags a remount must keep
+_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217}
+
+# The second guard, for honest mistakes only (the boundary is the kernel's): refuse writes outside the working
+# directory, starting processes and sockets with a message that says so.
+_HOOK = r'''
+import os as _os, sys as _sys
+def _make_guard(root):
+    def inside(path):
+        try:
+            return _os.path.realpath(_os.fsdecode(path)).startswith(root + _os.sep)
+        except Exception:
+            return False
+    def guard(event, args):
+        if event == "open" and args and isinstance(args[0], (str, bytes, _os.PathLike)):
+            mode, flags = (args[1] or "r"), (args[2] or 0)
+            writes = any(c in str(mode) for c in "wax+") or flags & (_os.O_WRONLY | _os.O_RDWR | _os.O_CREAT)
+            if writes and not inside(args[0]):
+                raise PermissionError(f"sandbox: writing outside the temp dir is not allowed: {args[0]}")
+        elif event in ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "shutil.rmtree") and args:
+            if not inside(args[0]):
+                raise PermissionError(f"sandbox: {event} outside the temp dir is not allowed: {args[0]}")
+        elif event.startswith("socket.") or event in ("os.system", "subprocess.Popen", "os.exec", "os.posix_spawn"):
+            raise PermissionError(f"sandbox: {event} is not allowed")
+    return guard
+_sys.addaudithook(_make_guard(_os.path.realpath(_os.getcwd())))
+del _make_guard
+'''
+
+
+def _libc():
+    import ctypes
+
+    return ctypes, ctypes.CDLL(None, use_errno=True)
+
+
+def _call(ctypes, result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"sandbox set-up: {what}: {os.strerror(err)}")
+
+
+def build_root(config: dict) -> None:
+    """The call's file system (``unshare`` backend): see the module docstring, step 2."""
+    ctypes, libc = _libc()
+
+    def mount(source, target, fstype, flags, data=None):
+        enc = lambda s: None if s is None else os.fsencode(s)  # noqa: E731
+        _call(ctypes, libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
+
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    new = config["mountpoint"]
+    mount("tmpfs", new, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=755")
+    for link, target in config["symlinks"]:
+        os.symlink(target, new + link)
+    for source, target in config["binds"]:
+        path = new + target
+        if os.path.isdir(source):
+            os.makedirs(path, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            open(path, "w").close()
+        mount(source, path, None, MS_BIND | MS_REC)
+        kept = sum(v for k, v in _STATVFS_LOCKED.items() if os.statvfs(source).f_flag & k)
+        device = target.startswith("/dev/")
+        mount(None, path, None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | (0 if device else MS_NODEV) | kept)
+    os.makedirs(new + "/proc")
+    mount("proc", new + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)  # before the host's /proc is gone
+    os.makedirs(new + "/tmp")
+    mount("tmpfs", new + "/tmp", "tmpfs", MS_NOSUID | MS_NODEV, f"size={config['tmp_kb']}k,mode=1777")
+    os.mkdir(new + config["workdir"])
+    os.chdir(new)
+    number = _PIVOT_ROOT.get(os.uname().machine)
+    if number is None:
+        raise OSError(f"sandbox set-up: pivot_root's number on {os.uname().machine} is not known")
+    _call(ctypes, libc.syscall(number, b".", b"."), "pivot_root")  # the old root is stacked under the new
+    _call(ctypes, libc.umount2(b".", 2), "detach the host's root")  # MNT_DETACH
+    os.chdir("/")
+    mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+
+
+def drop_privileges() -> None:
+    """Every capability gone for good: bounding and ambient sets, the root special case, then capset(0)."""
+    ctypes, libc = _libc()
+    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+    libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
+    for cap in range(64):
+        libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP (EINVAL past the last capability; EPERM if gone already)
+    libc.prctl(28, 0x2F, 0, 0, 0)  # PR_SET_SECUREBITS: NOROOT, NO_SETUID_FIXUP, KEEP_CAPS off, all locked
+    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    data = (ctypes.c_uint32 * 6)()
+    _call(ctypes, libc.capset(header, data), "capset")
+
+
+def run_program(config: dict, code: bytes) -> None:
+    """The program's process: limits, privileges dropped, the audit hook, the program."""
+    import _signal
+    import resource
+
+    _signal.signal(_signal.SIGINT, _signal.default_int_handler)  # KeyboardInterrupt, as in any program
+    if config["new_session"]:
+        os.setsid()
+    for name, value in config["rlimits"]:
+        resource.setrlimit(getattr(resource, name), tuple(value))
+    drop_privileges()
+    os.chdir(config["workdir"])
+    exec(compile(_HOOK, "<sandbox guard>", "exec"), {})
+    try:
+        exec(compile(code, "<tool>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
+    except SystemExit:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the traceback from the program's first frame: it is the output
+        import traceback
+
+        tb = exc.__traceback__
+        while tb is not None and tb.tb_frame.f_code.co_filename != "<tool>":
+            tb = tb.tb_next
+        sys.stdout.flush()
+        traceback.print_exception(type(exc), exc, tb)
+        raise SystemExit(1) from None
+
+
+def _join_cgroups(fds: list):
+    """Move this process into the call's cgroups (through ``cgroup.procs`` files the parent opened) in a thread:
+    a cgroup v1 migration waits for an RCU grace period (~10 ms), which so overlaps the root's set-up. Returns a
+    lock released when done."""
+    import _thread
+
+    done = _thread.allocate_lock()
+    done.acquire()
+
+    def join():
+        try:
+            for fd in fds:
+                os.write(fd, b"0")
+                os.close(fd)
+        finally:
+            done.release()
+
+    _thread.start_new_thread(join, ())
+    return done
+
+
+def main() -> None:
+    import _signal
+
+    _signal.signal(_signal.SIGINT, _signal.SIG_DFL)  # no handler: the namespace's init then ignores it
+    config = eval(sys.argv[1], {"__builtins__": {}})  # noqa: S307 - the parent's repr of plain data
+    status = config["status_fd"]
+    joined = _join_cgroups(config["cgroup_fds"])
+    with open(config["program"], "rb") as f:
+        code = f.read()
+    if config["build_root"]:
+        build_root(config)
+    joined.acquire()  # in the cgroups before the program's process exists, so it and all it starts are in them
+    pid = os.fork()
+    if pid == 0:
+        os.close(status)
+        run_program(config, code)
+        return
+    os.close(0), os.close(1), os.close(2)  # only the program and what it starts hold the output pipe
+    os.write(status, b".")  # the program starts now: the parent's wall clock begins
+    _, wait_status = os.waitpid(pid, 0)
+    os.write(status, b"%d\n" % wait_status)
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
