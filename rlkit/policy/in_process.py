@@ -192,12 +192,13 @@ class InProcessPolicy:
 
     # ---- optimizer and reference --------------------------------------------------------------------
     def reset_optimizer(self, optimizer: OptimizerConfig, scheduler: SchedulerConfig) -> None:
-        """A fresh AdamW and learning-rate schedule (e.g. between an SFT warm start and RL). An offloaded state
-        is dropped, not brought back (the new optimizer starts empty)."""
+        """A fresh AdamW over the trainable parameters (with ``policy.lora_cfg`` the adapters only) and learning-rate
+        schedule (e.g. between an SFT warm start and RL). An offloaded state is dropped, not brought back (the new
+        optimizer starts empty)."""
         if self._offloaded_state is not None:
             self._offloaded_state = {}  # still offloaded: the gradient buffers come back at the next step
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=optimizer.lr, betas=optimizer.betas, eps=optimizer.eps,
+            [p for p in self.model.parameters() if p.requires_grad], lr=optimizer.lr, betas=optimizer.betas, eps=optimizer.eps,
             weight_decay=optimizer.weight_decay,
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(scheduler))
