@@ -86,7 +86,7 @@ def cross_section_problems(sections: Mapping[str, Any]) -> list[str]:
             out.append(f"grpo.num_generations_per_prompt=1: the {grpo.advantage_estimator!r} baseline needs >= 2 "
                        "samples per prompt (or use advantage_estimator=reinforce_baseline)")
     if policy is not None:
-        out += precision_problems(policy) + policy.backend.problems(policy)
+        out += precision_problems(policy) + policy.backend.problems(policy) + policy.lora_cfg.problems(policy)
         if sum(b.enabled for b in policy.backends().values()) != 1:
             keys = " / ".join(f"policy.{name}_cfg.enabled" for name in policy.backends())
             out.append(f"{keys}: enable exactly one training backend")

@@ -168,6 +168,74 @@ class HFPolicyConfig(BackendSection):
         return many + super().model_problems(policy, model_config, world_size)
 
 
+# The linear layers of a Llama/Qwen decoder layer that adapters can go on, by HF name; Megatron's fused layers
+# stand for their HF parts (linear_qkv: q, k and v; linear_fc1: gate and up), so either name family is accepted.
+LORA_LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+LORA_FUSED_MODULES = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),
+                      "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",)}
+
+
+class LoraConfig(Section):
+    """Low-rank adapters (LoRA) on the decoder's linear layers; the base weights stay frozen and only the adapters
+    train (NeMo-RL's ``lora_cfg`` names: ``dim`` is the rank, the update is ``alpha / dim * B @ A``). Which layers:
+    ``target_modules`` (HF names such as ``q_proj``, or Megatron's fused ``linear_qkv`` / ``linear_fc1``), by default
+    every linear layer of every decoder layer (``match_all_linear``), less ``exclude_modules``. See
+    :mod:`rlkit.policy.lora`."""
+
+    enabled: bool = False
+    dim: int = Field(8, ge=1)  # the rank r
+    alpha: float = Field(32.0, gt=0)  # scaling alpha / dim
+    dropout: float = Field(0.0, ge=0, lt=1)  # on the adapter's input
+    target_modules: tuple[str, ...] = ()  # empty with match_all_linear: every linear layer
+    exclude_modules: tuple[str, ...] = ()
+    match_all_linear: bool = True  # used when target_modules is empty
+    use_dora: bool = False  # weight-decomposed LoRA: refused (not implemented on any backend)
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.dim
+
+    def hf_targets(self) -> tuple[str, ...]:
+        """The HF projections that get adapters, in :data:`LORA_LINEAR_MODULES` order."""
+        def expand(names):
+            return {part for n in names for part in LORA_FUSED_MODULES.get(n, (n,))}
+
+        chosen = expand(self.target_modules) if self.target_modules else (
+            set(LORA_LINEAR_MODULES) if self.match_all_linear else set())
+        chosen -= expand(self.exclude_modules)
+        return tuple(n for n in LORA_LINEAR_MODULES if n in chosen)
+
+    def problems(self, policy: "PolicyConfig") -> list[str]:
+        """Settings no backend can run, each with its dotted key and the fix."""
+        import difflib
+
+        if not self.enabled:
+            return []
+        out = []
+        if self.use_dora:
+            out.append("policy.lora_cfg.use_dora=true: DoRA (weight-decomposed adapters) is not supported; "
+                       "set policy.lora_cfg.use_dora=false for plain LoRA")
+        known = LORA_LINEAR_MODULES + tuple(LORA_FUSED_MODULES)
+        for key in ("target_modules", "exclude_modules"):
+            for name in getattr(self, key):
+                if name not in known:
+                    near = difflib.get_close_matches(name, known, n=1)
+                    out.append(f"policy.lora_cfg.{key}: unknown module {name!r}"
+                               + (f"; did you mean {near[0]!r}?" if near else f"; known: {', '.join(known)}"))
+        if out:
+            return out
+        targets = set(self.hf_targets())
+        if not targets:
+            out.append("policy.lora_cfg: no linear layer gets an adapter; set policy.lora_cfg.target_modules "
+                       "(e.g. [q_proj, v_proj]) or policy.lora_cfg.match_all_linear=true")
+        if policy.backend.name == "megatron":
+            for fused, parts in LORA_FUSED_MODULES.items():
+                if 0 < len(targets & set(parts)) < len(parts):
+                    out.append(f"policy.lora_cfg.target_modules: Megatron fuses {', '.join(parts)} into {fused}, so "
+                               f"their adapters come together; name all of them (or {fused}), or none")
+        return out
+
+
 class DynamicBatchingConfig(Section):
     """Microbatches cut by a token budget (rows sorted by length) instead of a fixed row count, for the train
     and logprob passes (NeMo-RL's key); see :mod:`rlkit.policy.token_budget`. A budget left unset keeps the
@@ -275,6 +343,7 @@ class PolicyConfig(Section):
     hf_cfg: HFPolicyConfig = HFPolicyConfig()
     dynamic_batching: DynamicBatchingConfig = DynamicBatchingConfig()
     sequence_packing: SequencePackingConfig = SequencePackingConfig()
+    lora_cfg: LoraConfig = LoraConfig()  # low-rank adapters (every backend)
     generation: GenerationConfig = GenerationConfig()
 
     @model_validator(mode="before")
