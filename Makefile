@@ -1,5 +1,5 @@
 # The two commands a new machine needs are `make quickstart` and `make test`; both set everything up first.
-.PHONY: setup quickstart demo test test-slow test-browser bench
+.PHONY: setup quickstart demo test test-slow test-browser bench bench-trl
 
 setup:
 	scripts/setup.sh
@@ -21,3 +21,8 @@ test-browser:
 
 bench: setup
 	HF_HUB_OFFLINE=1 .venv/bin/python bench/run_all.py
+
+# rlkit against TRL's GRPOTrainer side by side (TRL in its own environment, bench/.venv-trl, not in rlkit's lock)
+bench-trl: setup
+	scripts/setup-bench-trl.sh
+	HF_HUB_OFFLINE=1 .venv/bin/python bench/vs_trl.py --shape tiny
