@@ -29,6 +29,7 @@ from rlkit.models.families import BY_NAME
 from rlkit.policy import packed_attention
 from rlkit.policy.architecture import Architecture
 from rlkit.policy.in_process import InProcessPolicy
+from rlkit.policy.lora import AdapterReference, hf_name_of_peft_param, inject_peft, merged, peft_file_name
 from rlkit.policy.packing import PackedRows
 from rlkit.weights import HFGroup
 
@@ -45,14 +46,22 @@ def load_causal_lm(cfg: PolicyConfig, device: torch.device) -> torch.nn.Module:
     return model.to(device)
 
 
-class HFPolicy(InProcessPolicy):
+class HFPolicy(AdapterReference, InProcessPolicy):
     """A causal LM from an HF folder in this process (implements :class:`rlkit.policy.base.Policy`)."""
+
+    _peft = None  # with policy.lora_cfg: peft's PeftModel around ``model`` (whose linears peft adapted in place)
 
     def __init__(self, cfg: PolicyConfig, seed: int = 0):
         self._setup(cfg)
         torch.manual_seed(seed)
-        self.model = load_causal_lm(cfg, self.device)
+        self.model = self._with_adapters(load_causal_lm(cfg, self.device))
         self._start_training()
+
+    def _with_adapters(self, model: torch.nn.Module) -> torch.nn.Module:
+        """``model`` with peft's LoRA layers on it when ``policy.lora_cfg.enabled`` (base weights frozen)."""
+        if self.cfg.lora_cfg.enabled:
+            self._peft = inject_peft(model, self.cfg.lora_cfg)
+        return model
 
     def _setup(self, cfg: PolicyConfig) -> None:
         """Config, architecture (a dense model) and device."""
@@ -69,7 +78,7 @@ class HFPolicy(InProcessPolicy):
         """Load HF-named full tensors (a DTensor parameter keeps this rank's shard). Strict on names and shapes."""
         from torch.distributed.tensor import distribute_tensor
 
-        params = dict(self.model.named_parameters())
+        params = self._hf_params()
         missing = sorted(set(params) - set(hf))
         if missing:
             raise KeyError(f"no HF weights for parameters {missing[:5]}")
@@ -86,12 +95,44 @@ class HFPolicy(InProcessPolicy):
         is a collective, so every rank must iterate in step. Unsharded they alias the live weights: copy them
         if you keep them past the next optimizer step."""
         groups: dict[str, list[tuple[str, Tensor]]] = {}
-        for name, param in self.model.named_parameters():
+        for name, param in self._hf_params().items():
             m = _LAYER.match(name)
             key = f"layer{int(m.group(1)):06d}" if m else ("0embed" if "embed_tokens" in name else "zfinal")
             groups.setdefault(key, []).append((name, param))
+        adapted = self._adapted_linears()
         for key in sorted(groups):
-            yield [(name, _full_tensor(param)) for name, param in groups[key]]
+            yield [(name, self._merged(adapted[name]) if name in adapted else _full_tensor(param))
+                   for name, param in groups[key]]
+
+    # ---- adapters (policy.lora_cfg) ----------------------------------------------------------------
+    def _hf_params(self) -> dict[str, Tensor]:
+        """HF name -> base parameter (every parameter without adapters)."""
+        return {hf: p for name, p in self.model.named_parameters() if (hf := hf_name_of_peft_param(name))}
+
+    def _adapted_linears(self) -> dict[str, tuple[Tensor, Tensor, Tensor]]:
+        """HF weight name -> (base weight, lora_A, lora_B) of each adapted linear (empty without adapters)."""
+        params = dict(self.model.named_parameters())
+        out = {}
+        for name in params:
+            if name.endswith(".base_layer.weight"):
+                stem = name[: -len("base_layer.weight")]
+                out[hf_name_of_peft_param(name)] = tuple(params[stem + s] for s in (
+                    "base_layer.weight", "lora_A.default.weight", "lora_B.default.weight"))
+        return out
+
+    def _merged(self, linear: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+        return merged(*(_full_tensor(t) for t in linear), self.cfg.lora_cfg.scaling)
+
+    def _adapter_params(self) -> dict[str, Tensor]:
+        return {name: p for name, p in self.model.named_parameters() if ".lora_" in name}
+
+    def _adapters_disabled(self):
+        return self._peft.disable_adapter()
+
+    def export_adapter_tensors(self) -> Iterator[tuple[str, Tensor]]:
+        """The adapters as full tensors under their PEFT file names (collective under FSDP: every rank calls)."""
+        for name, param in self._adapter_params().items():
+            yield peft_file_name(name), _full_tensor(param).clone()
 
     def parallel_layout(self) -> dict[str, int | str]:
         return {"backend": "hf", "data_parallel_size": 1}
