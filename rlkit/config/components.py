@@ -229,6 +229,9 @@ class LoraConfig(Section):
             out.append("policy.lora_cfg: no linear layer gets an adapter; set policy.lora_cfg.target_modules "
                        "(e.g. [q_proj, v_proj]) or policy.lora_cfg.match_all_linear=true")
         if policy.backend.name == "megatron":
+            if policy.megatron_cfg.pipeline_model_parallel_size > 1:
+                out.append("policy.lora_cfg.enabled: adapters under pipeline parallelism are not built yet; set "
+                           "policy.megatron_cfg.pipeline_model_parallel_size=1 (tensor parallelism works)")
             for fused, parts in LORA_FUSED_MODULES.items():
                 if 0 < len(targets & set(parts)) < len(parts):
                     out.append(f"policy.lora_cfg.target_modules: Megatron fuses {', '.join(parts)} into {fused}, so "

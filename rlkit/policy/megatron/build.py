@@ -116,11 +116,12 @@ def block_spec(config, num_experts: int = 0):
     return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=RMSNorm)
 
 
-def bf16_twin_of(master, arch: Architecture, config, num_experts: int = 0):
+def bf16_twin_of(master, arch: Architecture, config, num_experts: int = 0, lora=None, seed: int = 0):
     """The bf16 compute copy of the fp32 ``master`` GPTModel (:class:`rlkit.policy.precision.Bf16Twin`) and
     the module to run it through: Megatron's ``Float16Module``, which casts its float inputs to bf16 on the
     first pipeline stage and its output (the logits) to fp32 on the last, so logprobs and the loss are fp32.
-    ``config`` is the master's; the copy is built from it with bf16 parameters."""
+    ``config`` is the master's; the copy is built from it with bf16 parameters, and with the master's adapters
+    (``lora``: the enabled ``policy.lora_cfg``) when it has them."""
     import dataclasses
 
     from megatron.core.transformer.module import Float16Module
@@ -129,6 +130,10 @@ def bf16_twin_of(master, arch: Architecture, config, num_experts: int = 0):
 
     bf16_config = dataclasses.replace(config, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16, bf16=True)
     compute = build_gpt_model(arch, bf16_config, num_experts)
+    if lora is not None:
+        from rlkit.policy.megatron.lora import add_adapters
+
+        add_adapters(compute, lora, seed)
     return Bf16Twin(master, compute), Float16Module(bf16_config, compute)
 
 

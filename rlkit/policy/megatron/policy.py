@@ -44,7 +44,8 @@ from torch import Tensor
 from rlkit.config.components import PolicyConfig
 from rlkit.policy.base import LossFn, TokenLogprobs
 from rlkit.policy.in_process import InProcessPolicy
-from rlkit.policy.megatron import convert, parallel, pipeline
+from rlkit.policy.lora import AdapterReference, merged
+from rlkit.policy.megatron import convert, lora, parallel, pipeline
 from rlkit.policy.architecture import Architecture, load_hf_state
 from rlkit.policy.megatron.build import bf16_twin_of, build_gpt_model, data_parallel_wrapper, transformer_config
 from rlkit.policy.megatron.scores import shifted_entropy, shifted_token_logprobs
@@ -56,14 +57,19 @@ from rlkit.weights import HFGroup
 _LAYER_NAME = re.compile(r"^decoder\.layers\.(\d+)\.")
 
 
-class MegatronPolicy(InProcessPolicy):
+class MegatronPolicy(AdapterReference, InProcessPolicy):
     """A causal LM on Megatron-Core with HF weights in and out (implements :class:`rlkit.policy.base.Policy`)."""
 
     architecture = Architecture  # what it reads from the HF folder (the MoE subclass reads more)
 
     def __init__(self, cfg: PolicyConfig, seed: int = 0):
-        self.cfg = cfg
+        self.cfg, self._seed = cfg, seed
         self.arch = self.architecture.from_hf_folder(cfg.model_name)
+        if cfg.lora_cfg.enabled and getattr(self.arch, "num_experts", 0):
+            from rlkit.errors import ModelError
+
+            raise ModelError("policy.lora_cfg: adapters on Megatron's Mixture-of-Experts models are not built yet "
+                             "(the experts' linears); train this model with policy.lora_cfg.enabled=false")
         mc = cfg.megatron_cfg
         self.layout = parallel.ParallelLayout(**mc.model_dump(include=set(parallel.ParallelLayout.__dataclass_fields__)))
         parallel.init_parallel(self.layout, seed)
@@ -80,7 +86,8 @@ class MegatronPolicy(InProcessPolicy):
         self._grad_pairs = [(p, p) for p in self.model.parameters() if p.requires_grad]  # (optimizer's, DDP's)
         if cfg.precision == "bfloat16":
             self._twin, self._forward_module = bf16_twin_of(self.model, self.arch, self.model.config,
-                                                            getattr(self.arch, "num_experts", 0))
+                                                            getattr(self.arch, "num_experts", 0),
+                                                            self._lora_cfg(), seed)
             self._grad_pairs = [(fp32, bf16) for fp32, bf16 in self._twin.pairs if fp32.requires_grad]
         self._forward_module = data_parallel_wrapper(self._forward_module, mc.distributed_data_parallel_config)
         self._no_sync = None  # Megatron's no_sync() context, held over all but the last microbatch
@@ -88,7 +95,37 @@ class MegatronPolicy(InProcessPolicy):
 
     def _build_model(self):
         config = transformer_config(self.arch, self.tp_size, self.layout.sequence_parallel, self.pp_size)
-        return build_gpt_model(self.arch, config)
+        model = build_gpt_model(self.arch, config)
+        if self._lora_cfg() is not None:
+            lora.add_adapters(model, self._lora_cfg(), self._seed)
+        return model
+
+    # ---- adapters (policy.lora_cfg, rlkit.policy.megatron.lora) --------------------------------------
+    def _lora_cfg(self):
+        return self.cfg.lora_cfg if self.cfg.lora_cfg.enabled else None
+
+    def _adapter_params(self) -> dict[str, Tensor]:
+        return {n: p for n, p in self.model.named_parameters() if lora.is_adapter(n)}
+
+    def _adapters_disabled(self):
+        return lora.adapters_disabled(self.model, self._twin.compute if self._twin is not None else None)
+
+    def _adapted(self, name: str) -> Optional[tuple[str, str]]:
+        """The adapter parameter names (A, B) of base weight ``name``, or None if it has no adapter."""
+        stem = name.removesuffix(".weight")
+        a, b = stem + ".adapter.lora_A", stem + ".adapter.lora_B"
+        return (a, b) if self._lora_cfg() is not None and a in self._adapter_params() else None
+
+    def export_adapter_tensors(self) -> Iterator[tuple[str, Tensor]]:
+        """The adapters as full tensors under their PEFT file names, each fused adapter split into its HF
+        projections (:func:`rlkit.policy.megatron.lora.to_peft`); every TP rank calls (gathers)."""
+        params = dict(self.model.named_parameters())
+        for name in sorted(params):
+            if name.endswith(".adapter.lora_A"):
+                stem = name.removesuffix(".adapter.lora_A")
+                layer, linear = int(_LAYER_NAME.match(stem).group(1)), stem.rsplit(".", 1)[-1]
+                a, b = self._full_tensor(name, params), self._full_tensor(stem + ".adapter.lora_B", params)
+                yield from lora.to_peft(layer, linear, a, b, self.arch)
 
     # ---- weights ----------------------------------------------------------------------------------
     def _global_name(self, local_name: str) -> str:
@@ -96,7 +133,8 @@ class MegatronPolicy(InProcessPolicy):
         return pipeline.with_layer_offset(local_name, self._layer_offset)
 
     def _params_by_global_name(self) -> dict[str, Tensor]:
-        return {self._global_name(n): p for n, p in self.model.named_parameters()}
+        """The base weights (adapters have no HF name) by global name."""
+        return {self._global_name(n): p for n, p in self.model.named_parameters() if not lora.is_adapter(n)}
 
     def _hf_to_megatron_groups(self, hf: Mapping[str, Tensor], layers: list[int]) -> Iterator[dict[str, Tensor]]:
         return convert.hf_to_megatron_groups(hf, self.arch, layers=layers)
@@ -147,15 +185,22 @@ class MegatronPolicy(InProcessPolicy):
         local = params[name].detach()
         group = ps.get_tensor_model_parallel_group() if group is None else group
         size = dist.get_world_size(group)
-        if size == 1 or convert.shard_dim(name) is None:
+        if size == 1 or lora.shard_dim(name) is None:
             return local
         pieces = [torch.empty_like(local) for _ in range(size)]
         dist.all_gather(pieces, local.contiguous(), group=group)
-        return convert.unshard(name, pieces)
+        return lora.unshard(name, pieces)
 
     def _stage_full_tensor(self, name: str, params: Mapping[str, Tensor]) -> Tensor:
-        """Full tensor of parameter ``name`` of this pipeline stage (gathered over tensor parallelism)."""
-        return self._full_tensor(name, params)
+        """Full tensor of parameter ``name`` of this pipeline stage (gathered over tensor parallelism); an
+        adapted linear's weight merged with its adapter (``W + alpha/dim * B @ A``)."""
+        full = self._full_tensor(name, params)
+        adapter = self._adapted(name)
+        if adapter is None:
+            return full
+        every = dict(self.model.named_parameters())
+        a, b = (self._full_tensor(n, every) for n in adapter)
+        return merged(full, a, b, self.cfg.lora_cfg.scaling)
 
     def export_hf_groups(self) -> Iterator[HFGroup]:
         """HF-named full tensors, one fused group at a time, the same on every rank (each pipeline stage
@@ -183,7 +228,7 @@ class MegatronPolicy(InProcessPolicy):
         for local, _ in self.model.named_parameters():
             name = self._global_name(local)
             rank, size = self._shard_rank_and_size(name)
-            names[local] = name if size == 1 or convert.shard_dim(name) is None else f"{name}@tp{rank}of{size}"
+            names[local] = name if size == 1 or lora.shard_dim(name) is None else f"{name}@tp{rank}of{size}"
         return names
 
     # ---- logprobs ----------------------------------------------------------------------------------
