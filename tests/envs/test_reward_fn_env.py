@@ -41,7 +41,7 @@ def test_raising_function_is_isolated_to_the_failing_sample():
         return [float(int(c)) for c in completions]
 
     out = RewardFunctionEnvironment(parse_int).step([_conv("a", "3"), _conv("b", "x"), _conv("c", "5")], ROWS)
-    assert calls == [3, 1, 1, 1]  # one batch call, then one call per sample
+    assert calls == [3, 1, 2, 1, 1]  # the batch, then halves until the failing sample is alone
     assert out.rewards.tolist() == [3.0, 0.0, 5.0]
     assert len(out.errors) == 1
     assert out.errors[0].startswith("parse_int: sample 1: ValueError: invalid literal")
@@ -86,3 +86,44 @@ def test_rows_with_different_fields_and_empty_batch():
     assert len(env.step([], [])) == 0
     with pytest.raises(TypeError, match="callable"):
         RewardFunctionEnvironment("not a function")
+
+
+def test_a_dict_of_rewards_is_refused_not_read_as_its_keys():
+    def by_completion(prompts, completions, **_):
+        return {c: float(len(c)) for c in completions}
+
+    with pytest.raises(RewardError) as info:
+        RewardFunctionEnvironment(by_completion).step([_conv("p", c) for c in ("a", "bb", "ccc")], ROWS)
+    assert str(info.value) == (
+        "reward function 'by_completion' returned a dict (keys ['a', 'bb', 'ccc']), expected a list of 3 floats in "
+        "the order of the completions; a dict's length and iteration are its keys, which would be read as rewards. "
+        "Fix: return a list, e.g. [scores[c] for c in completions]")
+
+
+def test_a_reward_that_fails_once_is_not_called_once_per_sample():
+    """A flaky reward (one failure, e.g. a judge's timeout) over 16 samples: 3 calls (the batch, two halves),
+    not 17 (the batch and each sample alone); one sample that always fails: 1 + 2 log2(16) = 9 calls."""
+    calls = []
+
+    def flaky(prompts, completions, **_):
+        calls.append(len(completions))
+        if len(calls) == 1:
+            raise TimeoutError("judge timed out")
+        return [1.0] * len(completions)
+
+    rows = [{"answer": str(i)} for i in range(16)]
+    out = RewardFunctionEnvironment(flaky).step([_conv("p", str(i)) for i in range(16)], rows)
+    assert calls == [16, 8, 8] and out.rewards.tolist() == [1.0] * 16 and out.errors == []
+
+    calls.clear()
+
+    def one_bad(prompts, completions, **_):
+        calls.append(len(completions))
+        return [float(int(c)) for c in completions]
+
+    completions = [str(i) for i in range(16)]
+    completions[11] = "x"
+    out = RewardFunctionEnvironment(one_bad).step([_conv("p", c) for c in completions], rows)
+    assert calls == [16, 8, 8, 4, 2, 2, 1, 1, 4]  # depth first: [8:16] -> [8:12] -> [10:12] -> 10, 11; then [12:16]
+    assert out.rewards.tolist() == [float(i) if i != 11 else 0.0 for i in range(16)]
+    assert len(out.errors) == 1 and out.errors[0].startswith("one_bad: sample 11: ValueError")
