@@ -326,13 +326,15 @@ def save_periodic(session: Any, folder: str | Path, keep_last: int,
 
 # ---- export -------------------------------------------------------------------------------------------------
 def export_hf(session: Any, path: str | Path) -> Path:
-    """The policy's current weights as an HF model folder (transformers and vLLM load it), atomically."""
+    """The policy's current weights as an HF model folder (transformers and vLLM load it), atomically; with
+    adapters, merged, and the PEFT adapter folder in ``adapter/`` (:func:`rlkit.tracking.export.export_hf_folder`)."""
     from rlkit.tracking.export import export_hf_folder
 
     if session.policy is None:
         raise CheckpointError("this session is closed: nothing to export")
     source = session.config.policy.model_name
-    return write_atomically(path, lambda tmp: export_hf_folder(session.policy, source, tmp))
+    lora = session.config.policy.lora_cfg
+    return write_atomically(path, lambda tmp: export_hf_folder(session.policy, source, tmp, lora))
 
 
 @dataclass(frozen=True)
