@@ -1,0 +1,187 @@
+"""Low-rank adapters (``policy.lora_cfg``) on every backend, against independent references: peft's own forward
+(the transformers and DTensor backends, and the Megatron adapters exported as a PEFT folder), transformers on
+the merged weights, vLLM after a refit, and the single-process policy for TP=2 (test_parallel.py's harness)."""
+
+import pytest
+import torch
+
+from rlkit.config.components import OptimizerConfig, PolicyConfig
+from rlkit.policy.backends import in_process_policy
+from tests.helpers import arithmetic_prompts, generator_policy_mismatch, pg_token_mean_loss, random_batch
+
+HF = {"hf_cfg": {"enabled": True}, "megatron_cfg": {"enabled": False}}
+DTENSOR = {"dtensor_cfg": {"enabled": True}, "megatron_cfg": {"enabled": False}}
+BACKENDS = {"megatron": {}, "hf": HF, "dtensor": DTENSOR}
+
+
+@pytest.fixture(scope="module")
+def nano(model_factory):
+    return model_factory("nano", "qwen2", seed=1, num_key_value_heads=2)  # QKV bias: a fused layout with a bias
+
+
+def lora_cfg(path, backend="megatron", **lora):
+    return PolicyConfig(model_name=str(path), train_micro_batch_size=4, optimizer=OptimizerConfig(lr=1e-2),
+                        lora_cfg={"enabled": True, "dim": 4, "alpha": 8, **lora}, **BACKENDS[backend])
+
+
+def trained(policy, steps=2):
+    """``policy`` after ``steps`` optimizer steps on a random batch (so every ``lora_B`` is non-zero)."""
+    batch = random_batch(b=8, t=20)
+    for _ in range(steps):
+        policy.train_step(batch, pg_token_mean_loss)
+    return policy
+
+
+def token_logprobs(logits, batch):
+    lp = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, batch.input_ids[:, 1:, None]).squeeze(-1)
+    return torch.nn.functional.pad(lp, (1, 0)) * batch.attention_mask
+
+
+@pytest.mark.parametrize("backend", ["megatron", "hf", "dtensor"])
+def test_only_adapters_train_and_the_reference_is_the_base(nano, backend):
+    policy = in_process_policy(lora_cfg(nano, backend))
+    try:
+        params = dict(policy.model.named_parameters())
+        adapters = {n for n in params if ".lora_" in n}
+        in_optimizer = {id(p) for group in policy.optimizer.param_groups for p in group["params"]}
+        assert adapters and in_optimizer == {id(params[n]) for n in adapters}  # the optimizer holds adapters only
+        assert all(params[n].requires_grad == (n in adapters) for n in params)
+        batch = random_batch(b=8, t=20)
+        base = policy.logprobs(batch.input_ids, batch.attention_mask).logprobs
+        before = {n: p.detach().clone() for n, p in params.items()}
+        trained(policy)
+        moved = {n: (p.detach() - before[n]).abs().max().item() for n, p in params.items()}
+        assert all(moved[n] == 0.0 for n in params if n not in adapters)  # the base never changes
+        assert min(moved[n] for n in adapters if ".lora_B" in n) > 0
+        live = policy.logprobs(batch.input_ids, batch.attention_mask).logprobs
+        assert (live - base).abs().max() > 1e-3
+        # the reference is the base with the adapters off: no copy held, equal to the untrained model
+        assert policy.reference_state is None
+        ref = policy.reference_logprobs(batch.input_ids, batch.attention_mask).logprobs
+        assert (ref - base).abs().max() == 0.0
+        assert (policy.logprobs(batch.input_ids, batch.attention_mask).logprobs - live).abs().max() == 0.0
+    finally:
+        policy.close()
+
+
+@pytest.mark.parametrize("backend", ["hf", "dtensor"])
+def test_transformers_backends_match_peft_forward(nano, backend):
+    """The policy's logprobs equal a PeftModel's built by peft from the same base and adapter weights."""
+    import peft
+    from transformers import AutoModelForCausalLM
+
+    from rlkit.policy.lora import peft_lora_config
+
+    cfg = lora_cfg(nano, backend, dropout=0.0)
+    policy = trained(in_process_policy(cfg))
+    try:
+        batch = random_batch(b=8, t=20)
+        ours = policy.logprobs(batch.input_ids, batch.attention_mask).logprobs
+        reference = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(str(nano), dtype=torch.float32),
+                                        peft_lora_config(cfg.lora_cfg))
+        adapters = dict(policy.export_adapter_tensors())  # PEFT file names
+        assert not peft.set_peft_model_state_dict(reference, adapters).unexpected_keys
+        loaded = dict(reference.named_parameters())
+        assert all(torch.equal(loaded[n.replace(".weight", ".default.weight")], t) for n, t in adapters.items())
+        reference.eval()
+        with torch.no_grad():
+            theirs = token_logprobs(reference(input_ids=batch.input_ids).logits, batch)
+        assert (ours - theirs).abs().max() < 1e-5
+        assert (ours - token_logprobs(AutoModelForCausalLM.from_pretrained(str(nano)).eval()(
+            input_ids=batch.input_ids).logits.detach(), batch)).abs().max() > 1e-3  # the adapters matter
+    finally:
+        policy.close()
+
+
+@pytest.mark.parametrize("backend", ["megatron", "hf"])
+def test_export_writes_merged_and_peft_adapter_folders(nano, backend, tmp_path):
+    """The merged HF folder and ``adapter/`` loaded with ``PeftModel.from_pretrained`` give the policy's logits."""
+    import peft
+    from transformers import AutoModelForCausalLM
+
+    from rlkit.tracking.export import ADAPTER_DIR, export_hf_folder
+
+    cfg = lora_cfg(nano, backend)
+    policy = trained(in_process_policy(cfg))
+    try:
+        batch = random_batch(b=8, t=20)
+        with torch.no_grad():
+            logits = policy._logits(batch.input_ids)  # [b, T, V] at TP=1 (temperature 1)
+        out = export_hf_folder(policy, nano, tmp_path / "export", cfg.lora_cfg)
+        adapter_bytes = sum(f.stat().st_size for f in (out / ADAPTER_DIR).iterdir())
+        model_bytes = sum(f.stat().st_size for f in out.glob("*.safetensors"))
+        assert adapter_bytes < model_bytes / 2  # the adapters are small
+        with torch.no_grad():
+            merged = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
+            assert (merged(input_ids=batch.input_ids).logits - logits).abs().max() < 1e-4
+            base = AutoModelForCausalLM.from_pretrained(str(nano), dtype=torch.float32)
+            adapted = peft.PeftModel.from_pretrained(base, str(out / ADAPTER_DIR)).eval()
+            assert (adapted(input_ids=batch.input_ids).logits - logits).abs().max() < 1e-4
+    finally:
+        policy.close()
+
+
+@pytest.mark.parametrize("backend", ["megatron", "hf"])
+def test_checkpoint_holds_the_adapters_and_resumes_exactly(nano, backend, tmp_path):
+    from torch.distributed.checkpoint import HuggingFaceStorageReader
+
+    cfg = lora_cfg(nano, backend)
+    batch = random_batch(b=8, t=20, seed=3)
+    first = trained(in_process_policy(cfg), steps=1)
+    try:
+        first.save_state(tmp_path / "ckpt")
+        first.train_step(batch, pg_token_mean_loss)
+        expected = first.logprobs(batch.input_ids, batch.attention_mask).logprobs
+    finally:
+        first.close()
+    keys = HuggingFaceStorageReader(str(tmp_path / "ckpt" / "shards")).read_metadata().state_dict_metadata
+    assert keys and all(".lora_" in k for k in keys)  # adapters (and their optimizer state) only
+    second = in_process_policy(cfg)
+    try:
+        second.load_state(tmp_path / "ckpt")
+        assert second.version == 1
+        second.train_step(batch, pg_token_mean_loss)
+        assert torch.equal(second.logprobs(batch.input_ids, batch.attention_mask).logprobs, expected)
+    finally:
+        second.close()
+
+
+def test_vllm_agrees_with_the_adapted_policy_after_a_refit(model_factory):
+    """After a LoRA step, the merged-weights refit leaves vLLM's logprobs within 1e-3 of the policy's."""
+    from rlkit.config.components import GenerationConfig
+    from rlkit.generation.vllm import VllmGenerator
+    from rlkit.weight_sync import ColocatedWeightSync
+
+    path = model_factory("nano", "llama")
+    texts, ids = arithmetic_prompts()
+    policy = in_process_policy(lora_cfg(path))
+    generator = VllmGenerator(path, GenerationConfig(), max_model_len=128, seed=0)
+    try:
+        diff, batch = generator_policy_mismatch(generator, policy, texts, ids, 1)
+        assert diff.max() < 1e-3
+        adv = torch.randn(batch.batch_size, 1, generator=torch.Generator().manual_seed(0)) * batch.loss_mask
+        policy.train_step(batch.with_(advantages=adv), pg_token_mean_loss)
+        stale, _ = generator_policy_mismatch(generator, policy, texts, ids, 2)
+        assert stale.max() > 1e-2  # the step moved the policy away from the engine's weights
+        ColocatedWeightSync().sync(policy, generator)
+        diff, batch = generator_policy_mismatch(generator, policy, texts, ids, 3)
+        assert diff.max() < 1e-3 and batch.loss_mask.sum() > 100
+    finally:
+        generator.close()
+        policy.close()
+
+
+def test_lora_config_is_checked_at_load(tmp_path):
+    from rlkit.config.loading import load_config
+    from rlkit.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_config("quickstart_nano", [f"policy.model_name={tmp_path}/m", "policy.lora_cfg.enabled=true",
+                                        "policy.lora_cfg.use_dora=true", "policy.lora_cfg.target_modules=[q_proj,v_prj]"])
+    text = str(err.value)
+    assert "policy.lora_cfg.use_dora" in text and "did you mean 'v_proj'" in text
+    with pytest.raises(ConfigError, match="fuses q_proj, k_proj, v_proj into linear_qkv"):
+        load_config("quickstart_nano", [f"policy.model_name={tmp_path}/m", "policy.lora_cfg.enabled=true",
+                                        "policy.lora_cfg.target_modules=[q_proj,v_proj]"])
+    ok = load_config("quickstart_lora", [f"policy.model_name={tmp_path}/m"])
+    assert ok.policy.lora_cfg.enabled and ok.policy.lora_cfg.dim == 16 and len(ok.policy.lora_cfg.hf_targets()) == 7
