@@ -25,6 +25,23 @@ def prompt_token_lengths(tokenizer: Any, prompts: Sequence[str], system_prompt: 
     return [len(ids) for ids in render_prompts(tokenizer, list(prompts), system_prompt)]
 
 
+def max_token_chars(tokenizer: Any) -> int:
+    """The most characters one token of ``tokenizer`` can stand for (its longest vocabulary entry, at least 1).
+
+    A byte-level BPE entry is written one character per byte, and a text character is at least one byte, so
+    no token covers more characters of a text than its entry has. Hence a text of more than
+    ``max_tokens * max_token_chars`` characters is certainly longer than ``max_tokens`` tokens, which is known
+    without tokenizing it (one 50 MB prompt took 140 s and 18 GB to render and tokenize)."""
+    cached = getattr(tokenizer, "_rlkit_max_token_chars", None)
+    if cached is None:
+        cached = max((len(token) for token in tokenizer.get_vocab()), default=1) or 1
+        try:
+            tokenizer._rlkit_max_token_chars = cached
+        except AttributeError:  # a tokenizer that takes no attributes: computed again next time (milliseconds)
+            pass
+    return cached
+
+
 def overlong_rows(
     prompts: Sequence[str],
     labels: Sequence[str],  # [rows] where each row came from ("line 7", "row 6"), for the messages
@@ -35,21 +52,49 @@ def overlong_rows(
     mode: OverlongPrompts,
 ) -> list[int]:
     """Indices of the rows to keep (``filter``), after warning how many were dropped; ``error`` raises a
-    ``DataError`` naming the first over-long row instead."""
-    lengths = prompt_token_lengths(tokenizer, prompts, system_prompt)
-    long = [i for i, n in enumerate(lengths) if n > max_prompt_tokens]
+    ``DataError`` naming the first over-long row instead.
+
+    A prompt whose raw text alone has more characters than ``max_prompt_tokens`` tokens can stand for
+    (:func:`max_token_chars`) is over-long without being rendered or tokenized; only the others are."""
+    char_limit = max_prompt_tokens * max_token_chars(tokenizer)
+    lengths: list[Optional[int]] = [None] * len(prompts)  # None: over-long by its characters alone
+    measured = [i for i, p in enumerate(prompts) if len(p) <= char_limit]
+    for i, n in zip(measured, prompt_token_lengths(tokenizer, [prompts[i] for i in measured], system_prompt)):
+        lengths[i] = n
+    long = [i for i, n in enumerate(lengths) if n is None or n > max_prompt_tokens]
     if not long:
         return list(range(len(prompts)))
     first = long[0]
     shown = prompts[first] if len(prompts[first]) <= _SHOW_CHARS else prompts[first][:_SHOW_CHARS] + "..."
+    size = (f"{lengths[first]} tokens" if lengths[first] is not None else
+            f"{len(prompts[first])} characters, more than {max_prompt_tokens} tokens of at most "
+            f"{max_token_chars(tokenizer)} characters each hold, so not tokenized")
     limit = (f"the {max_prompt_tokens} tokens a rollout can take (the engine's max_model_len minus "
              "policy.generation.max_new_tokens)")
     if mode == "error":
-        raise DataError([f"data.overlong_prompts=error: {source} {labels[first]} renders (chat template applied) to "
-                         f"{lengths[first]} tokens, more than {limit}; prompt {shown!r}; {len(long)} such row(s) in "
+        renders = "renders (chat template applied) to" if lengths[first] is not None else "has"
+        raise DataError([f"data.overlong_prompts=error: {source} {labels[first]} {renders} {size}, more than "
+                         f"{limit}; prompt {shown!r}; {len(long)} such row(s) in "
                          "all. Fix: shorten or drop those rows, raise policy.max_total_sequence_length (or lower "
                          "max_new_tokens), or set data.overlong_prompts=filter to drop them"])
     warnings.warn(f"data: dropped {len(long)} of {len(prompts)} prompt(s) in {source} longer than {limit}; "
-                  f"first: {labels[first]} ({lengths[first]} tokens, {shown!r}). Set data.overlong_prompts=error "
+                  f"first: {labels[first]} ({size}, {shown!r}). Set data.overlong_prompts=error "
                   "to refuse them instead", UserWarning, stacklevel=4)
-    return [i for i, n in enumerate(lengths) if n <= max_prompt_tokens]
+    return [i for i in range(len(prompts)) if i not in set(long)]
+
+
+def empty_rows(prompts: Any, labels: Sequence[str], source: str) -> list[int]:
+    """Indices of the rows whose prompt has text, after warning how many empty (or whitespace-only) prompts were
+    dropped: an empty prompt asks the model nothing, and its samples would only add noise to their group.
+    ``prompts``: an Arrow string array (checked in Arrow: 1M prompts in milliseconds)."""
+    import pyarrow.compute as pc
+
+    blank = pc.equal(pc.utf8_trim_whitespace(prompts), "")
+    empty = pc.indices_nonzero(pc.fill_null(blank, True)).to_pylist()
+    if not empty:
+        return list(range(len(prompts)))
+    warnings.warn(f"data: dropped {len(empty)} of {len(prompts)} prompt(s) in {source} that are empty or only "
+                  f"whitespace; first: {labels[empty[0]]}. Fix: remove those rows (or fill in their prompts)",
+                  UserWarning, stacklevel=4)
+    skip = set(empty)
+    return [i for i in range(len(prompts)) if i not in skip]

@@ -145,6 +145,7 @@ def map_columns(dataset: Dataset, prompt_key: str, answer_key: Optional[str], so
         raise DataError(problems)
     dataset = dataset.rename_columns({c: t for c, t in ((prompt_key, "prompt"), (answer_key, "answer"))
                                       if c is not None and c != t})
+    dataset = _answers_as_loaded(dataset)
     text = getattr(dataset.features["prompt"], "dtype", None) in ("string", "large_string")
     if text and not dataset.data.column("prompt").null_count:  # Arrow settles it unread (1M prompts: 7 s in Python)
         return dataset
@@ -154,6 +155,24 @@ def map_columns(dataset: Dataset, prompt_key: str, answer_key: Optional[str], so
                          f"prompt is {dataset[bad]['prompt']!r}, not text. Fix: choose a text column (a message "
                          "list is not supported), or give every row a text prompt (quote numbers) or drop the row"])
     return dataset
+
+
+def _answers_as_loaded(dataset: Dataset) -> Dataset:
+    """An answer column of mixed types (``"007"`` on one row, ``12`` on another) as the text each row holds.
+
+    Why: ``datasets``' JSON builder stores such a column as its ``Json`` feature, keeping each value's text as
+    written but unquoted, and decodes that text back as JSON, so the string ``"007"`` comes back as the number 7
+    (and ``"1e3"`` as 1000.0). Answers are compared as text by every environment, so the text is what counts:
+    a value stored quoted (a string that needs quoting) is unquoted, every other one is kept as written."""
+    import json
+
+    if "answer" not in dataset.column_names or type(dataset.features["answer"]).__name__ != "Json":
+        return dataset
+    stored = [value for chunk in dataset.data.column("answer").chunks for value in chunk.storage.to_pylist()]
+    texts = [json.loads(v) if isinstance(v, str) and v.startswith('"') else v for v in stored]
+    position = dataset.column_names.index("answer")
+    dataset = dataset.remove_columns("answer").add_column("answer", texts)
+    return dataset.select_columns(dataset.column_names[:position] + ["answer"] + dataset.column_names[position:-1])
 
 
 def map_answers(dataset: Dataset, answer_format: AnswerFormat, source: str) -> Dataset:

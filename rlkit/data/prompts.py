@@ -35,7 +35,7 @@ from typing import Any, Callable, Literal, Mapping, Optional, Union, get_args
 from datasets import Dataset, DatasetDict
 
 from rlkit.data.files import JSON_SUFFIXES, PARQUET_SUFFIXES, PromptFile, read_prompt_file
-from rlkit.data.lengths import OverlongPrompts, overlong_rows
+from rlkit.data.lengths import OverlongPrompts, empty_rows, overlong_rows
 from rlkit.data.named import AnswerFormat, load_named_splits, map_answers, map_columns
 from rlkit.envs.arithmetic import count_arithmetic_prompts, iter_arithmetic_rows
 from rlkit.envs.tool_arithmetic import iter_tool_arithmetic_rows
@@ -171,13 +171,15 @@ def load_prompt_dataset(source: Union[DataParams, Mapping[str, Any], str, Path],
 
 
 def _length_fit(p: DataParams, tokenizer: Any, max_prompt_tokens: Optional[int]) -> Fit:
-    """The rows of a file or split that a rollout can take (all of them without a tokenizer)."""
+    """The rows of a file or split that a rollout can take: not empty, and (given a tokenizer) not over-long."""
 
     def fit(file: PromptFile, source: str) -> PromptFile:
-        if tokenizer is None:
-            return file
-        keep = overlong_rows(file.dataset["prompt"], file.labels, source, tokenizer, max_prompt_tokens,
-                             p.system_prompt, p.overlong_prompts)
+        keep = empty_rows(file.dataset.with_format("arrow")["prompt"], file.labels, source)
+        if tokenizer is not None:
+            prompts = file.dataset["prompt"]
+            kept = overlong_rows([prompts[i] for i in keep], [file.labels[i] for i in keep], source, tokenizer,
+                                 max_prompt_tokens, p.system_prompt, p.overlong_prompts)
+            keep = [keep[i] for i in kept]
         return file if len(keep) == len(file.labels) else file.select(keep)
 
     return fit

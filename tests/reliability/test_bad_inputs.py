@@ -139,3 +139,54 @@ def test_a_stage_before_its_input_names_the_stage_to_run_first(missing, stage):
     batch = batch.with_(advantages=None) if missing == "advantages" else batch
     msg = raised(StageOrderError, train, batch, policy=None, loss_fn=pg_token_mean_loss)
     assert missing in msg and stage in msg
+
+
+def test_a_huge_prompt_is_dropped_by_its_length_in_characters_without_tokenizing(tmp_path, monkeypatch):
+    """One 50 MB prompt took 140 s and 18 GB to render and tokenize before it was dropped: a text longer than the
+    prompt budget times the longest token (in characters) is over-long without tokenizing (here 1 MB)."""
+    import time
+
+    import rlkit.data.lengths as lengths
+
+    seen = []
+    measure = lengths.prompt_token_lengths
+    monkeypatch.setattr(lengths, "prompt_token_lengths", lambda tok, prompts, system=None: (
+        seen.extend(len(p) for p in prompts), measure(tok, prompts, system))[1])
+    path = tmp_path / "data.jsonl"
+    path.write_text('{"prompt": "1+1"}\n{"prompt": "' + "9" * 1_000_000 + '"}\n{"prompt": "2+2"}\n')
+    tok = build_char_tokenizer()
+    t0 = time.perf_counter()
+    with pytest.warns(UserWarning) as record:
+        ds = load_prompt_dataset({"path": str(path), "validation_path": str(path)}, tok, 20)
+    assert time.perf_counter() - t0 < 10
+    assert seen and max(seen) == 3 and ds["train"]["prompt"] == ["1+1", "2+2"]
+    chars = lengths.max_token_chars(tok)
+    assert (f"data: dropped 1 of 3 prompt(s) in {str(path)!r} longer than the 20 tokens a rollout can take (the "
+            f"engine's max_model_len minus policy.generation.max_new_tokens); first: line 2 (1000000 characters, "
+            f"more than 20 tokens of at most {chars} characters each hold, so not tokenized, ") in str(record[0].message)
+    msg = raised(DataError, load_prompt_dataset, {"path": str(path), "overlong_prompts": "error"}, tok, 20)
+    assert f"{str(path)!r} line 2 has 1000000 characters, more than 20 tokens of at most {chars} characters" in msg
+
+
+def test_empty_prompts_are_dropped_with_a_warning_that_counts_them(tmp_path):
+    path = tmp_path / "data.jsonl"
+    path.write_text("".join('{"prompt": "%s", "answer": "1"}\n' % p for p in ["1+0", "", "2+0", "  ", "3+0", "4+0"]))
+    with pytest.warns(UserWarning) as record:
+        ds = load_prompt_dataset({"path": str(path), "validation_path": str(path)})
+    assert ds["train"]["prompt"] == ["1+0", "2+0", "3+0", "4+0"]
+    assert str(record[0].message) == (
+        f"data: dropped 2 of 6 prompt(s) in {str(path)!r} that are empty or only whitespace; first: line 2. "
+        "Fix: remove those rows (or fill in their prompts)")
+
+
+def test_a_007_answer_stays_the_text_007_through_a_named_dataset(tmp_path):
+    """datasets' JSON builder stores a column of mixed types as its Json feature and reads "007" back as 7."""
+    folder = tmp_path / "ds"
+    folder.mkdir()
+    rows = [{"prompt": "bond", "answer": "007"}, {"prompt": "dozen", "answer": 12},
+            {"prompt": "greet", "answer": 'say "hi"'}, {"prompt": "sci", "answer": "1e3"}]
+    (folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "test.jsonl").write_text(json.dumps({"prompt": "held out", "answer": "0"}) + "\n")
+    ds = load_prompt_dataset({"dataset_name": str(folder), "validation_split": "test"})
+    assert ds["train"]["answer"] == ["007", "12", 'say "hi"', "1e3"]
+    assert ds["train"].column_names == ["prompt", "answer"]
