@@ -4,14 +4,15 @@ What a multi-turn rollout pays per ``<python>`` call on top of the program itsel
 (namespaces, mounts), the interpreter's start-up and the teardown. Prints the backend, the load average
 before and after (the figure moves with the machine's load: compare runs at a similar load), and the
 median, 10th and 90th percentile over ``--calls`` calls after ``--warmup``. Last line (bench/run_all.py):
-``median_s``, ``p10_s``, ``p90_s``, ``backend``, ``load_before``, ``load_after``.
-Usage: python bench/sandbox_call.py [--calls 40] [--warmup 3]
+``sandbox_call_median_ms``, ``sandbox_call_p10_ms``, ``sandbox_call_p90_ms``, ``load_before``, ``load_after``.
+Before issue 31 (a plain ``unshare -rn`` process writing to a file) the median was 21.5-24 ms at load 4-5 on
+2 cores; see docs/measurements.md for the figures after.
+Usage: python bench/sandbox_call.py [--calls 40] [--warmup 3] [--sandbox auto|bwrap|unshare|unsafe-process]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import time
@@ -21,17 +22,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--sandbox", default="auto", choices=("auto", "bwrap", "unshare", "unsafe-process"))
     args = parser.parse_args()
     from rlkit.envs import sandbox
 
-    backend = getattr(sandbox, "describe_backend", lambda: "unshare -rn (issue-31 baseline)")()
+    backend = sandbox.describe_backend(args.sandbox)
     for _ in range(args.warmup):
-        sandbox.run_python("print(1)")
+        sandbox.run_python("print(1)", sandbox=args.sandbox)
     load_before = os.getloadavg()[0]
     walls = []
     for _ in range(args.calls):
         t0 = time.perf_counter()
-        result = sandbox.run_python("print(1)")
+        result = sandbox.run_python("print(1)", sandbox=args.sandbox)
         walls.append(time.perf_counter() - t0)
         if result.output != "1\n":
             raise SystemExit(f"run_python('print(1)') gave {result!r}")
@@ -44,7 +46,8 @@ def main() -> None:
           f"{load_after:.2f} on {os.cpu_count()} cores")
     print(f"median {figures['median_s'] * 1e3:.1f} ms, p10 {figures['p10_s'] * 1e3:.1f} ms, "
           f"p90 {figures['p90_s'] * 1e3:.1f} ms")
-    print(json.dumps(figures))
+    print(" ".join(f"sandbox_call_{k[:-2]}_ms={figures[k] * 1e3:.1f}" for k in ("median_s", "p10_s", "p90_s"))
+          + f" load_before={load_before:.2f} load_after={load_after:.2f}")
 
 
 if __name__ == "__main__":

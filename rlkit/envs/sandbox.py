@@ -46,6 +46,7 @@ import shutil
 import signal
 import subprocess
 import tempfile
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -53,7 +54,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
-from rlkit.envs.sandbox_kernel import Backend, SandboxMode, cgroups_available, command, make_cgroups
+from rlkit.envs.sandbox_kernel import Backend, SandboxMode, cgroups_available, command, first_child, make_cgroups
 from rlkit.errors import RLKitError
 
 UNSAFE_LOSSES = ("the trainer and every process of its user can be signalled (killed, stopped)",
@@ -145,7 +146,7 @@ def _warn_unsafe() -> None:
 def run_in(backend: Backend, code: str, limits: SandboxLimits) -> SandboxResult:
     """:func:`run_python` in a given backend, without checking that it works here."""
     t0 = time.perf_counter()
-    tmp, proc, cgroups, fds = tempfile.mkdtemp(prefix="rlkit-sandbox-"), None, None, []
+    tmp, proc, cgroups, fds, joiner = tempfile.mkdtemp(prefix="rlkit-sandbox-"), None, None, [], None
     output, total, reason, startup = b"", 0, "", 0.0
     try:
         Path(tmp, "program.py").write_bytes(code.encode("utf-8", errors="replace"))
@@ -154,27 +155,44 @@ def run_in(backend: Backend, code: str, limits: SandboxLimits) -> SandboxResult:
             cgroups = make_cgroups(limits.memory_mb * 2**20, limits.max_processes + 1)  # + the namespace's init
         out_r, out_w = os.pipe()
         status_r, status_w = os.pipe()
-        fds = [out_r, out_w, status_r, status_w]
-        config = {"status_fd": status_w, "cgroup_fds": cgroups.fds if cgroups else [], "tmp_kb": limits.tmp_mb * 1024,
-                  "rlimits": _rlimits(limits)}
+        go_r, go_w = os.pipe() if cgroups else (None, None)
+        fds = [fd for fd in (out_r, out_w, status_r, status_w, go_r, go_w) if fd is not None]
+        config = {"status_fd": status_w, "go_fd": go_r, "tmp_kb": limits.tmp_mb * 1024, "rlimits": _rlimits(limits)}
         argv, config = command(backend, tmp, config)
         home = config["workdir"]
         proc = subprocess.Popen(argv, cwd=tmp, stdin=subprocess.DEVNULL, stdout=out_w, stderr=out_w,
                                 env={"PATH": "/usr/bin:/bin", "HOME": home, "TMPDIR": home, "LC_ALL": "C.UTF-8"},
-                                start_new_session=True, pass_fds=(status_w, *config["cgroup_fds"]))
-        for fd in (out_w, status_w):
-            os.close(fd)
-            fds.remove(fd)
-        if cgroups:
-            cgroups.close_fds()
+                                start_new_session=True, pass_fds=tuple(fd for fd in (status_w, go_r) if fd is not None))
+        for fd in (out_w, status_w, go_r):
+            if fd is not None:
+                os.close(fd)
+                fds.remove(fd)
+        if cgroups:  # moved while its interpreter starts; it starts the program only after this
+            fds.remove(go_w)
+            joiner = threading.Thread(target=_join, args=(cgroups, proc.pid, backend, go_w, t0 + limits.startup_seconds),
+                                      daemon=True)
+            joiner.start()
         output, total, reason, startup = _watch(out_r, status_r, limits, t0)
     except Exception as exc:  # noqa: BLE001 - run_python never raises on the program's behalf
         reason = f"sandbox error: {type(exc).__name__}: {exc}"
     finally:
-        reason = _teardown(proc, cgroups, fds, reason)
+        reason = _teardown(proc, cgroups, joiner, fds, reason)
         shutil.rmtree(tmp, ignore_errors=True)
     return SandboxResult(_head(output, total, limits.max_output_chars), reason == "ok", reason, time.perf_counter() - t0,
                          startup)
+
+
+def _join(cgroups, pid: int, backend: Backend, go_w: int, deadline: float) -> None:
+    """Move the call's first process inside the namespaces into its cgroups, then tell it to go on ("1") or not."""
+    try:
+        init = pid if backend == "unsafe-process" else first_child(pid, time.monotonic() + deadline - time.perf_counter())
+        ok = init is not None and cgroups.join(init)
+        os.write(go_w, b"1" if ok else b"0")
+    except OSError:
+        pass
+    finally:
+        os.close(go_w)
+        cgroups.close_fds()
 
 
 def _watch(out_r: int, status_r: int, limits: SandboxLimits, t0: float) -> tuple[bytes, int, str, float]:
@@ -212,7 +230,8 @@ def _watch(out_r: int, status_r: int, limits: SandboxLimits, t0: float) -> tuple
     return bytes(head), total, "ok" if code == 0 else _exit_reason(code), startup
 
 
-def _teardown(proc: Optional[subprocess.Popen], cgroups, fds: list[int], reason: str) -> str:
+def _teardown(proc: Optional[subprocess.Popen], cgroups, joiner: Optional[threading.Thread], fds: list[int],
+              reason: str) -> str:
     """Kill what is left of the call, reap it, close the pipes, remove the cgroups; the final reason."""
     if proc is not None:
         try:  # after a normal end the isolating process exits by itself, its namespace torn down
@@ -227,9 +246,11 @@ def _teardown(proc: Optional[subprocess.Popen], cgroups, fds: list[int], reason:
         try:
             code = proc.wait(timeout=5.0)
             if not reason:
-                reason = f"sandbox set-up failed ({_exit_reason(code) if code else 'no status'})"
+                reason = f"the sandbox ended without the program's status ({_exit_reason(code) if code else 'exit 0'})"
         except subprocess.TimeoutExpired:
             reason = reason or "sandbox error: the sandbox did not end"
+    if joiner is not None:
+        joiner.join(timeout=5.0)  # done once the isolating process is gone (it finds no init then)
     if cgroups is not None:
         if reason == "killed by SIGKILL" and cgroups.hit_memory_limit():
             reason += " (memory limit)"

@@ -169,7 +169,7 @@ class _Host:
         shutil.rmtree(self.bait, ignore_errors=True)
 
 
-def run_attacks(module: str = "rlkit.envs.sandbox", sandbox: Optional[str] = "auto", memory_mb: int = 512,
+def run_attacks(module: str = "rlkit.envs.sandbox", sandbox: Optional[str] = "auto", memory_mb: int = 256,
                 attacks: Sequence[Attack] = ATTACKS) -> list[dict]:
     """Run ``attacks`` against ``module``'s ``run_python``; one dict per attack: name, group, held, detail."""
     host, wrapper = _Host(), _pid_namespace_wrapper()
@@ -227,6 +227,7 @@ def _run_victim(todo: list[Attack], host: _Host, wrapper: list[str], module: str
         if proc.poll() is None:
             os.killpg(proc.pid, 9)
         proc.wait()
+        proc.stdout.close()
     done = {row["name"] for row in rows}
     if current is not None:
         host.observe(memory_mb)

@@ -5,10 +5,11 @@ This file is not imported by the package at run time: :func:`rlkit.envs.sandbox.
 (``repr`` of a dict of strings, numbers and tuples; read with ``eval`` and no builtins, since importing ``json``
 or ``ast`` would double the interpreter's start-up). Its ``main``:
 
-1. joins the call's cgroups (memory, pids), when the parent made them, through files the parent opened;
-2. ``unshare`` backend: builds the file system of the call in its new mount namespace (a tmpfs root holding
+1. ``unshare`` backend: builds the file system of the call in its new mount namespace (a tmpfs root holding
    read-only binds of only what the interpreter needs, a fresh ``/proc`` of the new PID namespace, a small
    tmpfs ``/tmp`` with the working directory ``/tmp/rlkit-sandbox``) and ``pivot_root``s into it, detaching the host's tree (``bwrap`` does all this itself);
+2. where the call has cgroups, waits for the parent's word that it has moved this process into them (the
+   parent does it while this interpreter starts: a cgroup v1 move waits for an RCU grace period, ~10 ms);
 3. forks the program's process and stays behind as a small init: it tells the parent the program started
    (one byte on the status pipe), waits for it, writes its wait status, and exits. Being PID 1, its exit makes
    the kernel kill every process left in the namespace;
@@ -51,25 +52,27 @@ del _make_guard
 '''
 
 
-def _libc():
-    import ctypes
+def _libc(name: str):
+    """A C function of the process by name, called with ints, bytes (``char *``) and None (NULL); ``_ctypes``
+    itself, since importing ``ctypes`` costs more than all the set-up's system calls together."""
+    import _ctypes
 
-    return ctypes, ctypes.CDLL(None, use_errno=True)
+    address = _ctypes.dlsym(_ctypes.dlopen(None, 2), name)
+    return lambda *args: _ctypes.call_function(address, args)
 
 
-def _call(ctypes, result: int, what: str) -> None:
+def _check(result: int, what: str) -> None:
     if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"sandbox set-up: {what}: {os.strerror(err)}")
+        raise OSError(f"sandbox set-up: {what} failed (the kernel refused it)")
 
 
 def build_root(config: dict) -> None:
     """The call's file system (``unshare`` backend): see the module docstring, step 2."""
-    ctypes, libc = _libc()
+    libc_mount = _libc("mount")
 
     def mount(source, target, fstype, flags, data=None):
         enc = lambda s: None if s is None else os.fsencode(s)  # noqa: E731
-        _call(ctypes, libc.mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
+        _check(libc_mount(enc(source), enc(target), enc(fstype), flags, enc(data)), f"mount {target}")
 
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     new = config["mountpoint"]
@@ -96,23 +99,22 @@ def build_root(config: dict) -> None:
     number = _PIVOT_ROOT.get(os.uname().machine)
     if number is None:
         raise OSError(f"sandbox set-up: pivot_root's number on {os.uname().machine} is not known")
-    _call(ctypes, libc.syscall(number, b".", b"."), "pivot_root")  # the old root is stacked under the new
-    _call(ctypes, libc.umount2(b".", 2), "detach the host's root")  # MNT_DETACH
+    _check(_libc("syscall")(number, b".", b"."), "pivot_root")  # the old root is stacked under the new
+    _check(_libc("umount2")(b".", 2), "detach the host's root")  # MNT_DETACH
     os.chdir("/")
     mount(None, "/", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
 
 
 def drop_privileges() -> None:
     """Every capability gone for good: bounding and ambient sets, the root special case, then capset(0)."""
-    ctypes, libc = _libc()
-    libc.prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
-    libc.prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
+    prctl = _libc("prctl")
+    prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS
+    prctl(47, 4, 0, 0, 0)  # PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL
     for cap in range(64):
-        libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP (EINVAL past the last capability; EPERM if gone already)
-    libc.prctl(28, 0x2F, 0, 0, 0)  # PR_SET_SECUREBITS: NOROOT, NO_SETUID_FIXUP, KEEP_CAPS off, all locked
-    header = (ctypes.c_uint32 * 2)(0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this thread
-    data = (ctypes.c_uint32 * 6)()
-    _call(ctypes, libc.capset(header, data), "capset")
+        prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP (EINVAL past the last capability; EPERM if gone already)
+    prctl(28, 0x2F, 0, 0, 0)  # PR_SET_SECUREBITS: NOROOT, NO_SETUID_FIXUP, KEEP_CAPS off, all locked
+    header = (0x20080522).to_bytes(4, sys.byteorder) + bytes(4)  # _LINUX_CAPABILITY_VERSION_3, this thread
+    _check(_libc("capset")(header, bytes(24)), "capset")  # effective, permitted, inheritable: all empty
 
 
 def run_program(config: dict, code: bytes) -> None:
@@ -143,39 +145,21 @@ def run_program(config: dict, code: bytes) -> None:
         raise SystemExit(1) from None
 
 
-def _join_cgroups(fds: list):
-    """Move this process into the call's cgroups (through ``cgroup.procs`` files the parent opened) in a thread:
-    a cgroup v1 migration waits for an RCU grace period (~10 ms), which so overlaps the root's set-up. Returns a
-    lock released when done."""
-    import _thread
-
-    done = _thread.allocate_lock()
-    done.acquire()
-
-    def join():
-        try:
-            for fd in fds:
-                os.write(fd, b"0")
-                os.close(fd)
-        finally:
-            done.release()
-
-    _thread.start_new_thread(join, ())
-    return done
-
-
 def main() -> None:
     import _signal
 
     _signal.signal(_signal.SIGINT, _signal.SIG_DFL)  # no handler: the namespace's init then ignores it
     config = eval(sys.argv[1], {"__builtins__": {}})  # noqa: S307 - the parent's repr of plain data
     status = config["status_fd"]
-    joined = _join_cgroups(config["cgroup_fds"])
     with open(config["program"], "rb") as f:
         code = f.read()
     if config["build_root"]:
         build_root(config)
-    joined.acquire()  # in the cgroups before the program's process exists, so it and all it starts are in them
+    if config["go_fd"] is not None:  # the parent has moved this process into the call's cgroups: "1"
+        if os.read(config["go_fd"], 1) != b"1":
+            os.write(2, b"sandbox set-up: the call's cgroups could not be joined\n")
+            os._exit(70)
+        os.close(config["go_fd"])
     pid = os.fork()
     if pid == 0:
         os.close(status)

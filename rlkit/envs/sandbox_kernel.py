@@ -66,7 +66,7 @@ def command(backend: Backend, tmp: str, child_config: dict) -> tuple[list[str], 
         prefix = ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child", "--mount", "--net",
                   "--ipc", "--uts"]
     elif backend == "bwrap":
-        prefix = ["bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--cap-drop", "ALL"]
+        prefix = ["bwrap", "--unshare-all", "--unshare-user", "--die-with-parent", "--cap-drop", "ALL", "--as-pid-1"]
         for link, target in symlinks:
             prefix += ["--symlink", target, link]
         for source, target in binds:
@@ -84,10 +84,19 @@ def command(backend: Backend, tmp: str, child_config: dict) -> tuple[list[str], 
 
 @dataclass
 class CallCgroups:
-    """The cgroups of one call: folders, and open ``cgroup.procs`` files the child writes itself into."""
+    """The cgroups of one call: folders, and their open ``cgroup.procs`` files."""
 
     paths: list[str] = field(default_factory=list)
     fds: list[int] = field(default_factory=list)
+
+    def join(self, pid: int) -> bool:
+        """Move process ``pid`` into the cgroups (its children from then on are born in them)."""
+        try:
+            for fd in self.fds:
+                os.write(fd, str(pid).encode())
+            return True
+        except OSError:
+            return False
 
     def close_fds(self) -> None:
         for fd in self.fds:
@@ -123,6 +132,21 @@ class CallCgroups:
                     if time.monotonic() > end:
                         break  # left behind: harmless, and named after this process
                     time.sleep(0.005)
+
+
+def first_child(pid: int, deadline: float) -> Optional[int]:
+    """The first child of process ``pid`` (the namespace's init under ``unshare`` or ``bwrap``), waiting for it
+    until ``deadline`` (``time.monotonic``); None if ``pid`` ends or the deadline passes first."""
+    path = f"/proc/{pid}/task/{pid}/children"
+    while time.monotonic() < deadline:
+        try:
+            children = Path(path).read_text().split()
+        except OSError:
+            return None
+        if children:
+            return int(children[0])
+        time.sleep(0.0005)
+    return None
 
 
 def _kill(pid: int) -> None:
