@@ -44,12 +44,14 @@ def build_components(config: RunConfig, start: Any, env: Any = None, loss_fn: Op
     from transformers import AutoTokenizer
 
     from rlkit.data import load_prompt_dataset
+    from rlkit.models.vocabulary import check_tokenizer_fits
     from rlkit.startup import generator_engine, policy_engine
 
     with start.part("model folder"):
         ensure_model(config)
     with start.part("tokenizer"):
         tokenizer = AutoTokenizer.from_pretrained(config.policy.model_name)
+        check_tokenizer_fits(tokenizer, config.policy.model_name)  # before either engine starts
     with start.part("data"):
         dataset = load_prompt_dataset(config.data, tokenizer, config.policy.max_prompt_tokens)
     with start.part("environment"):

@@ -190,3 +190,26 @@ def test_a_007_answer_stays_the_text_007_through_a_named_dataset(tmp_path):
     ds = load_prompt_dataset({"dataset_name": str(folder), "validation_split": "test"})
     assert ds["train"]["answer"] == ["007", "12", 'say "hi"', "1e3"]
     assert ds["train"].column_names == ["prompt", "answer"]
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused_before_the_engines_start(model, monkeypatch):
+    """Was a bare IndexError from the first forward, after both engines had started."""
+    from transformers import AutoTokenizer
+
+    import rlkit
+    from rlkit import builders
+
+    tok = AutoTokenizer.from_pretrained(model)
+    vocab = json.loads((model / "config.json").read_text())["vocab_size"]
+    tok.add_tokens([f"<extra_{i}>" for i in range(vocab - len(tok) + 5)])
+    tok.save_pretrained(model)
+    started = []
+    monkeypatch.setattr(builders, "build_policy", lambda *a, **k: started.append("policy"))
+    monkeypatch.setattr(builders, "build_generation", lambda *a, **k: started.append("generator"))
+    cfg = load_config("quickstart_nano", {"policy.model_name": str(model), "policy.model_preset": None})
+    msg = raised(ModelError, rlkit.Session, cfg)
+    assert started == []
+    assert msg == (f"the tokenizer of {str(model)!r} has {vocab + 5} tokens (ids 0-{vocab + 4}) but the model's "
+                   f"vocabulary (config.json vocab_size) has {vocab} rows, so ids {vocab}-{vocab + 4} would index past "
+                   "its embedding. Fix: use the tokenizer the model was made with; or, after adding tokens, resize the "
+                   "embeddings (model.resize_token_embeddings(len(tokenizer))) and save the model and tokenizer together")
