@@ -185,3 +185,19 @@ def test_lora_config_is_checked_at_load(tmp_path):
                                         "policy.lora_cfg.target_modules=[q_proj,v_proj]"])
     ok = load_config("quickstart_lora", [f"policy.model_name={tmp_path}/m"])
     assert ok.policy.lora_cfg.enabled and ok.policy.lora_cfg.dim == 16 and len(ok.policy.lora_cfg.hf_targets()) == 7
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True])
+def test_tensor_parallel_2_adapters_match_one_process(ray_cluster, nano, sequence_parallel):
+    """Ray TP=2 (A or B sharded as its base; with SP the replicated factor's gradient summed over TP) against the
+    in-process TP=1 policy with the same initial adapters: logprobs, gradient norm and merged weights after a step
+    within 1e-5 (test_parallel.py's harness)."""
+    from tests.policy.test_parallel import check_against_reference, group_for, single_process_reference
+
+    cfg = lora_cfg(nano)
+    reference = single_process_reference(cfg)
+    group = group_for(cfg, tp=2, sequence_parallel=sequence_parallel)
+    try:
+        check_against_reference(group, reference)
+    finally:
+        group.close()
