@@ -23,6 +23,13 @@ The environment's message is turned into tokens by rendering the chat template t
 and without the message, the latter ending after the assistant's turn) and tokenizing the difference; a turn
 that did not end with EOS (cut by its token limit or a stop string) gets the EOS as a template token first.
 
+Failures. An ``env.step`` that raises is repeated one conversation at a time, and a conversation whose step
+raises alone ends there with reward 0 and its message in ``reward_errors`` (the score stage's rule: too many
+failures raise ``RewardError``). A next message that is not text (``content`` a dict or a list) is the
+environment's bug, refused with ``RewardError`` naming it. A message that does not fit the token budget ends its
+conversation (finish reason ``length``) with a warning that counts them; one longer in characters than the room
+left could hold (:func:`rlkit.data.lengths.max_token_chars`) is never rendered or tokenized.
+
 Deliberate simplifications: the first turn samples ``G`` continuations of each prompt (prefix shared); later
 turns sample one continuation of each live conversation, in as few engine calls as there are distinct
 per-turn token limits. Conversations that end early wait for the others (no continuous batching across turns).
@@ -33,13 +40,16 @@ not applied to conversations; a truncated conversation shows as finish reason ``
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
 
 import torch
 
 from rlkit.data import render_prompt_texts
-from rlkit.envs.base import Environment, error_sample_index
+from rlkit.data.lengths import max_token_chars
+from rlkit.envs.base import Environment, EnvReturn, error_sample_index, sample_error
+from rlkit.errors import RewardError
 from rlkit.generation.base import Generation, Generator, SamplingSettings
 from rlkit.stages.score import check_reward_failures
 from rlkit.stages.settings import RolloutSettings
@@ -147,12 +157,13 @@ def _env_step(env: Environment, live: list[_Conversation], games: list[_Conversa
     """``env.step`` over the live conversations: rewards on each turn's last token, messages appended as tokens."""
     if not live:
         return
-    result = env.step([list(c.messages) for c in live], [rows[c.rows_index] for c in live])
     index = {id(c): i for i, c in enumerate(games)}
-    for message in result.errors:  # the environment numbers the live conversations; the batch numbers all of them
+    result, failed = _step_each_alone_if_needed(env, live, rows, index)
+    for message in result.errors + failed:  # the environment numbers the live conversations; the batch all of them
         local = error_sample_index(message)
-        errors.append(message if local is None else
+        errors.append(message if local is None or message in failed else
                       message.replace(f"sample {local}: ", f"sample {index[id(live[local])]}: ", 1))
+    too_long: list[tuple[int, int]] = []  # (characters or tokens of the message, tokens of room) of those cut
     for conversation, reward, done, observation, metadata in zip(live, result.rewards.tolist(), result.done.tolist(),
                                                                  result.observations, result.metadata):
         conversation.turn_rewards.append((len(conversation.ids) - 1, float(reward)))
@@ -160,12 +171,67 @@ def _env_step(env: Environment, live: list[_Conversation], games: list[_Conversa
         if done or last_turn:
             conversation.live = False
             continue
-        message_ids = _message_tokens(tokenizer, conversation, observation)
-        if len(conversation.ids) + len(message_ids) + 1 > budget:  # no room for the message and one token
+        _check_message(env, observation, index[id(conversation)])
+        room = budget - len(conversation.ids) - 1  # the message and one generated token must fit
+        if len(observation["content"]) > room * max_token_chars(tokenizer):  # too long without tokenizing it
             conversation.live, conversation.finish_reason = False, "length"
+            too_long.append((len(observation["content"]), room))
+            continue
+        message_ids = _message_tokens(tokenizer, conversation, observation)
+        if len(message_ids) > room:
+            conversation.live, conversation.finish_reason = False, "length"
+            too_long.append((len(observation["content"]), room))
             continue
         conversation.append(message_ids, False)
         conversation.messages.append(observation)
+    if too_long:
+        chars, room = max(too_long)
+        warnings.warn(f"environment {env.name!r}: {len(too_long)} message(s) did not fit in their conversation's "
+                      f"{budget}-token budget (policy.max_total_sequence_length), so those conversations ended there "
+                      f"(finish reason 'length'); the longest was {chars} characters with {max(room, 0)} tokens left. "
+                      "Fix: shorten the environment's messages (e.g. cut tool output to a few thousand characters), "
+                      "or raise policy.max_total_sequence_length", UserWarning, stacklevel=4)
+
+
+def _step_each_alone_if_needed(env: Environment, live: list[_Conversation], rows: Sequence[dict],
+                               index: dict[int, int]) -> tuple[EnvReturn, list[str]]:
+    """``env.step`` over ``live``; if it raises, each conversation is stepped alone, and one whose step raises ends
+    with reward 0 and a message (numbered in the batch) in the returned list, so one conversation's exception costs
+    that conversation, not the step (the single-turn score stage contains a sample's failure the same way)."""
+    conversations_, rows_ = [list(c.messages) for c in live], [rows[c.rows_index] for c in live]
+    try:
+        return env.step(conversations_, rows_), []
+    except Exception:  # noqa: BLE001 - which conversation broke it? Ask one at a time
+        pass
+    rewards, done, observations, metadata, env_errors, failed = [], [], [], [], [], []
+    for local, (conversation, row) in enumerate(zip(conversations_, rows_)):
+        try:
+            one = env.step([conversation], [row])
+        except Exception as exc:  # noqa: BLE001 - contained to this conversation by design
+            failed.append(f"{env.name}: {sample_error(index[id(live[local])], exc)}")
+            rewards.append(0.0), done.append(True), observations.append(None), metadata.append({"failed": True})
+            continue
+        rewards.append(float(one.rewards[0])), done.append(bool(one.done[0]))
+        observations.append(one.observations[0]), metadata.append(one.metadata[0])
+        env_errors += [m.replace("sample 0: ", f"sample {local}: ", 1) for m in one.errors]
+    return EnvReturn(torch.tensor(rewards, dtype=torch.float32), torch.tensor(done, dtype=torch.bool), observations,
+                     metadata, env_errors), failed
+
+
+def _check_message(env: Environment, message: Any, sample: int) -> None:
+    """Refuse a next message the chat template cannot render (not a dict with text ``role`` and ``content``)."""
+    if isinstance(message, dict) and isinstance(message.get("role"), str) and isinstance(message.get("content"), str):
+        return
+    what = (f"a {type(message).__name__}" if not isinstance(message, dict) else
+            f"a message whose content is a {type(message.get('content')).__name__}"
+            if isinstance(message.get("role"), str) else "a message without a text role")
+    shown = repr(message)
+    shown = shown if len(shown) <= 120 else shown[:120] + "..."
+    raise RewardError(
+        f"environment {env.name!r} answered sample {sample} with {what}, not text: {shown}; a conversation's messages "
+        "are rendered by the chat template, which takes text only. Fix: have "
+        f"{type(env).__name__}.step return each next message as {{'role': 'user' or 'tool', 'content': <str>}} "
+        "(e.g. json.dumps(value) for structured output)")
 
 
 def _message_tokens(tokenizer: Any, conversation: _Conversation, message: dict[str, str]) -> list[int]:

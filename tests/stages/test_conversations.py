@@ -14,6 +14,7 @@ from rlkit.envs import Environment, EnvReturn
 from rlkit.envs.sandbox import SandboxLimits
 from rlkit.envs.tool_env import ToolEnvironment
 from rlkit.envs.tools import PythonTool
+from rlkit.errors import RewardError
 from rlkit.generation.base import Generation, SamplingSettings
 from rlkit.models.tokenizer import build_char_tokenizer
 from rlkit.stages.conversations import conversations
@@ -133,3 +134,58 @@ def test_the_conversation_view_highlights_exactly_the_trained_tokens():
     assert sum(n for _, trained, n, _ in view.pieces if trained) == int(batch.loss_mask[0].sum())
     assert "[[ab<|end|>]]<|user|>go" in repr(view)
     assert view._repr_html_().count("background:#c8f0c8;border-radius") == 3  # the three turns (and the legend)
+
+
+class Answers(Environment):
+    """Ends after turn 2 (reward 1); after turn 1 answers with ``message(row)``, or raises for the row "boom"."""
+
+    name, max_turns = "answers", 2
+
+    def __init__(self, message):
+        self.message = message
+
+    def step(self, conversations, rows):
+        b = len(conversations)
+        if any(r["prompt"] == "boom" for r in rows):
+            raise RuntimeError("the grader crashed on 'boom'")
+        if sum(m["role"] == "assistant" for m in conversations[0]) == 2:
+            return EnvReturn.single_turn([1.0] * b, [{}] * b, [])
+        return EnvReturn(torch.full((b,), 0.5), torch.zeros(b, dtype=torch.bool),
+                         [self.message(r) for r in rows], [{}] * b, [])
+
+
+def test_a_non_text_message_names_the_environment_and_the_fix():
+    """Was a TypeError from inside the chat template."""
+    env = Answers(lambda row: {"role": "tool", "content": {"stdout": "4"}})
+    with pytest.raises(RewardError) as info:
+        play(ScriptedGenerator([("ab", True, -0.1), ("c", True, -0.2)]), env)
+    assert str(info.value) == (
+        "environment 'answers' answered sample 0 with a message whose content is a dict, not text: {'role': 'tool', "
+        "'content': {'stdout': '4'}}; a conversation's messages are rendered by the chat template, which takes text "
+        "only. Fix: have Answers.step return each next message as {'role': 'user' or 'tool', 'content': <str>} "
+        "(e.g. json.dumps(value) for structured output)")
+
+
+def test_one_conversations_exception_fails_that_conversation_not_the_step():
+    env = Answers(lambda row: {"role": "user", "content": "go"})
+    rows = [{"prompt": "hi"}, {"prompt": "boom"}, {"prompt": "hi"}]
+    with pytest.warns(UserWarning, match="1 of 3 sample"):
+        batch = play(ScriptedGenerator([("ab", True, -0.1), ("c", True, -0.2)]), env, rows=rows)
+    assert batch.rewards.tolist() == [1.5, 0.0, 1.5]
+    assert batch.reward_errors == ("answers: sample 1: RuntimeError: the grader crashed on 'boom'",)
+    assert [m["turns"] for m in batch.env_metadata] == [2, 1, 2]
+
+
+def test_a_1mb_message_ends_its_conversation_loudly_and_fast():
+    """Was dropped silently after 17 s of rendering and tokenizing it."""
+    env = Answers(lambda row: {"role": "tool", "content": "x" * 1_000_000})
+    t0 = time.perf_counter()
+    with pytest.warns(UserWarning) as record:
+        batch = play(ScriptedGenerator([("ab", True, -0.1), ("c", True, -0.2)]), env)
+    assert time.perf_counter() - t0 < 2
+    assert batch.finish_reasons == ("length",) and batch.rewards.tolist() == [0.5]
+    assert str(record[0].message) == (
+        "environment 'answers': 1 message(s) did not fit in their conversation's 64-token budget "
+        "(policy.max_total_sequence_length), so those conversations ended there (finish reason 'length'); the longest "
+        "was 1000000 characters with 54 tokens left. Fix: shorten the environment's messages (e.g. cut tool output to "
+        "a few thousand characters), or raise policy.max_total_sequence_length")
