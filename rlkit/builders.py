@@ -60,8 +60,15 @@ def build_components(config: RunConfig, start: Any, env: Any = None, loss_fn: Op
         policy = build_policy(config)
     with start.part("generator", engine=generator_engine(config)):
         generator, weight_sync = build_generation(config)
-    return Components(tokenizer, dataset, env, policy, generator, weight_sync,
-                      loss_fn if loss_fn is not None else build_loss(config))
+    loss_fn = loss_fn if loss_fn is not None else build_loss(config)
+    policy.keep_reference(needs_reference(loss_fn))  # a reference copy only if the loss reads one
+    return Components(tokenizer, dataset, env, policy, generator, weight_sync, loss_fn)
+
+
+def needs_reference(loss_fn: Callable) -> bool:
+    """The one rule for whether reference logprobs are computed (and the reference weights kept): the loss says so
+    (RLLoss: a KL penalty, or KL folded into the reward); a loss function of yours that does not say gets them."""
+    return getattr(loss_fn, "needs_reference", True)
 
 
 def build_loss(config: RunConfig) -> RLLoss:
@@ -141,6 +148,7 @@ def _new_loss(session: Any, old: RunConfig, keys: list[str]) -> None:
     the constructor or assigned) is the user's: it is kept, and a warning says so."""
     if type(session.loss_fn) is RLLoss and session.loss_fn.params == old.loss_fn:
         session.loss_fn = build_loss(session.config)
+        session.policy.keep_reference(needs_reference(session.loss_fn))
         return
     warnings.warn(f"{', '.join(keys)} changed, but this session trains with a loss function you supplied "
                   f"({session.loss_fn!r}); it is kept and does not read the config, so the change does not "

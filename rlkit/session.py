@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from rlkit import stages
-from rlkit.builders import build_components, rebuild
+from rlkit.builders import build_components, needs_reference, rebuild
 from rlkit.config.changes import Change, changes_summary
 from rlkit.config.loading import load_config
 from rlkit.config.run import RunConfig
@@ -68,7 +68,7 @@ class Session:
     def needs_reference(self) -> bool:
         """Whether ``logprobs()`` also runs the reference policy: the loss says so (RLLoss: a KL penalty, or KL
         folded into the reward); a loss function of yours that does not say gets them."""
-        return getattr(self.loss_fn, "needs_reference", True)
+        return needs_reference(self.loss_fn)
 
     @property
     def settings(self) -> stages.StageSettings:

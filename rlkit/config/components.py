@@ -115,6 +115,29 @@ class MegatronConfig(BackendSection):
     freeze_moe_router: bool = False
     distributed_data_parallel_config: MegatronDDPConfig = MegatronDDPConfig()
     optimizer: MegatronOptimizerConfig = MegatronOptimizerConfig()
+    # activation recompute (Megatron's and NeMo-RL's names): "full" recomputes whole layers in backward, chosen by
+    # recompute_method ("uniform": every chunk of recompute_num_layers layers; "block": the first
+    # recompute_num_layers of each pipeline stage); "selective" recomputes core attention only
+    recompute_granularity: Optional[Literal["full", "selective"]] = None
+    recompute_method: Optional[Literal["uniform", "block"]] = None
+    recompute_num_layers: Optional[int] = Field(None, ge=1)
+
+    def recompute_settings(self) -> dict[str, Any]:
+        """The three recompute keys, as Megatron's ``TransformerConfig`` takes them."""
+        return {k: getattr(self, k) for k in ("recompute_granularity", "recompute_method", "recompute_num_layers")}
+
+    def recompute_problems(self) -> list[str]:
+        g, m, n = self.recompute_granularity, self.recompute_method, self.recompute_num_layers
+        if g == "full" and (m is None or n is None):
+            return ["policy.megatron_cfg.recompute_granularity=full needs recompute_method (uniform or block) and "
+                    "recompute_num_layers; e.g. recompute_method=uniform recompute_num_layers=1"]
+        if g == "selective" and (m is not None or n is not None):
+            return ["policy.megatron_cfg.recompute_granularity=selective recomputes core attention in every layer; "
+                    "unset recompute_method and recompute_num_layers"]
+        if g is None and (m is not None or n is not None):
+            return ["policy.megatron_cfg.recompute_method/recompute_num_layers are set but recompute_granularity is "
+                    "not; set recompute_granularity=full (or unset them)"]
+        return []
 
     def data_parallel_size(self, num_workers: int) -> int:
         model_parallel = self.tensor_model_parallel_size * self.pipeline_model_parallel_size * self.context_parallel_size
@@ -131,7 +154,7 @@ class MegatronConfig(BackendSection):
     def problems(self, policy: "PolicyConfig") -> list[str]:
         from rlkit.config.checks import distributed_optimizer_problems, expert_packing_problems
 
-        return distributed_optimizer_problems(policy) + expert_packing_problems(policy)
+        return distributed_optimizer_problems(policy) + expert_packing_problems(policy) + self.recompute_problems()
 
     def model_problems(self, policy: "PolicyConfig", model_config: Mapping[str, Any], world_size: int) -> list[str]:
         from rlkit.config.checks import parallel_layout_problems
@@ -143,6 +166,7 @@ class DTensorConfig(BackendSection):
     """PyTorch's FSDP2 over every rank (:mod:`rlkit.policy.dtensor`)."""
 
     name, title, start_words = "dtensor", "DTensor (FSDP2)", "DTensor, FSDP2"
+    activation_checkpointing: bool = False  # recompute each decoder layer in backward (NeMo-RL's key)
 
     def layout_words(self, num_workers: int) -> str:
         return f"FSDP2 DP={num_workers} (no TP/PP/CP/EP)"
@@ -153,6 +177,7 @@ class HFPolicyConfig(BackendSection):
     debugging a loss."""
 
     name, title, start_words = "hf", "transformers (one process)", "transformers, one process"
+    activation_checkpointing: bool = False  # recompute each decoder layer in backward (as policy.dtensor_cfg)
 
     def layout_words(self, num_workers: int) -> str:
         return "one process, no sharding"

@@ -36,6 +36,7 @@ def session_facts(s: Any) -> dict[str, object]:
         "generator": f"{cfg.policy.generation.backend} ({'colocated' if colocated else 'separate'}): {s.generator!r}",
         "environment": getattr(s.env, "name", type(s.env).__name__),
         "loss": repr(s.loss_fn),
+        "reference weights": (policy.reference_residency() if hasattr(policy, "reference_residency") else "-"),
         "advantages": cfg.grpo.advantage_estimator,
         "step": s.step_count,
         "policy version": policy.version,

@@ -90,6 +90,14 @@ class Policy(Protocol):
         """Freeze the current weights as the KL reference."""
         ...
 
+    def keep_reference(self, needed: bool) -> None:
+        """Whether the KL reference is used (the session's ``needs_reference`` rule): held in memory only if so."""
+        ...
+
+    def reference_residency(self) -> str:
+        """What the reference costs in memory now, and why, in words."""
+        ...
+
     def offload_optimizer_state(self) -> None:
         """Move the optimizer state (and free the gradient buffers) to host memory while a colocated engine
         generates; the session's refit calls it when the engine sleeps between rollouts. Nothing happens where

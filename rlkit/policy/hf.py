@@ -38,11 +38,15 @@ _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 def load_causal_lm(cfg: PolicyConfig, device: torch.device) -> torch.nn.Module:
     """transformers' fp32 model of ``cfg.model_name`` on ``device``; with sequence packing its attention is
-    rlkit's registered per-row attention (:mod:`rlkit.policy.packed_attention`), else SDPA."""
+    rlkit's registered per-row attention (:mod:`rlkit.policy.packed_attention`), else SDPA. With the backend's
+    ``activation_checkpointing`` each decoder layer keeps only its input in training and recomputes the rest in
+    backward (transformers' own checkpointing, non-reentrant: it composes with FSDP2 and frozen base weights)."""
     from transformers import AutoModelForCausalLM
 
     attention = packed_attention.register() if cfg.sequence_packing.enabled else "sdpa"
     model = AutoModelForCausalLM.from_pretrained(cfg.model_name, dtype=torch.float32, attn_implementation=attention)
+    if cfg.backend.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.to(device)
 
 
@@ -89,6 +93,7 @@ class HFPolicy(AdapterReference, InProcessPolicy):
                 full = hf[name].to(self.device, param.dtype)
                 sharded = hasattr(param, "placements")
                 param.copy_(distribute_tensor(full, param.device_mesh, param.placements) if sharded else full)
+        self._master_weights_changed()
 
     def export_hf_groups(self) -> Iterator[HFGroup]:
         """HF-named full tensors: embeddings, each decoder layer, then final norm and head. Gathering a DTensor

@@ -5,8 +5,8 @@ A backend subclass builds ``self.model`` and supplies only what differs between 
 (``_logits``), logprobs and entropy from its logits (vocabulary-parallel or not), the group its rows are
 split over, gradient reductions and the gradient norm, HF import/export, and how its parameters are named
 in a checkpoint. Everything else is here once: the chunked logprob loop, global token counts, the
-microbatch loop, the all-or-nothing optimizer step with Ctrl-C deferred, the reference-weight swap, the
-learning-rate schedule, the checkpoint state, and the optimizer state's offload to host memory while a
+microbatch loop, the all-or-nothing optimizer step with Ctrl-C deferred, the KL reference (resident only
+when used: :mod:`rlkit.policy.reference`), the learning-rate schedule, the checkpoint state, and the optimizer state's offload to host memory while a
 colocated engine generates.
 
 Numerics both backends follow: logits divided by the sampling temperature, the loss normalised by counts
@@ -22,7 +22,7 @@ import math
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Literal, Mapping, NamedTuple, Optional
+from typing import Literal, NamedTuple, Optional
 
 import torch
 import torch.distributed as dist
@@ -33,6 +33,7 @@ from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConf
 from rlkit.errors import defer_keyboard_interrupt
 from rlkit.policy.base import LossFn, TokenLogprobs, TrainStepResult
 from rlkit.policy.packing import PackedRows, pack_rows, packing_plan
+from rlkit.policy.reference import ReferenceWeights, swap_all
 from rlkit.policy.token_budget import as_index, equal_count_over, round_up, row_count_plan, token_budget_plan
 from rlkit.trajectories import LossCounts, Trajectories
 
@@ -50,23 +51,6 @@ def lr_lambda(cfg: SchedulerConfig):
         return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
 
     return factor
-
-
-@contextlib.contextmanager
-def weights_swapped_in(module: torch.nn.Module, weights: Mapping[str, Tensor]):
-    """Copy ``weights`` (parameter name -> tensor) into ``module`` for the block; the live weights come back
-    afterwards, even if the block raises. How a policy scores with its frozen KL reference without keeping a
-    second model or optimizer state."""
-    params = dict(module.named_parameters())
-    with torch.no_grad():
-        live = {n: p.detach().clone() for n, p in params.items()}
-        try:
-            for n, p in params.items():
-                p.copy_(weights[n])
-            yield
-        finally:
-            for n, p in params.items():
-                p.copy_(live[n])
 
 
 def sum_metrics_over_ranks(sums: dict[str, Tensor], group, device: torch.device) -> dict[str, float]:
@@ -131,8 +115,8 @@ class InProcessPolicy:
         self.temperature = self.cfg.generation.temperature
         self.reset_optimizer(self.cfg.optimizer, self.cfg.scheduler)
         self.version = 0
-        self.reference_state: dict[str, Tensor] | None = None
-        self.set_reference_to_current()
+        # the model folder's weights (just loaded) are the reference; held once something uses it (keep_reference)
+        self._reference = ReferenceWeights(self.cfg.model_name)
 
     # ---- what a backend supplies --------------------------------------------------------------------
     def _rows_group(self):
@@ -203,9 +187,90 @@ class InProcessPolicy:
         )
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(scheduler))
 
+    # ---- the KL reference (rlkit.policy.reference) ----------------------------------------------------
+    # Whether the reference costs a copy of the weights. The seam for low-rank adapters: a policy whose reference is
+    # its base model with the adapters switched off sets this False and overrides _reference_weights_in.
+    reference_needs_copy = True
+
+    def keep_reference(self, needed: bool) -> None:
+        """Whether the reference is used (a KL penalty in the loss or the reward: the session's
+        ``needs_reference`` rule; the builder says so once the loss is known). Needed: held from now on (loaded,
+        if it is not, from the live weights or the model folder). Not needed: none held, unless dropping it would
+        lose it (a reference frozen after training that cannot be rebuilt)."""
+        self._reference.wanted = needed
+        if needed and self.reference_needs_copy:
+            self._hold_reference()
+        elif not needed and self._reference.recoverable():
+            self._reference.tensors = None
+
     def set_reference_to_current(self) -> None:
-        """Freeze the current weights as the KL reference (a copy of this rank's shards, no optimizer state)."""
-        self.reference_state = {n: p.detach().clone() for n, p in self.model.named_parameters()}
+        """Freeze the current weights as the KL reference (a copy of this rank's shards, no optimizer state);
+        nothing is copied while the reference is known to be unused (:meth:`keep_reference`)."""
+        self._reference.frozen_now()
+        if self._reference.wanted is not False and self.reference_needs_copy:
+            self._hold_reference()
+
+    @property
+    def reference_state(self) -> Optional[dict[str, Tensor]]:
+        """The held reference (parameter name -> this rank's shard), or None when none is resident."""
+        return self._reference.tensors
+
+    def reference_residency(self) -> str:
+        """What the reference costs in memory now, and why, in words (the session card)."""
+        ref = self._reference
+        if not self.reference_needs_copy:
+            return "no copy: the base weights with the adapters off"
+        if ref.tensors is not None:
+            why = "the loss uses it" if ref.wanted else "used"
+            return f"resident, {ref.held_bytes() / 2**20:.1f} MiB on this rank ({why})"
+        source = ("loaded from the model folder if needed" if ref.folder else
+                  "the live weights until they change" if ref.is_current else "not kept")
+        return f"not resident (no KL penalty; {source})"
+
+    def _hold_reference(self) -> None:
+        """Make the reference resident: a copy of the live weights while they are still the reference, else the
+        model folder's weights (loaded into the model, then swapped out: the live weights come back unchanged)."""
+        ref = self._reference
+        if ref.tensors is not None:
+            return
+        params = dict(self.model.named_parameters())
+        if ref.is_current:
+            ref.tensors = {n: p.detach().clone() for n, p in params.items()}
+            return
+        if ref.folder is None:
+            raise ref.unavailable()
+        from rlkit.policy.architecture import load_hf_state
+
+        with torch.no_grad():
+            held = {n: p.detach().clone() for n, p in params.items()}  # becomes the reference after the swap
+            self.load_hf_state(load_hf_state(ref.folder))
+            swap_all(params, held)
+        ref.tensors = held
+        self._master_weights_changed()  # the live masters are back: refresh a bf16 copy
+        ref.is_current = False
+
+    @contextlib.contextmanager
+    def _reference_weights_in(self):
+        """The model computes with the reference weights inside the block; the live weights come back after, even
+        if the block raises. The held reference is swapped into the parameters in place (no clone); a bf16 compute
+        copy gets the reference and is pulled back from the fp32 masters after."""
+        self._hold_reference()
+        ref = self._reference.tensors
+        if self._twin is not None:
+            with torch.no_grad():
+                for name, param in self._twin.compute.named_parameters():
+                    param.copy_(ref[name])
+            try:
+                yield
+            finally:
+                self._twin.pull()
+            return
+        params = dict(self.model.named_parameters())
+        swap_all(params, ref)
+        try:
+            yield
+        finally:
+            swap_all(params, ref)
 
     # ---- optimizer state offload (colocated generation) --------------------------------------------
     def _offload_frees_memory(self) -> bool:
@@ -273,7 +338,7 @@ class InProcessPolicy:
         return TokenLogprobs(out[0], out[1] if with_entropy else None)
 
     def reference_logprobs(self, input_ids: Tensor, attention_mask: Tensor) -> TokenLogprobs:
-        with weights_swapped_in(self._twin.compute if self._twin else self.model, self.reference_state):
+        with self._reference_weights_in():
             return self.logprobs(input_ids, attention_mask)
 
     # ---- training -----------------------------------------------------------------------------------
@@ -446,7 +511,10 @@ class InProcessPolicy:
         self._master_weights_changed()
 
     def _master_weights_changed(self) -> None:
-        """Refresh the bf16 compute copy (if any) after the fp32 weights in ``model`` changed."""
+        """Refresh the bf16 compute copy (if any) after the fp32 weights in ``model`` changed; the live weights are
+        no longer the reference's."""
+        if getattr(self, "_reference", None) is not None:
+            self._reference.is_current = False
         if self._twin is not None:
             self._twin.pull()
 
@@ -459,7 +527,7 @@ class InProcessPolicy:
         self._twin = None
         self.optimizer = None
         self._offloaded_state = None
-        self.reference_state = None
+        self._reference = ReferenceWeights(None)
         if self._holds_process_group:
             self._holds_process_group = False
             release_process_group()

@@ -2,8 +2,9 @@
 
 Every rank writes its own shard file in parallel through DCP's Hugging Face storage writer, so a Ray worker
 group saves without gathering anything, and the files are safetensors (no pickle: a checkpoint may come
-from someone else). Tensors are keyed ``model/<name>``, ``reference/<name>`` and ``optimizer/<name>/<state>``
-with names unique per distinct shard: replicated copies (data parallelism) share a key and DCP writes one of
+from someone else). Tensors are keyed ``model/<name>``, ``reference/<name>`` (only while the reference is resident,
+:mod:`rlkit.policy.reference`; else ``policy.json`` names the model folder it reloads from) and
+``optimizer/<name>/<state>`` with names unique per distinct shard: replicated copies (data parallelism) share a key and DCP writes one of
 them; tensor-parallel shards carry their rank; FSDP2's DTensors carry their own placement, so DCP cuts and
 reassembles them itself. ``policy.json`` (rank 0) holds the rest: the parallel layout, the version, the
 optimizer's hyperparameters and the schedule.
@@ -51,9 +52,11 @@ def save_policy_state(policy: Any, folder: Path) -> None:
     from torch.distributed.checkpoint import HuggingFaceStorageWriter, save
 
     tensors: dict[str, Tensor] = {}
+    reference = policy._reference
     for key, (name, param) in _named_tensors(policy).items():
         tensors[f"model/{key}"] = param.detach()
-        tensors[f"reference/{key}"] = policy.reference_state[name]
+        if reference.tensors is not None:
+            tensors[f"reference/{key}"] = reference.tensors[name]
         for state_name, value in policy.optimizer.state.get(param, {}).items():
             if not isinstance(value, Tensor):
                 raise CheckpointError(f"optimizer state {state_name!r} of {name} is not a tensor; cannot save it")
@@ -64,7 +67,8 @@ def save_policy_state(policy: Any, folder: Path) -> None:
     if not dist.is_initialized() or dist.get_rank() == 0:
         groups = [{k: v for k, v in g.items() if k != "params"} for g in policy.optimizer.state_dict()["param_groups"]]
         meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "layout": policy.parallel_layout(),
-                "policy_version": policy.version, "param_groups": groups, "scheduler": policy.scheduler.state_dict()}
+                "policy_version": policy.version, "param_groups": groups, "scheduler": policy.scheduler.state_dict(),
+                "reference_folder": reference.folder if reference.tensors is None else None}
         (folder / STATE_FILE).write_text(json.dumps(meta, indent=1))
 
 
@@ -98,7 +102,9 @@ def load_policy_state(policy: Any, folder: Path) -> None:
     reader = HuggingFaceStorageReader(str(folder / SHARDS))
     saved = reader.read_metadata().state_dict_metadata
     named = _named_tensors(policy)
-    expected = {f"{part}/{key}" for key in named for part in ("model", "reference")}
+    with_reference = any(k.startswith("reference/") for k in saved)
+    parts = ("model", "reference") if with_reference else ("model",)
+    expected = {f"{part}/{key}" for key in named for part in parts}
     present = {k for k in saved if not k.startswith("optimizer/")}
     whole = not dist.is_initialized() or dist.get_world_size() == 1  # else each rank sees its own shards only
     if not expected <= present or (whole and expected != present):
@@ -108,7 +114,8 @@ def load_policy_state(policy: Any, folder: Path) -> None:
     template: dict[str, Tensor] = {}
     for key, (_, param) in named.items():
         template[f"model/{key}"] = torch.empty_like(param.detach())
-        template[f"reference/{key}"] = torch.empty_like(param.detach())
+        if with_reference and policy._reference.wanted is not False:  # (a reference nobody uses is not read)
+            template[f"reference/{key}"] = torch.empty_like(param.detach())
         for saved_key in (k for k in saved if k.startswith(f"optimizer/{key}/")):
             size = saved[saved_key].size
             template[saved_key] = (torch.empty_like(param.detach()) if tuple(size) == tuple(param.shape)
@@ -121,7 +128,13 @@ def _apply(policy: Any, named: dict, template: dict[str, Tensor], meta: dict) ->
     with torch.no_grad():
         for key, (_, param) in named.items():
             param.copy_(template[f"model/{key}"])
-    policy.reference_state = {name: template[f"reference/{key}"] for key, (name, _) in named.items()}
+    from rlkit.policy.reference import ReferenceWeights
+
+    wanted = policy._reference.wanted
+    policy._reference = ReferenceWeights(meta.get("reference_folder"))
+    policy._reference.wanted, policy._reference.is_current = wanted, False
+    if any(k.startswith("reference/") for k in template):
+        policy._reference.tensors = {name: template[f"reference/{key}"] for key, (name, _) in named.items()}
     live = policy.optimizer.state_dict()
     index = {id(p): i for group, live_group in zip(policy.optimizer.param_groups, live["param_groups"])
              for p, i in zip(group["params"], live_group["params"])}

@@ -399,6 +399,12 @@ class RayPolicyGroup:
     def set_reference_to_current(self) -> None:
         self._call_all("set_reference_to_current")
 
+    def keep_reference(self, needed: bool) -> None:
+        self._call_all("keep_reference", needed)
+
+    def reference_residency(self) -> str:
+        return self._call_all("reference_residency") + " (rank 0)"
+
     def reset_optimizer(self, optimizer: OptimizerConfig, scheduler: SchedulerConfig) -> None:
         self._call_all("reset_optimizer", optimizer, scheduler)
 

@@ -21,6 +21,8 @@ next linear layer (other parameter names than :mod:`.convert` maps) and is not b
 
 from __future__ import annotations
 
+from typing import Any, Mapping, Optional
+
 import torch
 import torch.nn.functional as F
 
@@ -29,11 +31,14 @@ from rlkit.policy.megatron.cpu import cuda_literals_on_cpu
 
 
 def transformer_config(arch: Architecture, tensor_parallel_size: int = 1, sequence_parallel: bool = False,
-                       pipeline_parallel_size: int = 1, params_dtype=torch.float32):
+                       pipeline_parallel_size: int = 1, params_dtype=torch.float32,
+                       recompute: Optional[Mapping[str, Any]] = None):
     """Megatron's config for ``arch`` with parameters in ``params_dtype`` (bfloat16 also sets Megatron's ``bf16``
     flag, which ``Float16Module`` reads). Pipeline settings: activations travel in ``params_dtype``, point-to-point
     ops are batched only on GPUs (the batched path synchronises CUDA), and the schedule leaves the loss as
-    the policy's loss function normalised it (``calculate_per_token_loss``, see ``pipeline.run_schedule``)."""
+    the policy's loss function normalised it (``calculate_per_token_loss``, see ``pipeline.run_schedule``).
+    ``recompute``: Megatron's activation recompute settings (``recompute_granularity``, ``recompute_method``,
+    ``recompute_num_layers``: ``MegatronConfig.recompute_settings()``); None: every activation is kept."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     return TransformerConfig(
@@ -68,6 +73,7 @@ def transformer_config(arch: Architecture, tensor_parallel_size: int = 1, sequen
         gradient_accumulation_fusion=False,
         attention_softmax_in_fp32=True,
         qk_layernorm=arch.qk_layernorm,
+        **(recompute or {}),
     )
 
 

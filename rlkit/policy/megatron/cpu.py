@@ -1,6 +1,6 @@
 """CPU stand-ins for the CUDA-only pieces Megatron-Core 0.16 needs, applied only when CUDA is absent.
 
-Megatron-Core targets GPUs; on a CPU machine (our CI, a laptop) four things break and nothing else:
+Megatron-Core targets GPUs; on a CPU machine (our CI, a laptop) five things break and nothing else:
 
 1. ``torch.cuda.current_device()`` is called to pick a device for buffers (the attention memory buffer, RoPE
    frequencies, tensor-parallel gathers). Without CUDA it raises. We make it return ``"cpu"``, which every
@@ -15,8 +15,12 @@ Megatron-Core targets GPUs; on a CPU machine (our CI, a laptop) four things brea
    a tied embedding's last-stage copy is moved with ``.cuda()`` while the model is built.
    :func:`cuda_literals_on_cpu` (a ``TorchFunctionMode`` around those calls only, not a global patch)
    keeps such tensors on the CPU.
+5. Activation recompute (``recompute_granularity``): Megatron's checkpoint saves and restores the CUDA
+   generator's state around the recomputed forward. There is none: the CPU generator (saved by the same
+   code) and the tracker's states are all there is, so the CUDA state is an empty tensor and setting it
+   does nothing.
 
-The first three are process-wide and idempotent. On a CUDA machine :func:`apply_cpu_fallbacks` does nothing, so the
+The first three and the fifth are process-wide and idempotent. On a CUDA machine :func:`apply_cpu_fallbacks` does nothing, so the
 same policy code runs on GPUs with Megatron's own implementations.
 """
 
@@ -89,6 +93,8 @@ def apply_cpu_fallbacks() -> bool:
     fused_softmax.get_default_causal_mask = causal_mask_on_cpu
     mcore_random._CUDA_RNG_STATE_TRACKER = CPURNGStatesTracker()
     mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    mcore_random._get_cuda_rng_state = lambda *_, **__: torch.empty(0, dtype=torch.uint8)
+    mcore_random._set_cuda_rng_state = lambda *_, **__: None
     _APPLIED = True
     return True
 

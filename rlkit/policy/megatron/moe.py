@@ -114,7 +114,8 @@ def build_moe_gpt_model(arch: MoEArchitecture, tensor_parallel_size: int, pipeli
     """This pipeline stage's ``GPTModel`` with MoE MLPs in the layout of ``arch``, router settings from ``mc``."""
     apply_moe_fallbacks()
     config = dataclasses.replace(
-        transformer_config(arch, tensor_parallel_size, mc.sequence_parallel, pipeline_parallel_size),
+        transformer_config(arch, tensor_parallel_size, mc.sequence_parallel, pipeline_parallel_size,
+                           recompute=mc.recompute_settings()),
         num_moe_experts=arch.num_experts,
         moe_router_topk=arch.top_k,
         moe_ffn_hidden_size=arch.ffn_hidden_size,

@@ -94,7 +94,8 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         self._start_training()
 
     def _build_model(self):
-        config = transformer_config(self.arch, self.tp_size, self.layout.sequence_parallel, self.pp_size)
+        config = transformer_config(self.arch, self.tp_size, self.layout.sequence_parallel, self.pp_size,
+                                    recompute=self.cfg.megatron_cfg.recompute_settings())
         model = build_gpt_model(self.arch, config)
         if self._lora_cfg() is not None:
             lora.add_adapters(model, self._lora_cfg(), self._seed)

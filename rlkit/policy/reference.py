@@ -1,0 +1,100 @@
+"""The frozen KL reference of a policy, resident only while something uses it.
+
+Why: a copy of the weights is a model's worth of memory (2.4 GB at 0.6B parameters in fp32), and most runs
+never read it (no KL penalty, no KL in the reward). The builder tells the policy whether its session needs a
+reference (:meth:`rlkit.policy.in_process.InProcessPolicy.keep_reference`, with the session's one rule,
+``Session.needs_reference``); until told, the policy holds it on first use.
+
+Where the reference comes from when it is not held: the model folder while it is still the folder's weights
+(loaded on first use, e.g. after ``configure()`` turns on a KL penalty), or the live weights when nothing
+changed them since the reference was set. A reference frozen while nobody needed it (``set_reference_to_current``
+after an SFT warm start with no KL penalty), whose weights then changed, is gone: using it raises
+:class:`ReferenceUnavailableError` with what to do.
+
+Scoring with the reference swaps its tensors into the model's parameters in place, chunk by chunk through one
+small buffer, and back after: no second model, no clone of the live weights (:func:`swap_contents`). A bf16
+compute copy (Megatron's :class:`rlkit.policy.precision.Bf16Twin`) is a function of the fp32 masters, so the
+reference is copied into it and the masters pulled back after, with no swap at all.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+from torch.distributed.tensor import DTensor
+
+from rlkit.errors import RLKitError
+
+SWAP_CHUNK = 1 << 22  # elements per copy through the swap buffer (16 MB in fp32)
+
+
+class ReferenceUnavailableError(RLKitError, RuntimeError):
+    """The KL reference was not kept (nothing needed it) and cannot be rebuilt."""
+
+
+def _local(t: Tensor) -> Tensor:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+@torch.no_grad()
+def swap_contents(a: Tensor, b: Tensor, buffer: Optional[Tensor] = None) -> None:
+    """Exchange the values of ``a`` and ``b`` (same shape and dtype; a DTensor's local shard) in place, through
+    ``buffer`` (1-D, at least one element; default: one chunk): no copy of a whole tensor is ever made."""
+    x, y = _local(a), _local(b)
+    if not (x.is_contiguous() and y.is_contiguous()):  # (parameters and their clones are contiguous)
+        tmp = x.clone()
+        x.copy_(y)
+        y.copy_(tmp)
+        return
+    x, y = x.view(-1), y.view(-1)
+    if buffer is None or buffer.dtype != x.dtype or buffer.device != x.device:
+        buffer = torch.empty(min(SWAP_CHUNK, x.numel()), dtype=x.dtype, device=x.device)
+    step = buffer.numel()
+    for i in range(0, x.numel(), step):
+        j = min(i + step, x.numel())
+        tmp = buffer[: j - i]
+        tmp.copy_(x[i:j])
+        x[i:j].copy_(y[i:j])
+        y[i:j].copy_(tmp)
+
+
+def swap_all(params: dict[str, Tensor], tensors: dict[str, Tensor]) -> None:
+    """:func:`swap_contents` for every parameter with its tensor of the same name (one buffer per dtype)."""
+    buffers: dict[tuple, Tensor] = {}
+    for name, param in params.items():
+        local = _local(param)
+        key = (local.dtype, local.device)
+        if key not in buffers:
+            size = min(SWAP_CHUNK, max(_local(p).numel() for p in params.values()))
+            buffers[key] = torch.empty(max(size, 1), dtype=local.dtype, device=local.device)
+        swap_contents(param, tensors[name], buffers[key])
+
+
+class ReferenceWeights:
+    """Where a policy's reference is: ``tensors`` (parameter name -> this rank's shard) when held; else loadable
+    from ``folder`` (the model folder whose weights it is), or equal to the live weights while ``is_current``."""
+
+    def __init__(self, folder: Optional[str]):
+        self.tensors: Optional[dict[str, Tensor]] = None
+        self.folder = folder
+        self.is_current = True  # nothing changed the policy's weights since they became the reference
+        self.wanted: Optional[bool] = None  # told by keep_reference; None: held from first use on
+
+    def frozen_now(self) -> None:
+        """The live weights become the reference (nothing held yet, no folder to reload them from)."""
+        self.tensors, self.folder, self.is_current = None, None, True
+
+    def recoverable(self) -> bool:
+        """Whether dropping the held tensors loses nothing (they can be rebuilt on demand)."""
+        return self.is_current or self.folder is not None
+
+    def held_bytes(self) -> int:
+        return sum(_local(t).numel() * t.element_size() for t in (self.tensors or {}).values())
+
+    def unavailable(self) -> ReferenceUnavailableError:
+        return ReferenceUnavailableError(
+            "the KL reference was not kept: it was frozen (set_reference_to_current) while no reference was needed, "
+            "and the weights have changed since. Freeze the current weights with policy.set_reference_to_current(), "
+            "or start over from the model folder with session.reset() (it keeps a reference when the loss needs one)")
