@@ -29,10 +29,13 @@ def _offline_defaults() -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from rlkit.config.loading import load_config
-    from rlkit.experiment import run_experiment
+    from rlkit.experiment import run_experiment, sigterm_as_interrupt
 
     config = load_config(args.config, args.overrides)
-    summary = run_experiment(config, progress=not args.quiet, resume=args.resume, resume_from=args.resume_from)
+    allow = [k for k in (args.allow_changes or "").split(",") if k.strip()]
+    with sigterm_as_interrupt():  # a scheduler's SIGTERM stops the run as Ctrl-C does, summary written
+        summary = run_experiment(config, progress=not args.quiet, resume=args.resume, resume_from=args.resume_from,
+                                 allow_changes=allow)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -53,9 +56,11 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from rlkit.experiment import sigterm_as_interrupt
     from rlkit.sweep import parse_grid, run_sweep
 
-    result = run_sweep(args.config, parse_grid(args.grid), base_overrides=args.set, out_dir=args.out)
+    with sigterm_as_interrupt():
+        result = run_sweep(args.config, parse_grid(args.grid), base_overrides=args.set, out_dir=args.out)
     print(json.dumps({"sweep_dir": str(result.folder), "runs": len(result.runs)}, indent=2))
     return 0
 
@@ -103,6 +108,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--resume-from", metavar="PATH|STEP", default=None,
                            help="continue from this checkpoint: a step number of this run's checkpoints, or a "
                                 "checkpoint folder; newer checkpoints of the run are kept aside, not deleted")
+            p.add_argument("--allow-changes", metavar="KEY,...", default=None,
+                           help="with --resume/--resume-from: settings (dotted keys or sections, e.g. "
+                                "policy.optimizer.lr,loss_fn) that may differ from the checkpoint's config; any "
+                                "other difference is refused, listed")
         p.set_defaults(fn=fn)
 
     p = sub.add_parser("sweep", help="run a grid of overrides (x seeds) and compare")
@@ -140,11 +149,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from rlkit.errors import RLKitError
 
+    from rlkit.experiment import stop_signal
+
     try:
         return args.fn(args)
     except RLKitError as e:
         print(f"rlkit: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM: the run's summary.json says where it stopped
+        print(f"rlkit: stopped ({stop_signal() or 'Ctrl-C'}): {e}", file=sys.stderr)
+        return 143 if stop_signal() == "SIGTERM" else 130
 
 
 if __name__ == "__main__":

@@ -107,3 +107,8 @@ def defer_keyboard_interrupt():
         signal.signal(signal.SIGINT, previous)
         if received:
             raise KeyboardInterrupt
+
+
+class RunFolderError(RLKitError, OSError):
+    """A run folder that cannot be used as asked: another process holds it (its lock names the holder), or it
+    cannot be written (read-only, a full disk). The message names the path and the fix."""

@@ -15,17 +15,21 @@ cut back to its checkpoint and continued.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterator, Optional, Sequence
 
 from rlkit.config.loading import config_to_yaml
 from rlkit.config.run import RunConfig
-from rlkit.errors import CheckpointError, SkippedStepsError
+from rlkit.errors import CheckpointError, RunFolderError, SkippedStepsError
 from rlkit.notebook.display import SAMPLE_COLUMNS, sample_rows
 from rlkit.stages.skipped_steps import skipped_so_far
+from rlkit.tracking.lock import is_disk_error, run_folder_lock, unwritable
 from rlkit.tracking import build_logger
 from rlkit.tracking.records import start_records
 
@@ -39,7 +43,7 @@ def checkpoint_folder(config: RunConfig, run_dir: Optional[str | Path] = None) -
 
 def run_experiment(config: RunConfig, session: Any = None, progress: bool = True,
                    run_dir: Optional[str | Path] = None, resume: bool = False,
-                   resume_from: Optional[str | int | Path] = None) -> dict[str, Any]:
+                   resume_from: Optional[str | int | Path] = None, allow_changes: Sequence[str] = ()) -> dict[str, Any]:
     """Run ``config`` end to end and return the summary (also written to ``summary.json``).
 
     With ``checkpointing.enabled`` a checkpoint is written after the SFT warm start (``step_000000``) and
@@ -55,14 +59,35 @@ def run_experiment(config: RunConfig, session: Any = None, progress: bool = True
     (:mod:`rlkit.tracking.records`): a run that fails to start leaves the folder as it was. When ``run()``
     stops on too many skipped steps (SkippedStepsError), the summary is still written (``stopped_early``)
     before the error propagates.
+
+    One process per run folder (:mod:`rlkit.tracking.lock`): a run whose folder another live run holds is refused
+    (RunFolderError naming the holder). A resume compares the checkpoint's config with ``config`` and refuses any
+    difference (listed, old -> new) that ``allow_changes`` (dotted keys or sections) does not name; the
+    run's length (``grpo.max_num_steps``), ``logger.*`` and ``checkpointing.*`` may always change. A stop
+    (Ctrl-C, or SIGTERM under ``rlkit train``: :func:`sigterm_as_interrupt`) during the RL steps ends the step
+    as ``Session.run`` does, writes the summary with the reason (``stopped_early``; no final evaluation) and
+    re-raises. A write that fails for want of room or permission is a RunFolderError naming the path and the fix.
     """
+    run_dir = Path(run_dir or Path(config.logger.log_dir) / config.name)
+    with run_folder_lock(run_dir):
+        try:
+            return _run(config, session, progress, run_dir, resume, resume_from, allow_changes)
+        except OSError as error:
+            if is_disk_error(error) and not isinstance(error, RunFolderError):
+                raise unwritable(error, run_dir) from error
+            raise
+
+
+def _run(config: RunConfig, session: Any, progress: bool, run_dir: Path, resume: bool,
+         resume_from: Optional[str | int | Path], allow_changes: Sequence[str]) -> dict[str, Any]:
     from rlkit.session import Session
     from rlkit.tracking.checkpoint import load_session, read_checkpoint_state, save_periodic, set_aside_newer
 
     t0 = time.perf_counter()
-    run_dir = Path(run_dir or Path(config.logger.log_dir) / config.name)
     ckpt_cfg, ckpt_dir = config.checkpointing, checkpoint_folder(config, run_dir)
     start = _resume_point(config, ckpt_dir, resume, resume_from)
+    if start is not None:
+        check_resume_changes(start, config, allow_changes)
     if start is not None and session is not None:
         raise ValueError("a resumed run builds its session from the checkpoint; do not pass session= as well")
     own_session, logger, resumed_step = session is None, None, None
@@ -102,15 +127,19 @@ def run_experiment(config: RunConfig, session: Any = None, progress: bool = True
         t_rl, steps_before, stopped = time.perf_counter(), session.step_count, None
         try:
             session.run(max(0, total - session.step_count) if start else total, progress=progress, on_step=on_step)
-        except SkippedStepsError as error:
+        except (SkippedStepsError, KeyboardInterrupt) as error:  # KeyboardInterrupt: a stop, after a whole step
             stopped = error
         rl_s = time.perf_counter() - t_rl
+        if isinstance(stopped, KeyboardInterrupt):  # a stop ends the run now: no final evaluation
+            _write_summary(run_dir, _summary(config, warm_start, None, session.history if start else
+                                             session.history[steps_before:], resumed_step, setup_s, rl_s,
+                                             time.perf_counter() - t0), f"{_stop_name()}: {stopped}")
+            raise stopped
         after = session.evaluate()
         logger.log({"validation/accuracy": after.accuracy}, step=session.step_count)
         history = session.history if start else session.history[steps_before:]
         summary = _summary(config, warm_start, after, history, resumed_step, setup_s, rl_s, time.perf_counter() - t0)
-        summary["stopped_early"] = None if stopped is None else str(stopped)
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        _write_summary(run_dir, summary, None if stopped is None else str(stopped))
         if stopped is not None:
             raise stopped
         return summary
@@ -145,10 +174,10 @@ def _summary(config: RunConfig, warm_start: dict[str, Any], after: Any, history:
     before_acc = warm_start["accuracy_before_rl"]
     return {
         "name": config.name,
-        "held_out_prompts": after.num_prompts,
+        "held_out_prompts": None if after is None else after.num_prompts,
         "accuracy_before_rl": before_acc,
-        "accuracy_after_rl": after.accuracy,
-        "accuracy_gain_points": None if before_acc is None else 100 * (after.accuracy - before_acc),
+        "accuracy_after_rl": None if after is None else after.accuracy,
+        "accuracy_gain_points": None if before_acc is None or after is None else 100 * (after.accuracy - before_acc),
         "rl_steps": len(history),
         "skipped_steps": skipped_so_far(history),
         "sft_steps": warm_start["sft_steps"],
@@ -172,6 +201,87 @@ def _warm_start(session: Any, config: RunConfig, logger: Any, progress: bool) ->
             "sft_steps": len(sft_result.losses) if sft_result else 0,
             "sft_final_loss": sft_result.losses[-1] if sft_result else None,
             "seconds_sft": sft_result.seconds if sft_result else 0.0}
+
+
+def _write_summary(run_dir: Path, summary: dict[str, Any], stopped: Optional[str]) -> None:
+    summary["stopped_early"] = stopped
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+
+
+# ---- resume: the checkpoint's config against this one ----------------------------------------------------------
+ALWAYS_ALLOWED = ("grpo.max_num_steps", "logger", "checkpointing")  # the run's length and where it writes
+
+
+def config_changes(old: RunConfig, new: RunConfig) -> dict[str, tuple[Any, Any]]:
+    """Dotted key -> (old value, new value) for every leaf setting that differs."""
+    def flat(value: Any, prefix: str = "") -> dict[str, Any]:
+        if isinstance(value, dict) and value:
+            return {k: v for key, item in value.items() for k, v in flat(item, f"{prefix}{key}.").items()}
+        return {prefix[:-1]: value}
+
+    a, b = flat(old.model_dump(mode="json")), flat(new.model_dump(mode="json"))
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+
+
+def check_resume_changes(checkpoint: Path, config: RunConfig, allow_changes: Sequence[str]) -> dict[str, tuple]:
+    """Refuse to resume ``checkpoint`` under ``config`` when a setting changed that ``allow_changes`` does not name
+    (a key or a section); warn listing the allowed ones. Why: a resume with another group size, loss, learning
+    rate or dataset continues a different experiment under the old one's name and curves, silently."""
+    from rlkit.config.loading import load_config
+
+    saved = load_config(str(checkpoint / "config.yaml"))
+    allowed = tuple(k.strip() for k in allow_changes if k.strip()) + ALWAYS_ALLOWED
+    named = lambda key: any(key == a or key.startswith(a + ".") for a in allowed)  # noqa: E731
+    changes = {k: v for k, v in config_changes(saved, config).items() if k != "name"}
+    refused = {k: v for k, v in changes.items() if not named(k)}
+    if refused:
+        lines = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in refused.items())
+        raise CheckpointError(
+            f"resume from {checkpoint}: this config differs from the checkpoint's in {len(refused)} setting(s): "
+            f"{lines}. A resumed run would continue another experiment under this run's name. Fix: resume with the "
+            f"checkpoint's settings, or name the changes you mean: --allow-changes {','.join(refused)} "
+            "(run_experiment(..., allow_changes=[...])); or start a new run under another name")
+    shown = {k: v for k, v in changes.items() if not any(k == a or k.startswith(a + ".") for a in ALWAYS_ALLOWED)}
+    if shown:
+        warnings.warn(f"resuming {checkpoint} with changed settings: "
+                      + "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in shown.items()), stacklevel=3)
+    return changes
+
+
+# ---- SIGTERM ------------------------------------------------------------------------------------------------
+_STOP = {"signal": None}
+
+
+def _stop_name() -> str:
+    return _STOP["signal"] or "interrupted (Ctrl-C)"
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """For the block (``rlkit train`` and ``rlkit sweep``), SIGTERM is a Ctrl-C: it is re-raised as SIGINT, so
+    whatever holds Ctrl-C over a block that must not be cut (an optimizer update, a weight load:
+    ``defer_keyboard_interrupt``) holds it too, and ``Session.run`` ends the step as a stop does. Why: a
+    scheduler (Slurm, Kubernetes) stops a job with SIGTERM, which otherwise ends the process at once with no
+    summary. Main thread only (where signals arrive)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_term(signum: int, frame: Any) -> None:
+        _STOP["signal"] = "SIGTERM"
+        signal.raise_signal(signal.SIGINT)
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    _STOP["signal"] = None
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def stop_signal() -> Optional[str]:
+    """"SIGTERM" if the last stop under :func:`sigterm_as_interrupt` came from SIGTERM, else None."""
+    return _STOP["signal"]
 
 
 def _mean(values: list[float]) -> Optional[float]:

@@ -135,3 +135,99 @@ def test_resume_from_a_chosen_step_and_a_missing_one_lists_the_checkpoints(finis
     assert names[:3] == ["step_000000", "step_000002", "step_000003"]
     assert len(names) == 4 and names[3].startswith("step_000004.superseded-")  # the old line's, kept
     assert "max_num_steps: 3" in (folder / "config.yaml").read_text()
+
+
+# ---- one process per run folder -------------------------------------------------------------------------------
+def test_a_second_run_with_the_same_name_is_refused_naming_the_holder(finished_run, tmp_path):
+    """Two `rlkit train` with the same name= both exited 0 and one run was lost: a live holder refuses the second."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from rlkit.errors import RunFolderError
+
+    folder, cfg = copy_run(finished_run, tmp_path)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = time.time() + 2  # after the holder's start, as a lock written by it would say
+        (folder / ".lock").write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname(),
+                                                  "started": started, "command": "rlkit train run.yaml"}))
+        before = digests(folder)
+        with pytest.raises(RunFolderError) as info:
+            run_experiment(cfg, progress=False, resume=True)
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
+        assert str(info.value) == (
+            f"run folder {str(folder)!r} is in use by another run: pid {holder.pid} on {socket.gethostname()}, started "
+            f"{when} (rlkit train run.yaml). A second run with the same name would overwrite its records. Fix: give "
+            "this run another name (name=...), wait for that run to end, or, if it is no longer running, delete "
+            f"{str(folder / '.lock')!r}")
+        assert digests(folder) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    # the holder is gone: its lock is stale, taken over with a note, and released when the run ends
+    with pytest.warns(UserWarning, match=rf"took over the lock of a run that is no longer running \(pid {holder.pid} "):
+        summary = run_experiment(cfg, progress=False, resume=True)
+    assert summary["resumed_from_step"] == 4 and not (folder / ".lock").exists()
+    assert os.getpid() != holder.pid
+
+
+# ---- resume with another config ------------------------------------------------------------------------------
+def test_a_resume_with_changed_settings_is_refused_listing_them_unless_allowed(finished_run, tmp_path, capsys):
+    folder, cfg = copy_run(finished_run, tmp_path, **{"grpo.num_generations_per_prompt": 8,
+                                                      "policy.optimizer.lr": 1e-3})
+    before = digests(folder)
+    with pytest.raises(CheckpointError) as info:
+        run_experiment(cfg, progress=False, resume=True)
+    checkpoint = folder / "checkpoints" / "step_000004"
+    assert str(info.value) == (
+        f"resume from {checkpoint}: this config differs from the checkpoint's in 2 setting(s): "
+        "grpo.num_generations_per_prompt: 4 -> 8; policy.optimizer.lr: 0.0003 -> 0.001. A resumed run would continue "
+        "another experiment under this run's name. Fix: resume with the checkpoint's settings, or name the changes "
+        "you mean: --allow-changes grpo.num_generations_per_prompt,policy.optimizer.lr "
+        "(run_experiment(..., allow_changes=[...])); or start a new run under another name")
+    assert digests(folder) == before
+
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(config_to_yaml(cfg))
+    assert main(["train", str(config_path), "--quiet", "--resume", "--allow-changes", "policy.optimizer.lr"]) == 2
+    assert "differs from the checkpoint's in 1 setting(s): grpo.num_generations_per_prompt: 4 -> 8" in capsys.readouterr().err
+    with pytest.warns(UserWarning, match=r"resuming .*step_000004 with changed settings: "
+                                         r"grpo.num_generations_per_prompt: 4 -> 8; policy.optimizer.lr: 0.0003 -> 0.001"):
+        summary = run_experiment(cfg, progress=False, resume=True, allow_changes=["grpo", "policy.optimizer.lr"])
+    assert summary["resumed_from_step"] == 4
+
+
+# ---- SIGTERM -----------------------------------------------------------------------------------------------------
+def test_sigterm_stops_rlkit_train_like_ctrl_c_with_a_summary_and_a_nonzero_exit(finished_run, tmp_path, capsys,
+                                                                                   monkeypatch):
+    """SIGTERM (a scheduler's stop) ended a run at once with no summary.json. Sent here by the process to itself
+    when step 6 is shown (a resumed run of 40 steps), as a scheduler would send it."""
+    import os
+    import signal
+
+    import rlkit.run.loop as loop
+
+    folder, cfg = copy_run(finished_run, tmp_path, **{"grpo.max_num_steps": 40})
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(config_to_yaml(cfg))
+    show = loop._show_progress
+
+    def show_then_term(session, bar, metrics):
+        show(session, bar, metrics)
+        if metrics.step == 6:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(loop, "_show_progress", show_then_term)
+    previous = signal.getsignal(signal.SIGTERM)
+    assert main(["train", str(config_path), "--quiet", "--resume"]) == 143
+    assert signal.getsignal(signal.SIGTERM) == previous  # the CLI's handler is gone again
+    assert "rlkit: stopped (SIGTERM): run() stopped after step 6" in capsys.readouterr().err
+    summary = json.loads((folder / "summary.json").read_text())
+    assert summary["stopped_early"].startswith("SIGTERM: run() stopped after step 6 (2 of 36 finished in this call)")
+    assert summary["accuracy_after_rl"] is None and summary["resumed_from_step"] == 4
+    assert [line["step"] for line in metric_lines(folder)][-2:] == [5, 6] or \
+        [line["step"] for line in metric_lines(folder)][-1:] == [5]  # step 6's listeners (logging) may not have run
+    assert not (folder / ".lock").exists()
