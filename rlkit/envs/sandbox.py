@@ -153,6 +153,8 @@ def run_in(backend: Backend, code: str, limits: SandboxLimits) -> SandboxResult:
         os.mkdir(os.path.join(tmp, "root"))
         if cgroups_available():
             cgroups = make_cgroups(limits.memory_mb * 2**20, limits.max_processes + 1)  # + the namespace's init
+            if cgroups is None:  # they worked in this process before: no silent run without them
+                raise OSError("the call's cgroups could not be made")
         out_r, out_w = os.pipe()
         status_r, status_w = os.pipe()
         go_r, go_w = os.pipe() if cgroups else (None, None)

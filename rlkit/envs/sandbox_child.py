@@ -1,7 +1,8 @@
 """The child side of :mod:`rlkit.envs.sandbox`: what runs inside the namespaces, as their PID 1.
 
-This file is not imported by the package at run time: :func:`rlkit.envs.sandbox.run_python` passes its text to
-``python -I -S -c`` (standard library only, no ``site``), with one argument: its config as a Python literal
+This file is not imported by the package at run time: :func:`rlkit.envs.sandbox.run_python` has
+``python -I -S`` (standard library only, no ``site``) import it as a top-level module (its bytecode cached in
+``__pycache__``) and call :func:`main`, with one argument: its config as a Python literal
 (``repr`` of a dict of strings, numbers and tuples; read with ``eval`` and no builtins, since importing ``json``
 or ``ast`` would double the interpreter's start-up). Its ``main``:
 
@@ -25,20 +26,20 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVA
 _STATVFS_LOCKED = {2: MS_NOSUID, 4: MS_NODEV, 8: MS_NOEXEC, 1024: 1024, 2048: 2048}  # flags a remount must keep
 _PIVOT_ROOT = {"x86_64": 155, "aarch64": 41, "ppc64le": 203, "s390x": 217}
 
-# The second guard, for honest mistakes only (the boundary is the kernel's): refuse writes outside the working
-# directory, starting processes and sockets with a message that says so.
-_HOOK = r'''
-import os as _os, sys as _sys
-def _make_guard(root):
-    def inside(path):
+def _make_guard(root: str):
+    """The second guard, for honest mistakes only (the boundary is the kernel's): refuse writes outside the
+    working directory, starting processes and sockets, with a message that says so."""
+
+    def inside(path) -> bool:
         try:
-            return _os.path.realpath(_os.fsdecode(path)).startswith(root + _os.sep)
-        except Exception:
+            return os.path.realpath(os.fsdecode(path)).startswith(root + os.sep)
+        except Exception:  # noqa: BLE001
             return False
+
     def guard(event, args):
-        if event == "open" and args and isinstance(args[0], (str, bytes, _os.PathLike)):
+        if event == "open" and args and isinstance(args[0], (str, bytes, os.PathLike)):
             mode, flags = (args[1] or "r"), (args[2] or 0)
-            writes = any(c in str(mode) for c in "wax+") or flags & (_os.O_WRONLY | _os.O_RDWR | _os.O_CREAT)
+            writes = any(c in str(mode) for c in "wax+") or flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT)
             if writes and not inside(args[0]):
                 raise PermissionError(f"sandbox: writing outside the temp dir is not allowed: {args[0]}")
         elif event in ("os.remove", "os.rename", "os.rmdir", "os.mkdir", "shutil.rmtree") and args:
@@ -46,10 +47,8 @@ def _make_guard(root):
                 raise PermissionError(f"sandbox: {event} outside the temp dir is not allowed: {args[0]}")
         elif event.startswith("socket.") or event in ("os.system", "subprocess.Popen", "os.exec", "os.posix_spawn"):
             raise PermissionError(f"sandbox: {event} is not allowed")
+
     return guard
-_sys.addaudithook(_make_guard(_os.path.realpath(_os.getcwd())))
-del _make_guard
-'''
 
 
 def _libc(name: str):
@@ -129,19 +128,18 @@ def run_program(config: dict, code: bytes) -> None:
         resource.setrlimit(getattr(resource, name), tuple(value))
     drop_privileges()
     os.chdir(config["workdir"])
-    exec(compile(_HOOK, "<sandbox guard>", "exec"), {})
+    sys.addaudithook(_make_guard(os.path.realpath(os.getcwd())))
     try:
         exec(compile(code, "<tool>", "exec"), {"__name__": "__main__", "__builtins__": __builtins__})
     except SystemExit:
         raise
-    except BaseException as exc:  # noqa: BLE001 - the traceback from the program's first frame: it is the output
+    except BaseException as exc:  # noqa: BLE001 - the program's own frames only: the traceback is the output
         import traceback
 
-        tb = exc.__traceback__
-        while tb is not None and tb.tb_frame.f_code.co_filename != "<tool>":
-            tb = tb.tb_next
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == "<tool>"]
         sys.stdout.flush()
-        traceback.print_exception(type(exc), exc, tb)
+        sys.stderr.write("Traceback (most recent call last):\n" + "".join(traceback.format_list(frames))
+                         + "".join(traceback.format_exception_only(type(exc), exc)))
         raise SystemExit(1) from None
 
 

@@ -28,9 +28,12 @@ from typing import Literal, Optional
 
 SandboxMode = Literal["auto", "bwrap", "unshare", "unsafe-process"]
 Backend = Literal["bwrap", "unshare", "unsafe-process"]
-CHILD_SOURCE = (Path(__file__).with_name("sandbox_child.py")).read_text()
+# the child side as a module, not ``-c`` source: its bytecode comes from __pycache__ instead of a compile per call
+_CHILD = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import sandbox_child; "
+          "del sys.path[0]; sandbox_child.main()")
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
 _counter = itertools.count()
+_STALE: list[str] = []  # cgroups whose processes were still exiting when their call ended
 WORKDIR = "/tmp/rlkit-sandbox"  # the program's working directory, HOME and TMPDIR, in the tmpfs /tmp
 
 
@@ -57,7 +60,7 @@ def filesystem() -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, str], ..
 
 def command(backend: Backend, tmp: str, child_config: dict) -> tuple[list[str], dict]:
     """The argv that starts the child side in ``backend``, and the child's config completed for it."""
-    python = [interpreter(), "-I", "-S", "-c", CHILD_SOURCE]
+    python = [interpreter(), "-I", "-S", "-c", _CHILD]
     symlinks, binds = filesystem()
     config = dict(child_config, program=os.path.join(tmp, "program.py"), build_root=False, workdir=WORKDIR,
                   mountpoint=os.path.join(tmp, "root"), symlinks=symlinks, binds=binds, new_session=True)
@@ -130,7 +133,8 @@ class CallCgroups:
                     break
                 except OSError:
                     if time.monotonic() > end:
-                        break  # left behind: harmless, and named after this process
+                        _STALE.append(path)  # its processes still exiting: removed by a later call
+                        break
                     time.sleep(0.005)
 
 
@@ -169,13 +173,15 @@ def _own_cgroup(controller: str) -> Optional[str]:
 
 def make_cgroups(memory_bytes: int, max_processes: int) -> Optional[CallCgroups]:
     """A memory and a pids cgroup for one call, or None where this process may not make them."""
-    name = f"rlkit-sandbox-{os.getpid()}-{next(_counter)}"
+    name = f"rlkit-sandbox-{os.getpid()}-{next(_counter)}-{os.urandom(4).hex()}"  # pids repeat across namespaces
     plans = []
     memory, pids = _own_cgroup("memory"), _own_cgroup("pids")
     if memory and pids:  # cgroup v1
         plans = [(f"{memory}/{name}", "memory.limit_in_bytes", memory_bytes), (f"{pids}/{name}", "pids.max", max_processes)]
     elif (unified := _own_cgroup("")) is not None:
         plans = [(f"{unified}/{name}", "memory.max", memory_bytes), (f"{unified}/{name}", "pids.max", max_processes)]
+    stale, _STALE[:] = list(_STALE), []
+    CallCgroups(paths=stale).remove(deadline_s=0.0)  # what still fails goes back on the list
     cgroups = CallCgroups()
     try:
         for path, key, value in plans:
@@ -194,6 +200,13 @@ def make_cgroups(memory_bytes: int, max_processes: int) -> Optional[CallCgroups]
 @lru_cache(maxsize=1)
 def cgroups_available() -> bool:
     """True when calls get their own memory and pids cgroups here (see the module docstring)."""
+    for parent in {p for p in (_own_cgroup("memory"), _own_cgroup("pids"), _own_cgroup("")) if p}:
+        for path in Path(parent).glob("rlkit-sandbox-*"):  # left by ended processes (an exit during a teardown)
+            try:
+                if time.time() - path.stat().st_mtime > 60 and not (path / "cgroup.procs").read_text().strip():
+                    path.rmdir()
+            except OSError:
+                pass
     cgroups = make_cgroups(64 * 2**20, 4)
     if cgroups is None:
         return False
