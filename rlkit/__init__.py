@@ -7,12 +7,16 @@ from rlkit.trajectories import Trajectories
 __version__ = "0.1.0"
 
 
-def __getattr__(name):  # the Session pulls in Megatron and vLLM: import it only when asked for
+def __getattr__(name):  # the Session pulls in Megatron and vLLM, open_run pandas: import them only when asked for
     if name == "Session":
         from rlkit.session import Session
 
         return Session
+    if name == "open_run":
+        from rlkit.tracking.runs import open_run
+
+        return open_run
     raise AttributeError(name)
 
 
-__all__ = ["ConfigError", "ModelError", "Session", "StageOrderError", "Trajectories", "load_config"]
+__all__ = ["ConfigError", "ModelError", "Session", "StageOrderError", "Trajectories", "load_config", "open_run"]

@@ -10,7 +10,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from rlkit.algorithms import RLLoss
 from rlkit.config.changes import Change, changes_needed, refusals
-from rlkit.config.loading import load_config
+from rlkit.config.loading import load_config, parse_overrides
 from rlkit.config.run import RunConfig
 from rlkit.generation.base import Generator
 from rlkit.weight_sync import WeightSync
@@ -27,6 +27,7 @@ class Components:
     generator: Optional[Generator]
     weight_sync: Optional[WeightSync]  # refits the generator: built as one pair with it
     loss_fn: Callable  # build_loss(config), or a loss function of yours
+    config_env: Any = None  # the environment built from the config's env.* (None: one given to the session)
 
     def close(self) -> None:
         """Close the generator, the weight sync, the policy and the environment, in that order; each becomes
@@ -54,15 +55,19 @@ def build_components(config: RunConfig, start: Any, env: Any = None, loss_fn: Op
         check_tokenizer_fits(tokenizer, config.policy.model_name)  # before either engine starts
     with start.part("data"):
         dataset = load_prompt_dataset(config.data, tokenizer, config.policy.max_prompt_tokens)
+        if config.sft.enabled and config.sft.num_steps:  # the columns are known now, the engines not yet started
+            check_sft_columns(config, dataset)
     with start.part("environment"):
-        env = env if env is not None else build_environment(config)
+        env_from_config = env is None
+        env = build_environment(config) if env_from_config else env
     with start.part("policy", engine=policy_engine(config)):
         policy = build_policy(config)
     with start.part("generator", engine=generator_engine(config)):
         generator, weight_sync = build_generation(config)
     loss_fn = loss_fn if loss_fn is not None else build_loss(config)
     policy.keep_reference(needs_reference(loss_fn))  # a reference copy only if the loss reads one
-    return Components(tokenizer, dataset, env, policy, generator, weight_sync, loss_fn)
+    return Components(tokenizer, dataset, env, policy, generator, weight_sync, loss_fn,
+                      config_env=env if env_from_config else None)
 
 
 def needs_reference(loss_fn: Callable) -> bool:
@@ -136,11 +141,36 @@ def build_generation(config: RunConfig) -> tuple[Generator, WeightSync]:
 
 
 def build_environment(config: RunConfig):
-    from rlkit.envs import make_environment
+    """``env.reward_fn`` (a function of yours by import path) wrapped as an environment, else ``env.name``'s."""
+    from rlkit.envs import RewardFunctionEnvironment, make_environment
+    from rlkit.envs.registry import load_reward_fn
 
+    if config.env.reward_fn is not None:
+        return RewardFunctionEnvironment(load_reward_fn(config.env.reward_fn))
     if config.env.name == "math":
         return make_environment("math", timeout_seconds=config.env.math_timeout_s)
     return make_environment(config.env.name)
+
+
+def check_sft_columns(config: RunConfig, dataset: Any) -> None:
+    """SFT trains on the train split's ``sft.response_key`` column (after the prompt rendered with the chat template,
+    loss on the answer and EOS only: :mod:`rlkit.data.sft`). Refuse, naming the columns the data has and the fix,
+    when the column is not there: checked once the data is loaded (a file's or dataset's columns are not known
+    before), ahead of the engines."""
+    from rlkit.errors import ConfigError
+
+    key, columns = config.sft.response_key, list(dataset["train"].column_names)
+    if key in columns:
+        return
+    d = config.data
+    source = (f"data.path={d.path!r}" if d.path is not None else f"data.dataset_name={d.dataset_name!r}"
+              if d.dataset_name is not None else f"data.task={d.task!r}")
+    others = [c for c in columns if c != "prompt"]
+    fix = (f"set sft.response_key to the answer column (sft.response_key={others[0]}), or "
+           f"data.answer_key={others[0]} to read it as 'answer'" if others else "add an answer column to the data")
+    raise ConfigError([f"sft.response_key={key!r}: the SFT warm start trains on the train data's {key!r} column, and "
+                       f"{source} has none (its columns: {', '.join(columns)}). Fix: {fix}; or sft.enabled=false "
+                       "(RL only)"])
 
 
 def _new_loss(session: Any, old: RunConfig, keys: list[str]) -> None:
@@ -182,6 +212,27 @@ REBUILDS: dict[Change, Callable[[Any, RunConfig, list[str]], None]] = {
 }
 
 
+# A policy loss switched to by name brings the settings it is published with: its shipped preset's (ppo_clip: grpo.yaml)
+LOSS_PRESETS = {"ppo_clip": "grpo", "gspo": "gspo"}
+LOSS_COMPANION_KEYS = ("ratio_clip_min", "ratio_clip_max", "aggregation")
+
+
+def loss_companions(config: RunConfig, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """The companion settings that come with a switch of ``loss_fn.policy_loss`` in ``overrides`` (dotted keys):
+    the clip range and aggregation of that loss's preset (:data:`LOSS_PRESETS`), for each key the overrides do not
+    name themselves and whose value differs; ``{}`` for no switch, or a loss without a preset.
+
+    Why applied rather than warned about: ``configure(["loss_fn.policy_loss=gspo"])`` reads as "train GSPO", and
+    GSPO with PPO's clip (0.2) and token-mean aggregation is another algorithm; configure() prints every key it
+    changed, and a value named in the same call wins, so nothing is hidden and any choice stays possible."""
+    name = overrides.get("loss_fn.policy_loss")
+    if not isinstance(name, str) or name == config.loss_fn.policy_loss or name not in LOSS_PRESETS:
+        return {}
+    preset = load_config(LOSS_PRESETS[name]).loss_fn
+    return {f"loss_fn.{key}": getattr(preset, key) for key in LOSS_COMPANION_KEYS
+            if f"loss_fn.{key}" not in overrides and getattr(preset, key) != getattr(config.loss_fn, key)}
+
+
 def rebuild(session: Any, overrides: Sequence[str] | Mapping[str, Any] | RunConfig, where: str,
             refused: set[Change], always: Optional[Change] = None) -> dict[str, Change]:
     """``session.configure()`` and ``reset()``: take the config ``overrides`` gives and rebuild what its changes
@@ -189,6 +240,9 @@ def rebuild(session: Any, overrides: Sequence[str] | Mapping[str, Any] | RunConf
     nothing is changed. Returns each key's need."""
     from rlkit.errors import ConfigError
 
+    if not isinstance(overrides, RunConfig):
+        overrides = parse_overrides(overrides)
+        overrides.update(loss_companions(session.config, overrides))
     new = overrides if isinstance(overrides, RunConfig) else load_config(session.config.model_dump(), overrides)
     changes = changes_needed(session.config, new)
     problems = refusals(changes, set(Change) - refused, where)

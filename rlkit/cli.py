@@ -5,6 +5,8 @@
     rlkit train my.yaml checkpointing.enabled=true --resume   # continue from the newest checkpoint
     rlkit train my.yaml checkpointing.enabled=true --resume-from 40   # continue from the step-40 checkpoint
     rlkit sweep quickstart loss_fn.ratio_clip_max=0.2,0.28 seed=0,1,2   # grid x seeds, table and plot
+    rlkit sweep my.yaml loss_fn.policy_loss@loss=ppo_clip,gspo loss_fn.ratio_clip_max@loss=0.2,4e-4 \
+        --set env.reward_fn=my_rewards:reverse        # @loss: paired values; a reward function by import path
     rlkit make-model models/tiny --preset tiny     # an HF-format tiny model folder
     rlkit demo                                     # the component demo: generate, score, train, refit
     rlkit sandbox-check                            # the Python tool's sandbox against its attack table
@@ -116,7 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sweep", help="run a grid of overrides (x seeds) and compare")
     p.add_argument("config")
-    p.add_argument("grid", nargs="+", help="key=v1,v2 ... (seed=0,1,2 for seeds)")
+    p.add_argument("grid", nargs="+", help="key=v1,v2 ... crossed (seed=0,1,2 for seeds); key@group=v1,v2 entries "
+                                            "with one group name vary together (paired)")
     p.add_argument("--set", nargs="*", default=[], help="overrides applied to every run")
     p.add_argument("--out", default=None, help="sweep folder (default runs/sweeps/<config>-<time>)")
     p.set_defaults(fn=cmd_sweep)

@@ -24,14 +24,11 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
-from rlkit.config.loading import config_to_yaml
 from rlkit.config.run import RunConfig
 from rlkit.errors import CheckpointError, RunFolderError, SkippedStepsError
-from rlkit.notebook.display import SAMPLE_COLUMNS, sample_rows
 from rlkit.stages.skipped_steps import skipped_so_far
 from rlkit.tracking.lock import is_disk_error, run_folder_lock, unwritable
-from rlkit.tracking import build_logger
-from rlkit.tracking.records import start_records
+from rlkit.tracking.records import RunRecorder
 
 
 def checkpoint_folder(config: RunConfig, run_dir: Optional[str | Path] = None) -> Path:
@@ -81,7 +78,7 @@ def run_experiment(config: RunConfig, session: Any = None, progress: bool = True
 def _run(config: RunConfig, session: Any, progress: bool, run_dir: Path, resume: bool,
          resume_from: Optional[str | int | Path], allow_changes: Sequence[str]) -> dict[str, Any]:
     from rlkit.session import Session
-    from rlkit.tracking.checkpoint import load_session, read_checkpoint_state, save_periodic, set_aside_newer
+    from rlkit.tracking.checkpoint import read_checkpoint_state, save_periodic, set_aside_newer
 
     t0 = time.perf_counter()
     ckpt_cfg, ckpt_dir = config.checkpointing, checkpoint_folder(config, run_dir)
@@ -90,39 +87,34 @@ def _run(config: RunConfig, session: Any, progress: bool, run_dir: Path, resume:
         check_resume_changes(start, config, allow_changes)
     if start is not None and session is not None:
         raise ValueError("a resumed run builds its session from the checkpoint; do not pass session= as well")
-    own_session, logger, resumed_step = session is None, None, None
+    own_session, resumed_step = session is None, None
     try:
         if start is not None:
-            session = load_session(Session, start, config=config)
+            session = Session.load(start, config=config)  # with the environment the checkpoint was made with
             state = read_checkpoint_state(start)
             resumed_step = state["run_state"]["step"]
             warm_start = state["extra"].get("warm_start") or dict(  # none if saved by hand
                 accuracy_before_rl=None, sft_steps=0, sft_final_loss=None, seconds_sft=0.0)
         session = session or Session(config)
-        # the run has started: from here on its records are this run's
-        start_records(run_dir, config_to_yaml(config), resumed_step)
+        # the run has started: from here on its records are this run's, written as the session's steps and
+        # evaluations happen (the same records a notebook session writes after log_to())
+        session.stop_logging()  # records a notebook had started on this session end here
+        session.records = RunRecorder(run_dir, config, resumed_step)
         if resumed_step is not None:
             for moved in set_aside_newer(ckpt_dir, resumed_step):
                 warnings.warn(f"{moved.name.split('.')[0]} is newer than the checkpoint this run resumes from; "
                               f"kept as {moved}", stacklevel=2)
-        logger = build_logger(config.logger, run_dir, config.name, config.model_dump(mode="json"))
         setup_s = time.perf_counter() - t0
         if start is None:
-            warm_start = _warm_start(session, config, logger, progress)
+            warm_start = _warm_start(session, config, progress)
             if ckpt_cfg.enabled:
-                save_periodic(session, ckpt_dir, ckpt_cfg.keep_last, {"warm_start": warm_start})
-        period = config.logger.sample_table_period
+                save_periodic(session, ckpt_dir, ckpt_cfg.keep_last, _extra(session, warm_start))
         total = config.grpo.max_num_steps
 
-        def on_step(metrics):  # timed parts of the next step's record (see Session.run)
-            with session.timed("logging"):
-                logger.log(metrics.values, step=metrics.step)
-            if period and metrics.step % period == 0 and session.batch is not None:
-                with session.timed("tables"):
-                    logger.log_table("rollout/samples", SAMPLE_COLUMNS, sample_rows(session.batch, 8), metrics.step)
+        def on_step(metrics):  # timed parts of the next step's record (see Session.run); the session logged it
             if ckpt_cfg.enabled and (metrics.step % ckpt_cfg.save_period == 0 or metrics.step == total):
                 with session.timed("checkpoint"):
-                    save_periodic(session, ckpt_dir, ckpt_cfg.keep_last, {"warm_start": warm_start})
+                    save_periodic(session, ckpt_dir, ckpt_cfg.keep_last, _extra(session, warm_start))
 
         t_rl, steps_before, stopped = time.perf_counter(), session.step_count, None
         try:
@@ -135,8 +127,7 @@ def _run(config: RunConfig, session: Any, progress: bool, run_dir: Path, resume:
                                              session.history[steps_before:], resumed_step, setup_s, rl_s,
                                              time.perf_counter() - t0), f"{_stop_name()}: {stopped}")
             raise stopped
-        after = session.evaluate()
-        logger.log({"validation/accuracy": after.accuracy}, step=session.step_count)
+        after = session.evaluate()  # logged at the last step, as the warm start's evaluation is at step 0
         history = session.history if start else session.history[steps_before:]
         summary = _summary(config, warm_start, after, history, resumed_step, setup_s, rl_s, time.perf_counter() - t0)
         _write_summary(run_dir, summary, None if stopped is None else str(stopped))
@@ -144,8 +135,8 @@ def _run(config: RunConfig, session: Any, progress: bool, run_dir: Path, resume:
             raise stopped
         return summary
     finally:
-        if logger is not None:
-            logger.finish()
+        if session is not None:
+            session.stop_logging()
         if own_session and session is not None:
             session.close()
 
@@ -192,11 +183,16 @@ def _summary(config: RunConfig, warm_start: dict[str, Any], after: Any, history:
     }
 
 
-def _warm_start(session: Any, config: RunConfig, logger: Any, progress: bool) -> dict[str, Any]:
-    """SFT (if enabled), then held-out accuracy before RL, logged at step 0; what a resumed run reports."""
+def _extra(session: Any, warm_start: dict[str, Any]) -> dict[str, Any]:
+    """What the run's checkpoints keep beside the session: the warm start's figures, which environment."""
+    return {"warm_start": warm_start, "environment": session.environment_record()}
+
+
+def _warm_start(session: Any, config: RunConfig, progress: bool) -> dict[str, Any]:
+    """SFT (if enabled), then held-out accuracy before RL (the session logs it at step 0); what a resumed run
+    reports."""
     sft_result = session.sft(progress=progress) if config.sft.enabled and config.sft.num_steps else None
     before = session.evaluate()
-    logger.log({"validation/accuracy": before.accuracy}, step=0)
     return {"accuracy_before_rl": before.accuracy,
             "sft_steps": len(sft_result.losses) if sft_result else 0,
             "sft_final_loss": sft_result.losses[-1] if sft_result else None,

@@ -41,10 +41,12 @@ def _view(record: str, name: str, doc: str, settable: bool = False) -> property:
 class Session:
     """Holds the components of an RL run and exposes one method per stage."""
 
-    def __init__(self, config: RunConfig, env: Any = None, loss_fn: Optional[Callable] = None, verbose: bool = False):
+    def __init__(self, config: RunConfig, env: Any = None, loss_fn: Optional[Callable] = None, verbose: bool = False,
+                 log_dir: Optional[str | Path] = None, wandb: Optional[bool] = None):
         """Build the engines of ``config``, printing one line per engine with its time. ``verbose=True`` also
         shows the third-party notices a quiet start holds back (:mod:`rlkit.quiet`); ``session.startup`` is
-        what the start cost (seconds per part) and the warnings it showed."""
+        what the start cost (seconds per part) and the warnings it showed. ``log_dir`` or ``wandb`` records the
+        session from the start, as :meth:`log_to` does."""
         from rlkit.startup import StartupReport
 
         self.config = config
@@ -58,6 +60,8 @@ class Session:
         self.rollouts: Optional[RolloutSource] = None
         self._start_run(RunState.fresh(config, self.dataset))
         self.listeners: list[Callable[[StepMetrics], None]] = []  # called after every step of run()
+        if log_dir is not None or wandb is not None:
+            self.log_to(log_dir, wandb)
 
     tokenizer, dataset, env, policy, generator, weight_sync = (
         _view("components", name, f"the session's {name.replace('_', ' ')}", settable=True)
@@ -106,6 +110,10 @@ class Session:
         changes = rebuild(self, overrides, "configure()", refused={Change.RUN, Change.SESSION})
         new_loss = stages.loss_description(self.loss_fn) if self.loss_fn is not old_loss else None
         print(changes_summary(old, self.config, changes, new_loss))
+        if "loss_fn.policy_loss" in changes:
+            _print_companions(old, overrides)
+        if any(key.startswith("logger.") or key == "name" for key in changes):
+            self._follow_logger_change(old)
         return self.config
 
     def reset(self, config: Sequence[str] | Mapping[str, Any] | RunConfig = ()) -> "Session":
@@ -245,10 +253,33 @@ class Session:
         A batch of an earlier step (one trained on already, too) warns unless ``allow_reuse``
         (:mod:`rlkit.stages.reuse`)."""
         self._refuse_if_closed("train")
-        return loop.train(self, self._latest(batch, "train"), allow_reuse, on_policy=False)
+        metrics = loop.train(self, self._latest(batch, "train"), allow_reuse, on_policy=False)
+        self._record_step(metrics)
+        return metrics
 
-    # the step and the run loop: functions of the session in rlkit.run.loop
-    step, run, request_stop, timed = loop.step, loop.run, loop.request_stop, loop.timed
+    # the step and the run loop: functions of the session in rlkit.run.loop; recorded when the session records
+    request_stop, timed = loop.request_stop, loop.timed
+
+    def step(self) -> StepMetrics:
+        """One whole RL step (:func:`rlkit.run.loop.step`: rollout, score, logprobs, advantages, train, refit),
+        recorded by :meth:`log_to`'s loggers when the session records."""
+        inside_run = self._clock is not None  # run() records its steps once its listeners run
+        metrics = loop.step(self)
+        if not inside_run:
+            self._record_step(metrics)
+        return metrics
+
+    def run(self, steps: Optional[int] = None, progress: bool = True,
+            on_step: Optional[Callable[[StepMetrics], None]] = None) -> list[StepMetrics]:
+        """``steps`` RL steps (:func:`rlkit.run.loop.run`, which says what a stop, an interrupt and a skipped step
+        do); each is recorded when the session records, before ``on_step`` and the listeners see it."""
+
+        def recorded(metrics: StepMetrics) -> None:
+            self._record_step(metrics)
+            if on_step is not None:
+                on_step(metrics)
+
+        return loop.run(self, steps, progress, on_step=recorded)
     _clock: Optional[StepClock] = None  # the step clock of the step under way in step() or run()
 
     def refit(self) -> Any:
@@ -273,6 +304,8 @@ class Session:
         with self.rollouts.exclusive():
             self.run_state.last_eval = stages.evaluate(self.generator, self.tokenizer, self.env, rows,
                                                        self.policy.version, settings)
+        if self._clock is None and self._recording():  # inside run(), the step's metrics carry it
+            self.records.log({"validation/accuracy": self.last_eval.accuracy}, step=self.step_count)
         return self.last_eval
 
     def sft(self, num_steps: Optional[int] = None, progress: bool = True, refit: bool = True) -> stages.SFTResult:
@@ -284,8 +317,10 @@ class Session:
         generator stays stale; ``step()`` and ``evaluate()`` refit first.
         """
         self._refuse_if_closed("sft")
+        from rlkit.builders import check_sft_columns
         from rlkit.data import PromptSampler
 
+        check_sft_columns(self.config, self.dataset)
         settings = self.settings.sft if num_steps is None else stages.SFTSettings.from_config(self.config, num_steps)
         sampler = PromptSampler(self.dataset["train"], settings.sft.batch_size, seed=self.config.seed + 1)
         self.run_state.last_sft = stages.sft(self.policy, self.tokenizer, sampler, settings, progress)
@@ -303,18 +338,98 @@ class Session:
         return Dashboard(self)
 
     def save(self, path: str | Path) -> Path:
-        """Write a checkpoint (weights, optimizer, scheduler, RNG, data position, step, config) atomically."""
+        """Write a checkpoint (weights, optimizer, scheduler, RNG, data position, step, config, which environment)
+        atomically."""
         self._refuse_if_closed("save")
         from rlkit.tracking.checkpoint import save_session
 
-        return save_session(self, path)
+        return save_session(self, path, {"environment": self.environment_record()})
+
+    def environment_record(self) -> dict[str, Any]:
+        """What a checkpoint keeps of the environment, so that :meth:`load` can build it again: whether the config
+        built it (``env.name`` / ``env.reward_fn``), else its reward function's import path when it has one."""
+        from rlkit.envs import RewardFunctionEnvironment
+        from rlkit.envs.registry import reward_fn_path
+
+        env = self.env
+        if env is not None and env is self.components.config_env:
+            return {"from_config": True}
+        fn = reward_fn_path(env.fn) if isinstance(env, RewardFunctionEnvironment) else None
+        return {"from_config": False, "reward_fn": fn, "repr": repr(env)[:200]}
 
     @classmethod
-    def load(cls, path: str | Path, **kwargs: Any) -> "Session":
-        """A session restored from ``save(path)``; the next step continues exactly where it left off."""
-        from rlkit.tracking.checkpoint import load_session
+    def load(cls, path: str | Path, env: Any = None, **kwargs: Any) -> "Session":
+        """A session restored from ``save(path)``; the next step continues exactly where it left off.
 
-        return load_session(cls, path, **kwargs)
+        The environment is the one the checkpoint was made with: the config's (``env.name``, ``env.reward_fn``),
+        or a reward function of yours imported again by its path; one that cannot be built again (a function
+        defined in a notebook) is refused with the fix, ``Session.load(path, env=...)``. ``env`` replaces it;
+        ``kwargs`` go to :func:`rlkit.tracking.checkpoint.load_session` (``config=``, ``overrides=``, ``loss_fn=``)."""
+        from rlkit.tracking.checkpoint import load_session, read_checkpoint_state
+
+        if env is None:
+            env = _checkpoint_environment(read_checkpoint_state(path), path)
+        return load_session(cls, path, env=env, **kwargs)
+
+    def export_hf(self, path: str | Path) -> Path:
+        """The policy's current weights (merged) as an HF model folder that transformers and vLLM load, with the
+        model folder's config and tokenizer files, written atomically (:func:`rlkit.tracking.checkpoint.export_hf`)."""
+        self._refuse_if_closed("export_hf")
+        from rlkit.tracking.checkpoint import export_hf
+
+        return export_hf(self, path)
+
+    # ---- records ---------------------------------------------------------------------------------
+    records: Optional[Any] = None  # a RunRecorder while the session records (log_to), else None
+
+    def log_to(self, log_dir: Optional[str | Path] = None, wandb: Optional[bool] = None,
+               run_dir: Optional[str | Path] = None) -> Path:
+        """Record this session from now on as ``rlkit train`` records a run: ``step()``, ``train()``, ``run()`` and
+        ``evaluate()`` write ``metrics.jsonl``, a ``rollout/samples`` table every ``logger.sample_table_period``
+        steps (``tables.jsonl``) and, with ``wandb=True``, a wandb run (offline unless ``logger.wandb_mode``
+        says otherwise), into ``<log_dir>/<name>`` (``logger.log_dir``, ``name``) or ``run_dir``; ``config.yaml``
+        beside them. Returns the run folder; ``rlkit.open_run(folder)`` reads it back.
+
+        ``log_dir`` and ``wandb`` set ``logger.log_dir`` and ``logger.wandb_enabled``; later ``configure()`` calls
+        of ``logger.*`` take effect at the next record (a changed folder or name starts a new run folder).
+        Starting again over a folder replaces its records, as a fresh ``rlkit train`` does."""
+        self._refuse_if_closed("log_to")
+        overrides = {k: v for k, v in (("logger.log_dir", None if log_dir is None else str(log_dir)),
+                                       ("logger.wandb_enabled", wandb)) if v is not None}
+        if overrides:
+            rebuild(self, overrides, "log_to()", refused={Change.ROLLOUTS, Change.LOSS, Change.OPTIMIZER,
+                                                          Change.RUN, Change.SESSION})
+        from rlkit.tracking.records import RunRecorder
+
+        self.stop_logging()
+        folder = Path(run_dir) if run_dir is not None else Path(self.config.logger.log_dir) / self.config.name
+        self.records = RunRecorder(folder, self.config)
+        self._records_folder_fixed = run_dir is not None
+        return folder
+
+    def stop_logging(self) -> None:
+        """Finish the records (close the files, finish the wandb run); the session stops recording. Safe twice."""
+        if self.records is not None:
+            self.records.finish()
+        self.records = None
+
+    def _recording(self) -> bool:
+        """Whether the session records; its loggers follow the current ``logger.*`` first."""
+        if self.records is not None:
+            self.records.follow(self.config)
+        return self.records is not None
+
+    def _record_step(self, metrics: StepMetrics) -> None:
+        if self._recording():
+            self.records.log_step(metrics, self.batch, self.timed)
+
+    def _follow_logger_change(self, old: RunConfig) -> None:
+        """``configure()`` of ``logger.*`` or ``name``: a session that did not record starts (into the new folder);
+        one that does moves to the new folder when it changed, else its loggers follow at the next record."""
+        folder = Path(self.config.logger.log_dir) / self.config.name
+        moved = folder != Path(old.logger.log_dir) / old.name and not getattr(self, "_records_folder_fixed", False)
+        if self.records is None or moved:
+            print(f"recording into {self.log_to()}")
 
     # ---- lifecycle -------------------------------------------------------------------------------
     closed = False  # True from close() on: every stage and method then raises SessionClosedError
@@ -331,6 +446,7 @@ class Session:
         """Release the generator, the policy, their process groups and Megatron's global state; a new Session
         can follow. Safe twice."""
         self.closed = True
+        self.stop_logging()
         if self.rollouts is not None:
             self.rollouts.close()
         self.rollouts = None
@@ -352,3 +468,37 @@ class Session:
 
         return session_html(self)
 
+
+
+def _checkpoint_environment(state: Mapping[str, Any], path: str | Path) -> Any:
+    """The environment a checkpoint's session used, built again (None: the config's), or CheckpointError with the fix
+    when it was one of yours that cannot be imported (saved before checkpoints said: None, the config's)."""
+    from rlkit.errors import CheckpointError
+
+    record = state.get("extra", {}).get("environment")
+    if not record or record.get("from_config"):
+        return None
+    if record.get("reward_fn"):
+        from rlkit.envs import RewardFunctionEnvironment
+        from rlkit.envs.registry import load_reward_fn
+
+        return RewardFunctionEnvironment(load_reward_fn(record["reward_fn"]))
+    raise CheckpointError(
+        f"{state['folder']} was saved by a session with an environment of yours, {record.get('repr')}, which a "
+        "checkpoint cannot build again (its reward function is defined in a notebook or __main__, or it is not a "
+        f"reward function). Fix: pass it again, Session.load({str(path)!r}, env=...), or put the reward function in "
+        "a module and name it in the config (env.reward_fn: module:function)")
+
+
+def _print_companions(old: RunConfig, overrides: Any) -> None:
+    """After a switch of ``loss_fn.policy_loss``: which companion settings came with it (builders.loss_companions)."""
+    from rlkit.builders import LOSS_PRESETS, loss_companions
+    from rlkit.config.loading import parse_overrides
+
+    given = {} if isinstance(overrides, RunConfig) else parse_overrides(overrides)
+    added = loss_companions(old, given)
+    if added:
+        name = given["loss_fn.policy_loss"]
+        print(f"  loss_fn.policy_loss={name} brought its companion settings from the {LOSS_PRESETS[name]} preset "
+              f"({', '.join(f'{k}={v}' for k, v in added.items())}); name any of them in the same configure() call "
+              "to keep another value")

@@ -3,6 +3,22 @@
     result = run_sweep("quickstart", parse_grid(["loss_fn.ratio_clip_max=0.2,0.28", "seed=0,1,2"]))
     result.table          # one row per grid point: final reward and held-out accuracy, mean and std over seeds
 
+Crossed and paired values. Each entry ``key=v1,v2`` crosses with every other; entries tagged with one group name,
+``key@group=v1,v2``, vary together instead (their i-th values make the i-th point of the group, so they need as
+many values each) and the group crosses with the rest. A loss with its own clip range and aggregation, 2 points
+x 3 seeds:
+
+    rlkit sweep quickstart loss_fn.policy_loss@loss=ppo_clip,gspo loss_fn.ratio_clip_min@loss=0.2,3e-4 \
+        loss_fn.ratio_clip_max@loss=0.2,4e-4 loss_fn.aggregation@loss=token_mean,seq_mean_token_mean seed=0,1,2
+
+In Python a group is a tuple of keys mapped to tuples of values (``parse_grid`` returns the same form):
+
+    run_sweep("quickstart", {("loss_fn.policy_loss", "loss_fn.ratio_clip_max"): [("ppo_clip", 0.2), ("gspo", 4e-4)],
+                             "seed": [0, 1, 2]}, env=my_reward)
+
+``env`` (an environment, or a reward function with TRL's signature) scores every run; a reward function named in
+the config (``env.reward_fn: module:function``, e.g. ``--set env.reward_fn=my_rewards:reverse``) does too.
+
 Why one process and one session: starting vLLM and Megatron costs far more than a short ablation run.
 When no key that differs between two consecutive runs needs a new session (the table
 :data:`rlkit.config.changes.CHANGES` says which do: the model, the generator, the data, the environment),
@@ -60,23 +76,63 @@ def _split_values(text: str) -> list[str]:
     return [p.strip() for p in parts]
 
 
-def parse_grid(items: Sequence[str]) -> dict[str, list[Any]]:
+Grid = Mapping[Any, Sequence[Any]]  # key -> values (crossed), or a tuple of keys -> tuples of values (paired)
+
+
+def parse_grid(items: Sequence[str]) -> dict[Any, list[Any]]:
     """``["loss_fn.ratio_clip_max=0.2,0.28", "seed=0,1,2"]`` -> ``{"loss_fn.ratio_clip_max": [0.2, 0.28],
-    "seed": [0, 1, 2]}``; each value is parsed as an override's (YAML: numbers, booleans, lists in brackets)."""
-    grid: dict[str, list[Any]] = {}
-    problems = []
+    "seed": [0, 1, 2]}``; each value is parsed as an override's (YAML: numbers, booleans, lists in brackets).
+    Entries tagged ``key@group=...`` with one group name become one paired entry, ``{(key1, key2): [(a1, a2),
+    (b1, b2)]}`` (see the module docstring); their value counts must agree."""
+    grid: dict[Any, list[Any]] = {}
+    groups: dict[str, dict[str, list[Any]]] = {}
+    problems, seen, order = [], set(), []  # order: a grid key or "@group", as first given
     for item in items:
-        key, sep, values = item.partition("=")
-        key = key.strip()
-        if not sep or not key or not values.strip():
-            problems.append(f"grid entry {item!r} is not of the form key=v1,v2 (e.g. loss_fn.ratio_clip_max=0.2,0.28)")
-        elif key in grid:
+        target, sep, values = item.partition("=")
+        key, tagged, group = (part.strip() for part in target.partition("@"))
+        if not sep or not key or not values.strip() or (tagged and not group):
+            problems.append(f"grid entry {item!r} is not of the form key=v1,v2 or key@group=v1,v2 (e.g. "
+                            "loss_fn.ratio_clip_max=0.2,0.28)")
+        elif key in seen:
             problems.append(f"{key}: given twice in the grid; list all its values in one entry")
         else:
-            grid[key] = [parse_value(v, f"grid entry {item!r}: the value {v!r}") for v in _split_values(values)]
+            seen.add(key)
+            parsed = [parse_value(v, f"grid entry {item!r}: the value {v!r}") for v in _split_values(values)]
+            (groups.setdefault(group, {}) if tagged else grid)[key] = parsed
+            order += [f"@{group}" if tagged else key]
+    for group, entries in groups.items():
+        counts = {key: len(values) for key, values in entries.items()}
+        if len(set(counts.values())) > 1:
+            problems.append(f"grid group @{group}: its entries vary together and need as many values each, but "
+                            + ", ".join(f"{key} has {n}" for key, n in counts.items()))
+        elif "seed" in entries:
+            problems.append(f"grid group @{group}: seed cannot be paired (every grid point runs every seed)")
+        else:
+            grid[f"@{group}"] = list(zip(*entries.values()))
     if problems:
         raise ConfigError(problems)
-    return grid
+    return {(tuple(groups[k[1:]]) if k.startswith("@") else k): grid[k] for k in dict.fromkeys(order)}
+
+
+def _axes(grid: Grid) -> tuple[list[tuple[str, ...]], list[list[tuple]]]:
+    """The grid as crossed axes: each a tuple of keys (one key, or a paired group) and its points, each a tuple of
+    values; ConfigError for a paired entry whose values do not match its keys."""
+    keys, points, problems = [], [], []
+    for key, values in grid.items():
+        group = key if isinstance(key, tuple) else (key,)
+        if isinstance(key, tuple):
+            vals = [tuple(v) if isinstance(v, (tuple, list)) else v for v in values]
+        else:
+            vals = [(v,) for v in values]
+        bad = [v for v in vals if not isinstance(v, tuple) or len(v) != len(group)]
+        if bad:
+            problems.append(f"grid group {group}: each value must be a tuple of {len(group)} values, one per key; "
+                            f"got {bad[0]!r}")
+        keys.append(group)
+        points.append(vals)
+    if problems:
+        raise ConfigError(problems)
+    return keys, points
 
 
 def _label(point: Sequence[tuple[str, Any]]) -> str:
@@ -196,13 +252,15 @@ def can_reuse(old: RunConfig, new: RunConfig) -> bool:
 
 
 # ---- the sweep ------------------------------------------------------------------------------------------------
-def run_sweep(config: str | Path | Mapping[str, Any] | RunConfig, grid: Mapping[str, Sequence[Any]],
+def run_sweep(config: str | Path | Mapping[str, Any] | RunConfig, grid: Grid,
               base_overrides: Sequence[str] | Mapping[str, Any] = (), out_dir: Optional[str | Path] = None,
-              progress: bool = False, reuse_sessions: bool = True) -> SweepResult:
-    """Run every combination of ``grid`` (its ``seed`` entry gives the seeds) on ``config`` with
-    ``base_overrides``, and write the comparison into ``out_dir``. Every config is validated before
-    the first run starts. wandb logging is on (offline unless configured) with one group per sweep;
-    pass ``logger.wandb_enabled=false`` in ``base_overrides`` to turn it off."""
+              progress: bool = False, reuse_sessions: bool = True, env: Any = None) -> SweepResult:
+    """Run every combination of ``grid`` (its ``seed`` entry gives the seeds; a tuple of keys pairs their values,
+    see the module docstring) on ``config`` with ``base_overrides``, and write the comparison into ``out_dir``.
+    Every config is validated before the first run starts. wandb logging is on (offline unless configured) with
+    one group per sweep; pass ``logger.wandb_enabled=false`` in ``base_overrides`` to turn it off. ``env``: an
+    environment, or a reward function (``f(prompts, completions, **columns)``), that scores every run instead
+    of the config's."""
     from rlkit.experiment import run_experiment
     from rlkit.session import Session
 
@@ -213,6 +271,8 @@ def run_sweep(config: str | Path | Mapping[str, Any] | RunConfig, grid: Mapping[
     empty = [k for k, v in grid.items() if not v] + (["seed"] if not seeds else [])
     if empty:
         raise ConfigError([f"{k}: the grid lists no values" for k in empty])
+    axes, axis_points = _axes(grid)
+    env = _environment(env)
     folder = Path(out_dir or Path(base.logger.log_dir) / "sweeps" / f"{base.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     folder.mkdir(parents=True, exist_ok=True)
     group = folder.name
@@ -221,8 +281,8 @@ def run_sweep(config: str | Path | Mapping[str, Any] | RunConfig, grid: Mapping[
 
     plan = []  # (name, point, seed, config): all validated before anything heavy starts
     problems = []
-    for values in itertools.product(*grid.values()):
-        point = tuple(zip(grid.keys(), values))
+    for values in itertools.product(*axis_points):
+        point = tuple((key, value) for keys, vals in zip(axes, values) for key, value in zip(keys, vals))
         for seed in seeds:
             name = f"{base.name}-{_label(point)}-seed{seed}"
             overrides = {**defaults, **user, **dict(point), "seed": seed, "name": name,
@@ -245,15 +305,27 @@ def run_sweep(config: str | Path | Mapping[str, Any] | RunConfig, grid: Mapping[
                 if session is not None:
                     session.close()
                 session = None
-                session = Session(cfg)
+                session = Session(cfg, env=env)
             summary = run_experiment(cfg, session=session, progress=progress, run_dir=folder / name)
             rewards = tuple(m["rollout/reward_mean"] for m in session.history)
             runs.append(SweepRun(name, point, seed, folder / name, summary, rewards, reused))
     finally:
         if session is not None:
             session.close()
-        result = _write_outputs(folder, group, grid, seeds, user, runs)
+        result = _write_outputs(folder, group, {"+".join(k) if isinstance(k, tuple) else k: v for k, v in grid.items()},
+                                seeds, user, runs)
     return result
+
+
+def _environment(env: Any) -> Any:
+    """``run_sweep``'s ``env``: an environment as it is, a reward function wrapped as one."""
+    from rlkit.envs import Environment, RewardFunctionEnvironment
+
+    if env is None or isinstance(env, Environment):
+        return env
+    if callable(env):
+        return RewardFunctionEnvironment(env)
+    raise TypeError(f"run_sweep(env=...) takes an Environment or a reward function, got {type(env).__name__}")
 
 
 def _write_outputs(folder: Path, group: str, grid: Mapping[str, list], seeds: Sequence[Any],

@@ -104,9 +104,7 @@ def cross_section_problems(sections: Mapping[str, Any]) -> list[str]:
         out += run_name_problems(sections["name"], logger.log_dir if logger is not None else "runs")
     if data is not None:
         out += data.problems()
-    if sft is not None and data is not None and sft.enabled and data.task is None:
-        out.append(f"sft.enabled: a file dataset needs a '{sft.response_key}' column for the SFT warm start; "
-                   "set sft.enabled=false or sft.response_key to the answer column")
+    # sft.response_key against the data's columns: checked once the data is loaded (builders.check_sft_columns)
     return out
 
 

@@ -61,6 +61,9 @@ class GRPOConfig(Section):
 
 class EnvConfig(Section):
     name: EnvironmentName = "arithmetic"
+    # a reward function of yours by import path, "module:function" (TRL's signature, rlkit.envs.reward_fn); when set it
+    # is the environment and env.name is not read. Imported in the driver, from the working directory or PYTHONPATH
+    reward_fn: Optional[str] = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
     math_timeout_s: float = Field(5.0, gt=0)
     # score() raises RewardError when more than this share of a batch's samples fail (all failing always does)
     max_reward_failure_fraction: float = Field(MAX_REWARD_FAILURE_FRACTION, ge=0, le=1)

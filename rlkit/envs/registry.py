@@ -1,13 +1,20 @@
 """Environments by name, so a config can say ``env.name: math`` and a notebook ``make_environment("math")``.
 
 The names are a ``Literal`` (``EnvironmentName``) so type checkers and the config validator know the valid
-choices; a test keeps the ``Literal`` and the table below in step. Custom reward functions do not go through
-the registry: wrap them with ``RewardFunctionEnvironment(fn)`` and hand the environment to the session.
+choices; a test keeps the ``Literal`` and the table below in step.
+
+A reward function of yours needs no registry line: name it by import path (``env.reward_fn: my_module:my_reward``,
+:func:`load_reward_fn`), or wrap it with ``RewardFunctionEnvironment(fn)`` and hand the environment to the session.
+The environment runs in the driver process (Ray workers hold only the policy), so the module has to be importable
+there only: from the working directory, which is tried when the plain import fails, or from ``PYTHONPATH``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Literal, get_args
+import importlib
+import os
+import sys
+from typing import Any, Callable, Literal, Optional, get_args
 
 from rlkit.algorithms.registry import Registry
 from rlkit.envs.arithmetic import ArithmeticEnvironment
@@ -37,3 +44,53 @@ def make_environment(name: EnvironmentName, **kwargs: Any) -> Environment:
         return _FACTORIES.get(name)(**kwargs)
     except TypeError as exc:
         raise ConfigError([f"env: environment {name!r} does not accept {sorted(kwargs)}: {exc}"]) from exc
+
+
+def load_reward_fn(path: str) -> Callable[..., list[float]]:
+    """The function ``path`` names, ``"module:function"`` (``"pkg.module:Class.method"`` too), imported here;
+    a module not on ``sys.path`` is looked for in the working directory as well (``rlkit train`` does not put it
+    there). ConfigError names ``env.reward_fn``, what failed and where it looked."""
+    module_name, sep, attr = path.partition(":") if isinstance(path, str) else ("", "", "")
+    if not sep or not module_name or not attr:
+        raise ConfigError([f"env.reward_fn: {path!r} is not of the form 'module:function' (e.g. my_rewards:reverse_reward, "
+                           "a function in my_rewards.py in the working directory)"])
+    try:
+        module = _import_here_or_cwd(module_name)
+    except Exception as exc:  # noqa: BLE001 - an import error of the user's module, reported with the key
+        raise ConfigError([f"env.reward_fn: cannot import module {module_name!r} ({type(exc).__name__}: {exc}); it must "
+                           f"be importable from the working directory ({os.getcwd()}) or PYTHONPATH"]) from exc
+    fn: Any = module
+    for part in attr.split("."):
+        fn = getattr(fn, part, None)
+    if not callable(fn):
+        raise ConfigError([f"env.reward_fn: module {module_name!r} ({getattr(module, '__file__', '?')}) has no function "
+                           f"{attr!r}" + ("" if fn is None else f" (it is a {type(fn).__name__})")])
+    return fn
+
+
+def reward_fn_path(fn: Any) -> Optional[str]:
+    """``"module:qualname"`` of a function that :func:`load_reward_fn` can import again in another process, or None
+    (a function defined in a notebook or ``__main__``, a lambda, a closure)."""
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", None)
+    if not module or not qualname or module == "__main__" or "<" in qualname:
+        return None
+    path = f"{module}:{qualname}"
+    try:
+        return path if load_reward_fn(path) is fn else None
+    except ConfigError:
+        return None
+
+
+def _import_here_or_cwd(name: str) -> Any:
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        cwd = os.getcwd()
+        if exc.name != name.split(".")[0] or cwd in sys.path:
+            raise
+        sys.path.append(cwd)  # after the installed packages: a file here never shadows one of them
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError:
+            sys.path.remove(cwd)
+            raise

@@ -23,7 +23,7 @@ import json
 import os
 import uuid
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, ContextManager, Mapping, Optional
 
 from rlkit.tracking.checkpoint import fsync_path
 
@@ -73,3 +73,55 @@ def start_records(run_dir: str | Path, config_yaml: str, resumed_step: Optional[
         raise
     (run_dir / "summary.json").unlink(missing_ok=True)
     fsync_path(run_dir)
+
+
+class RunRecorder:
+    """One run's records as they are written: :func:`start_records` when it starts, then each step's metrics, a table
+    of samples every ``logger.sample_table_period`` steps and the held-out accuracy, through the loggers
+    ``logger.*`` enables (:func:`rlkit.tracking.loggers.build_logger`): the same files, and wandb run, whether a
+    session records from notebook cells (``Session.log_to``) or ``rlkit train`` runs it.
+
+    ``logger.*`` is read at each use (:meth:`follow`): a changed key finishes the loggers and builds them anew on
+    the same folder (the JSONL files are appended to; wandb starts a new run of the same name).
+    """
+
+    def __init__(self, run_dir: str | Path, config: Any, resumed_step: Optional[int] = None):
+        from rlkit.config.loading import config_to_yaml
+
+        self.run_dir = Path(run_dir)
+        start_records(self.run_dir, config_to_yaml(config), resumed_step)
+        self.logger, self.logger_cfg, self._built = None, None, None
+        self.follow(config)
+
+    def follow(self, config: Any) -> None:
+        """Loggers for ``config.logger``: rebuilt when a key they are built from changed (which loggers, wandb's
+        project, mode and group); ``sample_table_period`` is read at each step."""
+        from rlkit.tracking.loggers import build_logger
+
+        built = {k: v for k, v in config.logger.model_dump().items() if k.startswith(("jsonl_", "wandb_"))}
+        if self.logger is None or built != self._built:
+            self.finish()
+            self.logger = build_logger(config.logger, self.run_dir, config.name, config.model_dump(mode="json"))
+            self._built = built
+        self.logger_cfg = config.logger
+
+    def log(self, values: Mapping[str, float], step: int) -> None:
+        self.logger.log(values, step=step)
+
+    def log_step(self, metrics: Any, batch: Any, timed: Callable[[str], ContextManager[None]]) -> None:
+        """A step's ``metrics`` (StepMetrics), and at the table period the first samples of ``batch``; ``timed``
+        puts each on the step clock (``logging``, ``tables``)."""
+        from rlkit.notebook.display import SAMPLE_COLUMNS, sample_rows
+
+        with timed("logging"):
+            self.logger.log(metrics.values, step=metrics.step)
+        period = self.logger_cfg.sample_table_period
+        if period and metrics.step % period == 0 and batch is not None:
+            with timed("tables"):
+                self.logger.log_table("rollout/samples", SAMPLE_COLUMNS, sample_rows(batch, 8), metrics.step)
+
+    def finish(self) -> None:
+        """Close the files and finish the wandb run; logging again rebuilds them (:meth:`follow`). Safe twice."""
+        if self.logger is not None:
+            self.logger.finish()
+        self.logger = None

@@ -1,0 +1,89 @@
+"""Read a run folder back: ``rlkit.open_run(path)`` -> metrics, tables and summary as pandas objects.
+
+Why: every run (``rlkit train``, a sweep's runs, a notebook session after ``log_to``) writes the same plain files
+(:mod:`rlkit.tracking.records`): ``metrics.jsonl`` (one object per logged record), ``tables.jsonl`` (one object per
+logged table), ``summary.json`` and ``config.yaml``. Reading them needs no wandb parser (wandb 0.31 dropped
+``wandb sync --view``), and works the same for an online, an offline or no wandb run.
+
+    run = rlkit.open_run("runs/quickstart")
+    run.metrics[["step", "rollout/reward_mean"]]     # one row per step
+    run.table("rollout/samples")                     # one row per logged sample, with the step it was logged at
+
+Deliberate simplifications: everything is read at once (runs are thousands of steps, not millions); records
+logged at the same step (a step's metrics and the held-out accuracy measured after it) are merged into one row.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+_NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}  # what JSONLLogger writes for them
+
+
+@dataclass(frozen=True)
+class RunRecords:
+    """A run folder's records; ``metrics`` and ``tables`` are pandas DataFrames (empty when nothing was logged)."""
+
+    folder: Path
+    metrics: Any  # DataFrame: "step", then one column per metric, one row per step
+    tables: Any  # DataFrame: "step", "table", then the tables' columns, one row per table row
+    summary: Optional[dict[str, Any]]  # summary.json (None: the run wrote none, e.g. a notebook session)
+    config: Optional[dict[str, Any]]  # config.yaml as a nested dict
+
+    def table(self, name: str = "rollout/samples") -> Any:
+        """The rows of the tables logged under ``name``, with their step (DataFrame)."""
+        rows = self.tables[self.tables["table"] == name] if len(self.tables) else self.tables
+        return rows.dropna(axis=1, how="all").reset_index(drop=True)
+
+    def __repr__(self) -> str:
+        steps = int(self.metrics["step"].max()) if len(self.metrics) else 0
+        return (f"RunRecords({self.folder}: {len(self.metrics)} metric rows up to step {steps}, "
+                f"{len(self.tables)} table rows, summary {'yes' if self.summary else 'no'})")
+
+
+def open_run(path: str | Path) -> RunRecords:
+    """The records of the run folder ``path`` (see the module docstring); FileNotFoundError if it holds none."""
+    import pandas as pd
+
+    folder = Path(path)
+    if not (folder / "metrics.jsonl").is_file() and not (folder / "summary.json").is_file():
+        raise FileNotFoundError(f"{folder} holds no run records (metrics.jsonl, summary.json); a run folder is "
+                                "<logger.log_dir>/<name>, e.g. runs/quickstart, or what session.log_to() returned")
+    records = [{k: _number(v) for k, v in r.items()} for r in _jsonl(folder / "metrics.jsonl")]
+    metrics = pd.DataFrame(records)
+    if len(metrics):
+        metrics = metrics.groupby("step", sort=True).first().reset_index()  # same step: one row
+    else:
+        metrics = pd.DataFrame({"step": pd.Series(dtype="int64")})
+    rows = [{"step": t["step"], "table": t["name"], **dict(zip(t["columns"], row))}
+            for t in _jsonl(folder / "tables.jsonl") for row in t["rows"]]
+    tables = pd.DataFrame(rows) if rows else pd.DataFrame({"step": pd.Series(dtype="int64"),
+                                                           "table": pd.Series(dtype="object")})
+    summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").is_file() else None
+    config = yaml.safe_load((folder / "config.yaml").read_text()) if (folder / "config.yaml").is_file() else None
+    return RunRecords(folder, metrics, tables, summary, config)
+
+
+def _number(value: Any) -> Any:
+    return _NON_FINITE.get(value, value) if isinstance(value, str) else value
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    """The objects of a JSONL file; a line a killed writer left half-written is skipped."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and "step" in obj:
+            out.append(obj)
+    return out
