@@ -231,3 +231,72 @@ def test_sigterm_stops_rlkit_train_like_ctrl_c_with_a_summary_and_a_nonzero_exit
     assert [line["step"] for line in metric_lines(folder)][-2:] == [5, 6] or \
         [line["step"] for line in metric_lines(folder)][-1:] == [5]  # step 6's listeners (logging) may not have run
     assert not (folder / ".lock").exists()
+
+
+# ---- a read-only log dir, a full disk ------------------------------------------------------------------------------
+@pytest.fixture
+def mounted(tmp_path):
+    """Mount a real tmpfs (read-only, or of a given size) under tmp_path; skipped where mounting is not permitted."""
+    import subprocess
+
+    mounts = []
+
+    def mount(name, options):
+        point = tmp_path / name
+        point.mkdir()
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)], capture_output=True).returncode:
+            pytest.skip("mounting a tmpfs is not permitted here")
+        mounts.append(point)
+        return point
+
+    yield mount
+    for point in mounts:
+        subprocess.run(["umount", str(point)], check=False)
+
+
+def test_a_read_only_log_dir_is_a_clear_error_naming_the_path_and_the_fix(finished_run, mounted):
+    from rlkit.errors import RunFolderError
+
+    read_only = mounted("ro", "ro,size=1m")
+    cfg = load_config(finished_run.cfg.model_dump(mode="json"), {"logger.log_dir": str(read_only),
+                                                                 "checkpointing.enabled": False})
+    with pytest.raises(RunFolderError) as info:
+        run_experiment(cfg, progress=False)
+    run = read_only / "run"
+    assert str(info.value) == (
+        f"cannot write {str(run)!r}: the file system is read-only. Fix: make {str(run)!r} writable, or set "
+        "logger.log_dir (and checkpointing.checkpoint_dir) to a folder you can write")
+
+
+def test_a_disk_that_fills_during_a_run_is_a_clear_error_and_keeps_the_steps_logged(finished_run, mounted, monkeypatch):
+    """The disk fills up after step 2 is shown (a filler file takes the rest of a 4 MB tmpfs): the error names
+    the run folder it could not write in (a file's write() does not say which file) and the fix; the steps logged
+    before are intact."""
+    import rlkit.run.loop as loop
+    from rlkit.errors import RunFolderError
+
+    disk = mounted("disk", "size=4m")
+    cfg = load_config(finished_run.cfg.model_dump(mode="json"), {
+        "logger.log_dir": str(disk), "checkpointing.enabled": False, "logger.wandb_enabled": False})
+    show = loop._show_progress
+
+    def show_then_fill(session, bar, metrics):
+        show(session, bar, metrics)
+        if metrics.step == 2:
+            with open(disk / "filler", "wb") as f:
+                try:
+                    while True:
+                        f.write(b"\0" * 65536)
+                        f.flush()
+                except OSError:
+                    pass
+
+    monkeypatch.setattr(loop, "_show_progress", show_then_fill)
+    with pytest.raises(RunFolderError) as info:
+        run_experiment(cfg, progress=False)
+    assert str(info.value) == (f"cannot write {str(disk / 'run')!r}: the disk is full. Fix: free space there (or point "
+                               "logger.log_dir and checkpointing.checkpoint_dir at a disk with room), then continue "
+                               "with rlkit train ... --resume: the steps logged so far and the last checkpoint are kept")
+    (disk / "filler").unlink()
+    logged = [line for line in (disk / "run" / "metrics.jsonl").read_text().splitlines() if line.endswith("}")]
+    assert [json.loads(line)["step"] for line in logged][:2] == [0, 1]
