@@ -17,7 +17,7 @@ Without ipywidgets the dashboard degrades to text: a summary with sparklines tha
 
 In a notebook the dashboard also follows the cells (IPython's ``pre_run_cell`` / ``post_run_cell`` events): a
 stop request reads "stop requested" only while a cell runs; once ``run()`` has returned, the header says at which
-step it stopped and the button is ready again. Panels that sit at 0 for a known reason say so (no KL penalty:
+step it stopped and the button goes dark until a cell runs again. Panels that sit at 0 for a known reason say so (no KL penalty:
 no reference pass; one update per rollout: the ratio is 1, nothing is clipped).
 
 Deliberate simplifications: the charts are plain SVG strings (see :mod:`rlkit.notebook.charts`), redrawn
@@ -191,12 +191,22 @@ class Dashboard:
             p["header"].value = self.header_html()
             p["charts"].value = self.charts_html()
             p["samples"].value = self.samples_html()
-            stopping = self._stopping()
-            if p["stop"].disabled != stopping:  # touch the button only on a change (a click may be setting it)
-                p["stop"].disabled = stopping
-                p["stop"].description = "Stopping after this step" if stopping else "Stop after this step"
+            self._paint_button()
         elif self._handle is not None:
             self._handle.update(_TextView(self.text()))
+
+    def _paint_button(self) -> None:
+        """Lit while a cell runs (or where cells are not known), greyed while a stop is pending, dark once the
+        cell has ended (no ``run()`` to stop)."""
+        button = self._parts.get("stop")
+        if button is None:
+            return
+        stopping, idle = self._stopping(), self._cell_running is False
+        if button.disabled != (stopping or idle):  # touch the button only on a change (a click may be setting it)
+            button.disabled = stopping or idle
+            button.description = ("Stopping after this step" if stopping else
+                                  "Stop (no run() going)" if idle else "Stop after this step")
+            button.button_style = "" if stopping or idle else "warning"
 
     def _stopping(self) -> bool:
         """A stop was requested and has not ended a run yet, which may still be executing (no cell is known
@@ -205,12 +215,15 @@ class Dashboard:
                 and self._cell_running is not False)
 
     def _cell_started(self, *info: Any) -> None:
-        """IPython's ``pre_run_cell``: a cell (perhaps ``run()``) starts, so a click may have a run to stop."""
+        """IPython's ``pre_run_cell``: a cell (perhaps ``run()``) starts, so a click may have a run to stop: the
+        button lights up."""
         self._cell_running = True
+        self._paint_button()
 
     def _cell_finished(self, *result: Any) -> None:
         """IPython's ``post_run_cell``: ``run()`` has returned (or was never running), so a stop request is
-        no longer pending: the header says where the run stopped and the button is ready again."""
+        no longer pending: the header says where the run stopped, and the button goes dark (disabled, "no run()
+        going") until a cell runs again."""
         self._cell_running = False
         if getattr(self.session, "stop_requested", False) and self._stopped_after is None and self.history:
             self._stopped_after = self.history[-1].step  # clicked after the last redraw of the run

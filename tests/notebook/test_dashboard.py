@@ -173,8 +173,10 @@ def test_stop_banner_and_greyed_button_end_when_the_run_returns():
     dash._cell_finished()  # IPython: the cell is done, so run() has returned
     header, button = dash._parts["header"].value, dash._parts["stop"]
     assert "stop requested" not in header and "run() stopped after step 2, as you asked" in header
-    assert not button.disabled and button.description == "Stop after this step"
+    # dark once run() has returned (it stayed lit, as if a click could still stop something)
+    assert button.disabled and button.description == "Stop (no run() going)" and button.button_style == ""
     dash._cell_started()  # another cell: the note stays until a new run() draws a step
+    assert not button.disabled and button.description == "Stop after this step" and button.button_style == "warning"
     session.stop_requested = False  # what the next run() does when it starts
     session.finish_step(3)
     assert "stopped after" not in dash._parts["header"].value and "stop requested" not in dash._parts["header"].value
@@ -188,10 +190,10 @@ def test_a_click_after_the_last_redraw_still_ends_as_stopped_and_an_idle_click_s
     dash._parts["stop"].click()  # after the run's last redraw (e.g. while another listener runs)
     dash._cell_finished()
     assert "run() stopped after step 1, as you asked" in dash._parts["header"].value
-    assert not dash._parts["stop"].disabled
+    assert dash._parts["stop"].disabled  # dark: no run() going
     session.stop_requested = False  # the next run() starts without the request
-    dash._parts["stop"].click()  # no cell runs: nothing to stop
-    assert not session.stop_requested and not dash._parts["stop"].disabled
+    dash._parts["stop"].click()  # no cell runs: nothing to stop (a click that reached a dark button)
+    assert not session.stop_requested and dash._parts["stop"].disabled
     assert "nothing is running" in dash._parts["header"].value
 
 
