@@ -147,7 +147,7 @@ def run(session: Any, steps: Optional[int] = None, progress: bool = True,
     total = session.config.grpo.max_num_steps if steps is None else steps
     session.run_state.stop_requested = False
     done = []
-    bar = tqdm(total=total, desc="GRPO", disable=not progress, leave=True)
+    bar = tqdm(total=total, desc=algorithm_name(session), disable=not progress, leave=True)
     clock = session._clock = StepClock()
     try:
         for _ in range(total):
@@ -189,6 +189,22 @@ def run(session: Any, steps: Optional[int] = None, progress: bool = True,
     if done:
         clock.add_to(done[-1].values)
     return done
+
+
+def algorithm_name(session: Any) -> str:
+    """What the progress bar calls the run: the policy loss when it names an algorithm of its own (GSPO), else the
+    advantage estimator (GRPO, RLOO, ...); "RL" for a loss function of yours."""
+    if not isinstance(session.loss_fn, RLLoss):
+        return "RL"
+    loss = session.config.loss_fn.policy_loss
+    if not isinstance(loss, str):  # a policy-loss function of yours
+        return getattr(loss, "__name__", "RL")
+    if loss != "ppo_clip":
+        return _NAMES.get(loss, loss.upper())
+    return _NAMES.get(session.config.grpo.advantage_estimator, session.config.grpo.advantage_estimator.upper())
+
+
+_NAMES = {"dr_grpo": "Dr. GRPO", "reinforce_pp": "REINFORCE++", "reinforce_baseline": "REINFORCE"}
 
 
 def _show_progress(session: Any, bar: Any, metrics: StepMetrics) -> None:
