@@ -29,3 +29,11 @@ def test_quickstart_nano_prompts_and_answers_fit_its_lengths():
     longest_answer = max(len(tok(a, add_special_tokens=False)["input_ids"]) for a in data["train"]["answer"]) + 1  # + end
     assert longest_answer <= config.policy.generation.max_new_tokens
     assert len(data["train"]) == config.data.num_train and len(data["validation"]) == config.data.num_validation
+
+
+def test_quickstart_nano_answers_have_room_for_a_4_letter_word():
+    """4 answer tokens cut every 4-letter answer of a task of your own (the word and its end token need 5)."""
+    config = load_config("quickstart_nano")
+    tok = build_char_tokenizer()
+    assert len(tok("word", add_special_tokens=False)["input_ids"]) + 1 <= config.policy.generation.max_new_tokens
+    assert config.policy.max_prompt_tokens >= 20  # the prompt budget did not shrink to make room
