@@ -119,11 +119,13 @@ ATTACKS: tuple[Attack, ...] = (
            "            pass\n        if os.fork():\n            os._exit(0)\n",
            lambda r, h: _no_leftover(r, h) and r["cpu_after"] < 0.1),
     Attack("total memory of several children", "limits", "import os, select, time\nr, w = os.pipe()\n"
-           "pids, got = [], 0\nfor i in range(3):\n    pid = os.fork()\n    if pid == 0:\n"
-           "        block = b'x' * (200 * 2**20)\n        os.write(w, b'1')\n        time.sleep(3)\n        os._exit(0)\n"
-           "    pids.append(pid)\n    if select.select([r], [], [], 1.5)[0]:\n        got += len(os.read(r, 1))\n"
-           "alive = [p for p in pids if os.waitpid(p, os.WNOHANG) == (0, 0)]\n"
-           "print(f'held_mb={200 * min(len(alive), got)}')\n",
+           "pids = []\nfor i in range(3):\n    pid = os.fork()\n    if pid == 0:\n"
+           "        block = b'x' * (100 * 2**20)\n        os.write(w, b'1')\n        time.sleep(9)\n        os._exit(0)\n"
+           "    pids.append(pid)\ngot, dead, end = 0, set(), time.time() + 8\n"
+           "while got + len(dead) < 3 and time.time() < end:\n"
+           "    if select.select([r], [], [], 0.05)[0]:\n        got += len(os.read(r, 8))\n"
+           "    dead |= {p for p in pids if p not in dead and os.waitpid(p, os.WNOHANG)[0] == p}\n"
+           "print(f'held_mb={100 * min(3 - len(dead), got)}')\n",
            lambda r, h: _survived(r, h) and (_number(r, "held_mb") <= h["memory_mb"] if "held_mb=" in r.get("output", "")
                                              else r.get("reason", "").startswith("killed by SIGKILL"))),
     Attack("300 processes", "limits", "import os, time\nn = 0\nfor i in range(300):\n    try:\n"

@@ -71,7 +71,7 @@ def reap():
         except ChildProcessError:
             return
 
-limits = sandbox.SandboxLimits(wall_seconds=5.0, cpu_seconds=2, memory_mb=spec["memory_mb"])
+limits = sandbox.SandboxLimits(wall_seconds=10.0, cpu_seconds=2, memory_mb=spec["memory_mb"])
 for name, code in spec["attacks"]:
     code = code.replace("{victim}", str(os.getpid()))
     print(json.dumps({"start": name}), flush=True)
@@ -169,7 +169,7 @@ class _Host:
         shutil.rmtree(self.bait, ignore_errors=True)
 
 
-def run_attacks(module: str = "rlkit.envs.sandbox", sandbox: Optional[str] = "auto", memory_mb: int = 256,
+def run_attacks(module: str = "rlkit.envs.sandbox", sandbox: Optional[str] = "auto", memory_mb: int = 192,
                 attacks: Sequence[Attack] = ATTACKS) -> list[dict]:
     """Run ``attacks`` against ``module``'s ``run_python``; one dict per attack: name, group, held, detail."""
     host, wrapper = _Host(), _pid_namespace_wrapper()
