@@ -41,9 +41,22 @@ class CheckpointLayoutError(CheckpointError):
 
 
 def _named_tensors(policy: Any) -> dict[str, tuple[str, Tensor]]:
-    """Checkpoint key -> (parameter name, parameter) for this rank's parameters."""
+    """Checkpoint key -> (parameter name, parameter) for this rank's parameters; with adapters
+    (``policy.lora_cfg``) the adapters alone: the frozen base is the model folder's, loaded at build."""
     params = dict(policy.model.named_parameters())
-    return {key: (name, params[name]) for name, key in policy._checkpoint_names().items()}
+    adapters = policy.cfg.lora_cfg.enabled
+    return {key: (name, params[name]) for name, key in policy._checkpoint_names().items()
+            if not adapters or params[name].requires_grad}
+
+
+def _layout(policy: Any) -> dict:
+    """The parallel layout, and with adapters their shape (a checkpoint of other adapters is refused)."""
+    from rlkit.policy.lora import adapter_config_summary
+
+    layout = dict(policy.parallel_layout())
+    if policy.cfg.lora_cfg.enabled:
+        layout["lora"] = adapter_config_summary(policy.cfg.lora_cfg)
+    return layout
 
 
 def save_policy_state(policy: Any, folder: Path) -> None:
@@ -66,7 +79,7 @@ def save_policy_state(policy: Any, folder: Path) -> None:
          no_dist=not dist.is_initialized())
     if not dist.is_initialized() or dist.get_rank() == 0:
         groups = [{k: v for k, v in g.items() if k != "params"} for g in policy.optimizer.state_dict()["param_groups"]]
-        meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "layout": policy.parallel_layout(),
+        meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "layout": _layout(policy),
                 "policy_version": policy.version, "param_groups": groups, "scheduler": policy.scheduler.state_dict(),
                 "reference_folder": reference.folder if reference.tensors is None else None}
         (folder / STATE_FILE).write_text(json.dumps(meta, indent=1))
@@ -98,7 +111,7 @@ def load_policy_state(policy: Any, folder: Path) -> None:
     from torch.distributed.checkpoint import HuggingFaceStorageReader, load
 
     meta = read_policy_meta(folder)
-    check_layout(meta["layout"], policy.parallel_layout(), folder)
+    check_layout(meta["layout"], _layout(policy), folder)
     reader = HuggingFaceStorageReader(str(folder / SHARDS))
     saved = reader.read_metadata().state_dict_metadata
     named = _named_tensors(policy)
