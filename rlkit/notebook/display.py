@@ -173,10 +173,18 @@ class TokenView:
 
 
 def undecodable_token(token_id: int) -> str:
-    """How a token id the tokenizer has no text for is shown: the replacement mark and the id (``\ufffd117``).
-    Models pad the vocabulary past the tokenizer's (the nano model has 128 ids for 103 tokens), and an
-    untrained one samples those ids."""
-    return f"\ufffd{token_id}"
+    """How a token id the tokenizer has no text for is shown: ``<pad-vocab-117>``.
+
+    Models pad the vocabulary past the tokenizer's (the nano model has 128 ids for 103 tokens), and an untrained
+    one samples those ids. rlkit samples them rather than masking them in the generator: a mask there alone
+    would make the generator sample from another distribution than the one the trainer scores (its logprobs and
+    the importance ratios would disagree), and training makes them rare (warm-started nano: none in a batch).
+    Shown by name (was ``\ufffd117``, which read as broken decoding), with a hover that says why they appear."""
+    return f"<pad-vocab-{token_id}>"
+
+
+PAD_VOCAB_TIP = ("an id of the model's padding vocabulary, past the tokenizer's tokens: it has no text; an untrained "
+                 "model samples these, training makes them rare")
 
 
 def batch_tokenizer(batch: Any, tokenizer: Any = None) -> Any:
@@ -189,7 +197,24 @@ def batch_tokenizer(batch: Any, tokenizer: Any = None) -> Any:
     return tok
 
 
-def token_view(batch: Any, color: Union[str, Any] = "advantages", tokenizer: Any = None, rows: int = 8,
+def shown_rows(rows: Any, batch_size: int) -> list[int]:
+    """The sample indices ``rows`` names: the first ``rows`` (an int), a slice, or a list of indices (negative
+    ones count from the end); an index past the batch is an IndexError naming the batch size."""
+    if isinstance(rows, bool):
+        raise TypeError("rows= takes an int (the first N samples), a slice or a list of sample indices, not a bool")
+    if isinstance(rows, int):
+        return list(range(min(max(rows, 0), batch_size)))
+    if isinstance(rows, slice):
+        return list(range(batch_size))[rows]
+    picked = [int(i) for i in (rows.tolist() if hasattr(rows, "tolist") else rows)]
+    bad = [i for i in picked if not -batch_size <= i < batch_size]
+    if bad:
+        raise IndexError(f"rows={list(picked)}: sample(s) {bad} are not in this batch of {batch_size} samples "
+                         f"(indices 0-{batch_size - 1})")
+    return [i % batch_size for i in picked]
+
+
+def token_view(batch: Any, color: Union[str, Any] = "advantages", tokenizer: Any = None, rows: Any = 8,
                label: Optional[str] = None) -> TokenView:
     """See :meth:`rlkit.trajectories.Trajectories.show`."""
     import torch
@@ -219,15 +244,15 @@ def token_view(batch: Any, color: Union[str, Any] = "advantages", tokenizer: Any
     extra = {"generator logprob": batch.generator_logprobs, "trainer logprob": batch.prev_logprobs,
              "advantage": batch.advantages}
     shown = []
-    for i in range(min(rows, batch.batch_size)):
+    for i in shown_rows(rows, batch.batch_size):
         positions = mask[i].nonzero().flatten().tolist()
         ids = batch.input_ids[i, positions].tolist()
-        texts = [undecodable_token(tid) if text is None else text
-                 for tid, text in zip(ids, tok.convert_ids_to_tokens(ids))]
+        names = tok.convert_ids_to_tokens(ids)
+        texts = [undecodable_token(tid) if text is None else text for tid, text in zip(ids, names)]
         tokens = []
-        for p, tid, text in zip(positions, ids, texts):
+        for p, tid, text, name in zip(positions, ids, texts, names):
             v = float(values[i, p])
-            tip = f"token {text!r} (id {tid}) {label}={v:.4g}" + "".join(
+            tip = f"token {text!r} (id {tid}{': ' + PAD_VOCAB_TIP if name is None else ''}) {label}={v:.4g}" + "".join(
                 f", {name}={float(t[i, p]):.4g}" for name, t in extra.items() if t is not None)
             tokens.append((str(text), v, paint(v), tip))
         prompt = batch.row_of_sample[i].get("prompt", batch.prompts[i]) if batch.rows else batch.prompts[i]

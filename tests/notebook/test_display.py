@@ -68,15 +68,33 @@ def test_token_view_colours_each_completion_token():
     assert "clipped" in custom._repr_html_()
 
 
-def test_token_view_shows_an_undecodable_token_as_a_replacement_mark_with_its_id():
+def test_token_view_names_a_padding_vocabulary_id_and_says_why_it_appears():
+    """Was rendered as "\ufffd117", which reads as broken decoding."""
     b = scored_batch()
     first = int(b.loss_mask[0].nonzero()[0])
     b = b.with_(input_ids=b.input_ids.clone().index_put_((torch.tensor([0]), torch.tensor([first])),
                                                           torch.tensor(117)))  # past the char tokenizer's 103
     view = b.show(rows=1)
-    assert view.rows[0][3][0][0] == "\ufffd117"
+    text, _, _, tip = view.rows[0][3][0]
+    assert text == "<pad-vocab-117>" and "\ufffd" not in view._repr_html_()
+    assert tip.startswith("token '<pad-vocab-117>' (id 117: an id of the model's padding vocabulary, past the "
+                          "tokenizer's tokens: it has no text; an untrained model samples these, training makes them rare)")
     assert "None" not in view._repr_html_() and "None" not in repr(view)
-    assert ">\ufffd117</span>" in view._repr_html_()
+    assert ">&lt;pad-vocab-117&gt;</span>" in view._repr_html_()
+
+
+def test_show_takes_an_int_a_slice_or_a_list_of_sample_indices():
+    b = scored_batch()
+    prompts = lambda view: [row[0] for row in view.rows]  # noqa: E731
+    rows = b.row_of_sample
+    assert len(b.show(rows=3).rows) == 3
+    assert prompts(b.show(rows=slice(4, 8))) == [rows[i]["prompt"] if rows else b.prompts[i] for i in range(4, 8)]
+    view = b.show(rows=[5, 0, -1])
+    assert [r[1] for r in view.rows] == [b.finish_reasons[i] for i in (5, 0, b.batch_size - 1)]
+    assert [r[2] for r in view.rows] == [float(b.rewards[i]) for i in (5, 0, b.batch_size - 1)]
+    with pytest.raises(IndexError, match=rf"rows=\[2, 99\]: sample\(s\) \[99\] are not in this batch of "
+                                         rf"{b.batch_size} samples"):
+        b.show(rows=[2, 99])
 
 
 def test_token_view_decodes_with_the_tokenizer_the_batch_was_made_with():
