@@ -136,8 +136,9 @@ class Trajectories:
         return self.batch_size
 
     # ---- notebook display (formatting only; see rlkit.notebook.display) ------------------------------------
-    def show(self, color: Any = "advantages", tokenizer: Any = None, rows: int = 8, label: Optional[str] = None) -> Any:
-        """Completion tokens of the first ``rows`` samples coloured by ``color``: "advantages", "mismatch"
+    def show(self, color: Any = "advantages", tokenizer: Any = None, rows: Any = 8, label: Optional[str] = None) -> Any:
+        """Completion tokens of the samples ``rows`` names (the first N for an int, a slice such as ``slice(8, 16)``,
+        or a list of sample indices such as ``[3, 17]``) coloured by ``color``: "advantages", "mismatch"
         (|generator - trainer logprob|), "entropy" or any [B, T] tensor (named ``label``). ``tokenizer`` decodes
         the ids (default: the tokenizer the batch was made with; a batch built by hand must be given one)."""
         from rlkit.notebook.display import token_view
