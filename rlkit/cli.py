@@ -10,6 +10,7 @@
     rlkit make-model models/tiny --preset tiny     # an HF-format tiny model folder
     rlkit demo                                     # the component demo: generate, score, train, refit
     rlkit sandbox-check                            # the Python tool's sandbox against its attack table
+    rlkit plan math_qwen3 policy.model_name=...    # memory per device and part, before anything loads
 """
 
 from __future__ import annotations
@@ -84,6 +85,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0 if agrees(run_demo(preset=args.preset, family=args.family)) else 1
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from rlkit.config.loading import load_config
+    from rlkit.config.memory_plan import plan_memory
+
+    plan = plan_memory(load_config(args.config, args.overrides))
+    print(plan.table())
+    return 0 if plan.fits else 1
+
+
 def cmd_sandbox_check(args: argparse.Namespace) -> int:
     from rlkit.envs.sandbox_check import main as check
 
@@ -140,6 +150,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="tiny", help="a dense preset, or nano-moe | tiny-moe with an MoE --family")
     p.add_argument("--family", default="qwen2", choices=MODEL_FAMILIES)
     p.set_defaults(fn=cmd_demo)
+
+    p = sub.add_parser("plan", help="the memory a config needs per device and per part, from config.json alone")
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*")
+    p.set_defaults(fn=cmd_plan)
 
     p = sub.add_parser("sandbox-check", help="run the attack catalogue against the Python tool's sandbox: held / not held")
     p.add_argument("--sandbox", default="auto", choices=("auto", "bwrap", "unshare", "unsafe-process"))

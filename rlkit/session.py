@@ -49,7 +49,10 @@ class Session:
         session from the start, as :meth:`log_to` does."""
         from rlkit.startup import StartupReport
 
+        from rlkit.config.memory_plan import refuse_unless_fits
+
         self.config = config
+        refuse_unless_fits(config)  # a config that cannot fit is refused before anything loads, with the plan
         self.startup = StartupReport(verbose=verbose)
         self.components = build_components(config, self.startup, env, loss_fn)
         self.generator_version = self.policy.version
@@ -292,6 +295,12 @@ class Session:
         self.rollouts.weights_loaded(report.policy_version, self.step_count)
         self.run_state.last_refit = report
         return report
+
+    def memory_plan(self):
+        """The bytes this session's config needs per device and per part (:mod:`rlkit.config.memory_plan`)."""
+        from rlkit.config.memory_plan import plan_memory
+
+        return plan_memory(self.config)
 
     def evaluate(self, num_prompts: Optional[int] = None, greedy: Optional[bool] = None) -> stages.EvalResult:
         """Held-out accuracy of the current policy (refits the generator first if it is stale)."""

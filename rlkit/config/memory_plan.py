@@ -1,0 +1,294 @@
+"""The memory a run config will need, per device and per part, before anything loads.
+
+Why: a config that cannot fit should fail in a second with the numbers and the switch that helps, not after
+minutes of loading with an out-of-memory kill (a 0.6B model in fp32 took a 24 GB machine past 17 GB and was
+stopped). The plan reads the model folder's ``config.json`` alone: the model is built on the meta device
+(transformers' own class, so every family counts its own parameters exactly) and no weight is read.
+
+The parts, for the busiest device (rank 0, which also hosts a colocated engine):
+
+- weights: the trained model's master weights (fp32), this device's shard (Megatron: / TP x PP; FSDP2: / ranks);
+  with adapters the frozen base, still fp32;
+- bf16 twin: Megatron's bf16 compute copy at ``policy.precision=bfloat16`` (FSDP2: one gathered layer in bf16);
+- gradients (fp32) and optimizer state (AdamW: two fp32 moments) of what trains (all weights, or the adapters);
+- reference: a copy of the weights while the loss reads a reference (KL penalty, KL in the reward), none with
+  adapters (the base is the reference);
+- adapters: the LoRA matrices, fp32;
+- activations kept for backward at the configured micro batch and sequence length (all layers, or with
+  recompute only each layer's input plus one layer's worth);
+- logits of the vocabulary: fp32 logits, scaled, their log-softmax and its gradient for one micro batch (/ TP);
+- optimizer step: AdamW's foreach temporaries, one fp32 copy of what trains;
+- engine weights and KV cache: the generator's copy of the model in its precision, and its cache (the CPU:
+  ``vllm_cfg.kv_cache_space_gib``; CUDA: ``gpu_memory_utilization`` of the device, less its weights; on the
+  CPU a tied head's prepacked kernel is a second copy of the embedding);
+- runtime: what the libraries themselves hold (torch, vLLM, Megatron, transformers: measured on the CPU, see
+  ``bench/memory_plan.py``; the CUDA context on a GPU).
+
+Deliberate simplifications: activations by a per-layer element count of the dense decoder (attention scores
+included, as the CPU's unfused attention keeps them); allocator fragmentation and transient copies are not
+modelled (the CPU check in ``tests/memory`` holds the plan to 15% of measured peak RSS); MoE models are counted
+as their full parameter set.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional
+
+from rlkit.config.run import RunConfig
+from rlkit.errors import ConfigError
+
+GIB = 2**30
+RUNTIME_CPU_BYTES = int(0.8 * GIB)  # torch + vLLM + Megatron + transformers imported, an engine started (bench/memory_plan.py)
+RUNTIME_CUDA_BYTES = int(0.75 * GIB)  # CUDA context and library workspaces per device
+SKIP_ENV = "RLKIT_SKIP_MEMORY_PLAN"  # set to 1 to start a config the plan refuses (you know better)
+
+
+class MemoryPlanError(ConfigError):
+    """A config whose plan does not fit the device it would run on."""
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the plan needs of a model: counts from its meta-device build."""
+
+    parameters: int  # distinct parameters (a tied head counted once)
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    largest_layer: int  # parameters of one decoder layer
+    tied: bool  # input and output embeddings share one tensor
+    lora_fan: dict[str, tuple[int, int]] = field(default_factory=dict)  # linear name -> (in, out) in one layer
+
+    @classmethod
+    def of(cls, hf_config: Mapping[str, Any]) -> "ModelShape":
+        """Build the model of ``hf_config`` (a config.json's dict) on the meta device and count."""
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        values = dict(hf_config)
+        config = AutoConfig.for_model(values.pop("model_type"), **values)
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+        layer = model.model.layers[0]
+        fan = {name.rsplit(".", 1)[-1]: (m.in_features, m.out_features)
+               for name, m in layer.named_modules() if isinstance(m, torch.nn.Linear)}
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return cls(parameters=sum(p.numel() for p in model.parameters()), layers=config.num_hidden_layers,
+                   hidden=config.hidden_size, heads=config.num_attention_heads,
+                   kv_heads=getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+                   head_dim=head_dim, ffn=config.intermediate_size, vocab=config.vocab_size,
+                   largest_layer=sum(p.numel() for p in layer.parameters()),
+                   tied=bool(getattr(config, "tie_word_embeddings", False)), lora_fan=fan)
+
+
+@dataclass
+class Device:
+    name: str  # "cpu" or "cuda"
+    capacity: int  # bytes the run may use on it
+    words: str
+
+
+@dataclass
+class MemoryPlan:
+    """Bytes per part on the busiest device; ``table()`` shows them."""
+
+    parts: dict[str, int]
+    reasons: dict[str, str]
+    device: Device
+    devices: int
+
+    @property
+    def total(self) -> int:
+        return sum(self.parts.values())
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.device.capacity
+
+    def biggest(self, n: int = 3) -> list[str]:
+        return sorted(self.parts, key=self.parts.get, reverse=True)[:n]
+
+    def table(self) -> str:
+        rows = [f"memory plan per device ({self.devices} device(s), {self.device.words}):"]
+        for name, size in self.parts.items():
+            rows.append(f"  {name:<18} {size / GIB:9.2f} GiB  {self.reasons.get(name, '')}")
+        rows.append(f"  {'total':<18} {self.total / GIB:9.2f} GiB  of {self.device.capacity / GIB:.1f} GiB "
+                    f"{'available' if self.device.name == 'cpu' else 'on the device'}"
+                    + ("" if self.fits else "  DOES NOT FIT"))
+        return "\n".join(rows)
+
+    def __repr__(self) -> str:
+        return self.table()
+
+    def refuse_if_over(self, config: RunConfig) -> None:
+        """Raise :class:`MemoryPlanError` with the table, the biggest parts and the switches that would help
+        when the plan does not fit (``RLKIT_SKIP_MEMORY_PLAN=1`` starts it anyway)."""
+        if self.fits or os.environ.get(SKIP_ENV) == "1":
+            return
+        raise MemoryPlanError([
+            f"policy.model_name={config.policy.model_name!r}: this config needs {self.total / GIB:.1f} GiB per "
+            f"device and {self.device.words} has {self.device.capacity / GIB:.1f} GiB; the biggest parts are "
+            f"{', '.join(f'{p} ({self.parts[p] / GIB:.1f} GiB)' for p in self.biggest())}. What would help: "
+            f"{'; '.join(switches(config, self))}. (Set {SKIP_ENV}=1 to start anyway.)\n{self.table()}"])
+
+
+def switches(config: RunConfig, plan: MemoryPlan) -> list[str]:
+    """The settings that shrink the biggest parts, in words."""
+    p, out = config.policy, []
+    trained = plan.parts.get("gradients", 0) + plan.parts.get("optimizer state", 0)
+    if not p.lora_cfg.enabled and trained:
+        out.append(f"adapters (policy.lora_cfg.enabled=true: gradients and optimizer state, {trained / GIB:.1f} GiB, "
+                   "shrink to the adapters')")
+    if plan.parts.get("activations", 0) > 0.1 * plan.total and not _recompute(config):
+        out.append("recompute (policy.megatron_cfg.recompute_granularity=full recompute_method=uniform "
+                   "recompute_num_layers=1, or policy.dtensor_cfg.activation_checkpointing=true)")
+    if p.precision == "float32" and p.generation.vllm_cfg.precision == "float32":
+        out.append("policy.precision=bfloat16 and policy.generation.vllm_cfg.precision=bfloat16 (bf16 compute, "
+                   "a bf16 engine copy)")
+    if p.backend.name == "megatron":
+        out.append(f"tensor parallelism (policy.megatron_cfg.tensor_model_parallel_size > 1 with "
+                   f"policy.num_workers devices: weights, gradients and optimizer state split)")
+    out.append(f"a smaller policy.train_micro_batch_size (now {p.train_micro_batch_size}) or "
+               f"policy.max_total_sequence_length (now {p.max_total_sequence_length})")
+    return out
+
+
+def _recompute(config: RunConfig) -> bool:
+    backend = config.policy.backend
+    if backend.name == "megatron":
+        return backend.recompute_granularity is not None
+    return backend.activation_checkpointing
+
+
+def this_device(config: RunConfig) -> Device:
+    """The device the run would use: CUDA device 0's memory, else the machine's available memory."""
+    import torch
+
+    if torch.cuda.is_available():
+        free, total = torch.cuda.mem_get_info(0)
+        return Device("cuda", total, f"{torch.cuda.get_device_name(0)} ({total / GIB:.0f} GiB)")
+    import psutil
+
+    available = psutil.virtual_memory().available
+    return Device("cpu", available, f"this machine's CPU memory ({available / GIB:.1f} GiB available now)")
+
+
+def needs_reference(config: RunConfig) -> bool:
+    """The rule the session applies to the loss the config builds (``builders.needs_reference(build_loss(config))``)."""
+    from rlkit.algorithms import RLLoss
+
+    return RLLoss(config.loss_fn, kl_in_reward=config.grpo.reward_kl_coef > 0).needs_reference
+
+
+def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None,
+                device: Optional[Device] = None) -> MemoryPlan:
+    """The plan of ``config`` (its model folder's ``config.json``, or ``hf_config``) on ``device`` (default: this
+    machine's, :func:`this_device`)."""
+    if hf_config is None:
+        from rlkit.models import read_hf_config
+
+        hf_config = read_hf_config(config.policy.model_name, check_weights=False)
+    shape = ModelShape.of(hf_config)
+    device = device or this_device(config)
+    p, backend = config.policy, config.policy.backend
+    n = p.num_workers
+    if backend.name == "megatron":
+        model_parallel = backend.tensor_model_parallel_size * backend.pipeline_model_parallel_size
+        tp, shard = backend.tensor_model_parallel_size, model_parallel
+        layers_here = shape.layers // backend.pipeline_model_parallel_size
+    else:
+        tp, shard, layers_here = 1, (n if backend.name == "dtensor" else 1), shape.layers
+    dp = max(1, n // shard) if backend.name == "megatron" else n
+    weights = shape.parameters * 4 // shard
+    lora = p.lora_cfg
+    adapters = 0
+    if lora.enabled:
+        names = set(lora.target_modules) or set(shape.lora_fan)
+        names -= set(lora.exclude_modules)
+        adapters = sum(lora.dim * (i + o) for name, (i, o) in shape.lora_fan.items() if name in names)
+        adapters = adapters * shape.layers * 4 // shard
+    trained = adapters if lora.enabled else weights
+    bf16 = p.precision == "bfloat16"
+    parts = {"weights": weights, "bf16 twin": 0, "gradients": trained, "optimizer state": 2 * trained,
+             "reference": weights if needs_reference(config) and not lora.enabled else 0, "adapters": adapters}
+    if bf16:
+        parts["bf16 twin"] = weights // 2 if backend.name == "megatron" else shape.largest_layer * 2
+    rows = p.train_global_batch_size or config.grpo.num_prompts_per_step * config.grpo.num_generations_per_prompt
+    micro = min(p.train_micro_batch_size, max(1, -(-rows // dp)))
+    parts["activations"] = _activation_bytes(shape, config, micro, layers_here, tp, 2 if bf16 else 4, device)
+    t = p.max_total_sequence_length
+    logprob_rows = min(p.logprob_batch_size, max(1, -(-rows // dp)))
+    parts["logits"] = max(4 * micro, 2 * logprob_rows) * t * (shape.vocab // tp) * 4
+    parts["optimizer step"] = trained  # AdamW's foreach temporaries: one fp32 copy of what trains, at the step
+    reasons = {"weights": f"{shape.parameters / 1e6:.0f}M parameters x 4 B (fp32 masters)" + (f" / {shard}" if shard > 1 else ""),
+               "bf16 twin": "bf16 compute copy" if bf16 else "(policy.precision=float32)",
+               "gradients": "fp32, of the adapters" if lora.enabled else "fp32, of every weight",
+               "optimizer state": "AdamW: 2 fp32 moments",
+               "reference": "a copy of the weights: the loss reads a reference" if parts["reference"] else
+                            ("none: the base with adapters off" if lora.enabled else "none: no KL penalty"),
+               "adapters": f"LoRA rank {lora.dim}, fp32" if lora.enabled else "(no adapters)",
+               "activations": f"micro batch {micro} x {t} tokens, {layers_here} layers"
+                              + (", recomputed" if _recompute(config) else ""),
+               "logits": f"fp32 [{max(micro, logprob_rows)}, {t}, {shape.vocab // tp}]: logits, scaled, log-softmax, gradient",
+               "optimizer step": "AdamW's temporaries (one fp32 copy of what trains)"}
+    engine_weights, kv = _engine_bytes(config, shape, device)
+    parts["engine weights"], parts["KV cache"] = engine_weights, kv
+    reasons["engine weights"] = f"{p.generation.backend} copy in {p.generation.vllm_cfg.precision if p.generation.backend == 'vllm' else 'float32'}"
+    reasons["KV cache"] = ("kv_cache_space_gib" if device.name == "cpu" else "gpu_memory_utilization less its weights") \
+        if p.generation.backend == "vllm" else "(transformers' generate: per call)"
+    parts["runtime"] = RUNTIME_CPU_BYTES if device.name == "cpu" else RUNTIME_CUDA_BYTES
+    reasons["runtime"] = "libraries and engines' own state (measured)" if device.name == "cpu" else "CUDA context"
+    return MemoryPlan(parts, reasons, device, n)
+
+
+def _activation_bytes(shape: ModelShape, config: RunConfig, micro: int, layers: int, tp: int, item: int,
+                      device: Device) -> int:
+    """Activations kept for backward by ``layers`` dense decoder layers for ``micro`` rows of the configured length:
+    per token of a layer the norms' inputs and outputs (4h), q/k/v after projection, norm and RoPE (3 (q + 2kv)), the
+    attention output (q) and the projections' outputs (2h), the MLP's gate, up, activation and product (4 ffn);
+    per row and head the T x T scores and probabilities (2 T^2: Megatron's unfused attention on the CPU; dropped by
+    selective recompute; SDPA's fused kernels keep none). Recompute keeps each layer's input (h per token) plus one layer's worth."""
+    h, q, kv, f = shape.hidden, shape.heads * shape.head_dim // tp, shape.kv_heads * shape.head_dim // tp, shape.ffn // tp
+    t = config.policy.max_total_sequence_length
+    per_token = 6 * h + 3 * (q + 2 * kv) + q + 4 * f
+    backend = config.policy.backend
+    unfused = backend.name == "megatron" and device.name == "cpu"  # (SDPA's fused kernels keep no T x T matrix)
+    attention = 2 * (shape.heads // tp) * t * t if unfused else 0
+    selective = backend.name == "megatron" and backend.recompute_granularity == "selective"
+    layer = micro * (t * per_token + (0 if selective else attention)) * item
+    if _recompute(config) and not selective:
+        return micro * t * h * item * layers + layer
+    return layer * layers
+
+
+def _engine_bytes(config: RunConfig, shape: ModelShape, device: Device) -> tuple[int, int]:
+    """The generator's weights and KV cache on this device (a colocated engine; a separate one lives elsewhere)."""
+    g = config.policy.generation
+    if not config.generation_colocated:
+        return 0, 0
+    if g.backend == "hf":
+        return shape.parameters * 4, 0
+    per_param = {"float32": 4, "bfloat16": 2, "fp8": 1}[g.vllm_cfg.precision]
+    weights = shape.parameters * per_param
+    if device.name == "cpu":  # a tied head gets its own prepacked kernel beside the embedding it shares
+        weights += shape.vocab * shape.hidden * per_param if shape.tied else 0
+        return weights, int(g.vllm_cfg.kv_cache_space_gib * GIB)
+    return weights, max(0, int(g.vllm_cfg.gpu_memory_utilization * device.capacity) - weights)
+
+
+def refuse_unless_fits(config: RunConfig) -> Optional[MemoryPlan]:
+    """Before a session loads anything: the plan of ``config``, refused (:class:`MemoryPlanError`) when it does not
+    fit this machine's device. None when the model folder does not exist yet (a preset made at start: tiny)."""
+    from pathlib import Path
+
+    if not (Path(config.policy.model_name) / "config.json").is_file():
+        return None
+    plan = plan_memory(config)
+    plan.refuse_if_over(config)
+    return plan

@@ -1,0 +1,87 @@
+"""The memory plan's arithmetic by hand for a tiny config, its refusal (with the table and the switches), the
+CLI, and (slow) the plan against measured peak RSS of short runs (bench/memory_plan.py)."""
+
+import pytest
+
+from rlkit.config.loading import load_config
+from rlkit.config.memory_plan import GIB, RUNTIME_CPU_BYTES, Device, MemoryPlanError, plan_memory
+
+# a hand-countable Llama: vocab 64, hidden 8, 2 layers, 2 heads of 4, 1 KV head, ffn 16, untied head
+HF = dict(model_type="llama", vocab_size=64, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
+          num_attention_heads=2, num_key_value_heads=1, head_dim=4, tie_word_embeddings=False,
+          max_position_embeddings=128)
+CPU = Device("cpu", 100 * GIB, "test CPU")
+
+
+@pytest.fixture(scope="module")
+def folder(model_factory):
+    return str(model_factory("nano", "llama"))
+
+
+def config(folder, *more):
+    return load_config("quickstart", [f"policy.model_name={folder}", "policy.model_preset=null",
+                                      "policy.train_micro_batch_size=2", "policy.logprob_batch_size=2",
+                                      "policy.max_total_sequence_length=16", *more])
+
+
+def test_the_plan_adds_up_by_hand(folder):
+    plan = plan_memory(config(folder), HF, CPU)
+    # parameters: embed 64*8 + head 64*8 + final norm 8 + per layer (q 8*8, k 8*4, v 8*4, o 8*8, mlp 3*8*16, 2 norms 2*8)
+    layer = 64 + 32 + 32 + 64 + 384 + 16
+    params = 2 * 512 + 8 + 2 * layer
+    p = plan.parts
+    assert p["weights"] == 4 * params and p["gradients"] == 4 * params and p["optimizer state"] == 8 * params
+    assert p["reference"] == 0 and p["adapters"] == 0 and p["bf16 twin"] == 0  # quickstart: no KL, fp32
+    # activations: 2 rows x 16 tokens x (6h + 3(q + 2kv) + q + 4f) + 2 heads x 2 x 16^2 scores per row, x 2 layers, fp32
+    per_token = 6 * 8 + 3 * (8 + 2 * 4) + 8 + 4 * 16
+    assert p["activations"] == 2 * (16 * per_token + 2 * 2 * 16 * 16) * 4 * 2
+    assert p["logits"] == 4 * 2 * 16 * 64 * 4  # logits, scaled, log-softmax, gradient of 2 rows (> 2 logprob rows x 2)
+    assert p["optimizer step"] == 4 * params  # AdamW's temporaries
+    assert p["engine weights"] == 4 * params and p["KV cache"] == int(0.125 * GIB) and p["runtime"] == RUNTIME_CPU_BYTES
+    assert plan.total == sum(p.values()) and plan.fits
+
+
+def test_kl_recompute_bf16_tp_and_adapters_change_their_parts(folder):
+    base = plan_memory(config(folder), HF, CPU).parts
+    kl = plan_memory(config(folder, "loss_fn.reference_policy_kl_penalty=0.01"), HF, CPU).parts
+    assert kl["reference"] == base["weights"]
+    bf16 = plan_memory(config(folder, "policy.precision=bfloat16"), HF, CPU).parts
+    assert bf16["bf16 twin"] == base["weights"] // 2 and bf16["activations"] == base["activations"] // 2
+    full = ["policy.megatron_cfg.recompute_granularity=full", "policy.megatron_cfg.recompute_method=uniform",
+            "policy.megatron_cfg.recompute_num_layers=1"]
+    recomputed = plan_memory(config(folder, *full), HF, CPU).parts
+    assert recomputed["activations"] == base["activations"] // 2 + 2 * 16 * 8 * 4 * 2  # one layer + each input
+    lora = plan_memory(config(folder, "policy.lora_cfg.enabled=true", "policy.lora_cfg.dim=2",
+                              "policy.megatron_cfg.enabled=false", "policy.hf_cfg.enabled=true"), HF, CPU).parts
+    # rank 2 on q, k, v, o, gate, up, down: 2 x (in + out) each, 2 layers, fp32
+    adapters = 2 * ((8 + 8) + (8 + 4) * 2 + (8 + 8) + (8 + 16) * 2 + (16 + 8)) * 2 * 4
+    assert lora["adapters"] == adapters and lora["gradients"] == adapters and lora["optimizer state"] == 2 * adapters
+
+
+def test_a_config_that_cannot_fit_is_refused_with_the_table_and_the_switches(folder):
+    cfg = config(folder)
+    plan = plan_memory(cfg, HF, Device("cpu", 2**20, "a 1 MiB test device"))
+    assert not plan.fits
+    with pytest.raises(MemoryPlanError) as refused:
+        plan.refuse_if_over(cfg)
+    text = str(refused.value)
+    assert "memory plan per device" in text and "DOES NOT FIT" in text and "runtime" in text
+    assert "policy.lora_cfg.enabled=true" in text and "policy.precision=bfloat16" in text
+    assert "tensor_model_parallel_size" in text
+
+
+def test_rlkit_plan_prints_the_table(folder, capsys):
+    from rlkit.cli import main
+
+    code = main(["plan", "quickstart", f"policy.model_name={folder}", "policy.model_preset=null"])
+    out = capsys.readouterr().out
+    assert code == 0 and "engine weights" in out and "total" in out
+
+
+@pytest.mark.slow
+def test_the_plan_is_within_15_percent_of_measured_peak_rss(tmp_path):
+    from bench.memory_plan import folders, measure, planned
+
+    for size, folder in folders(["tiny", "qwen3-0.6b-4l"], tmp_path).items():
+        plan, (peak, load) = planned(folder), measure(folder)
+        assert abs(plan / peak - 1) <= 0.15, (size, plan / 2**30, peak / 2**30, load)
