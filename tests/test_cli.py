@@ -32,3 +32,27 @@ def test_demo_on_a_moe_model_reports_agreement_after_the_refit(capsys):
     out = capsys.readouterr().out
     assert "model: nano-moe mixtral" in out
     assert "generator and policy agree within 1e-3 before and after the refit: yes" in out
+
+
+def test_train_on_your_own_file_and_reward_function_with_an_sft_warm_start(tmp_path, monkeypatch):
+    """Issue 30, items 1 and 3 from the command line: a JSONL of prompt/answer with SFT enabled (was refused
+    whatever its columns) and a reward function named by import path from the working folder."""
+    import sys
+
+    from rlkit.tracking.runs import open_run
+    from tests.reliability.own_task import task_overrides, write_task
+
+    data = write_task(tmp_path / "work", module="cli_rewards")
+    monkeypatch.chdir(tmp_path / "work")
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path / "work"))])
+    overrides = task_overrides(tmp_path, data, **{"env.reward_fn": "cli_rewards:reverse_reward",
+                                                  "logger.sample_table_period": 1})
+    assert main(["train", "quickstart", *(f"{k}={'null' if v is None else v}" for k, v in overrides.items()),
+                 "--quiet"]) == 0
+    run = open_run(tmp_path / "runs" / "quickstart")
+    assert run.summary["sft_steps"] == 2 and run.summary["rl_steps"] == 1
+    samples = run.table("rollout/samples")
+    answers = {r["prompt"]: r["answer"] for r in map(json.loads, data.read_text().splitlines())}
+    reward = sys.modules["cli_rewards"].reverse_reward
+    assert samples["reward"].tolist() == reward(None, list(samples["completion"]), [answers[p] for p in samples["prompt"]])
+    sys.modules.pop("cli_rewards", None)

@@ -10,7 +10,8 @@ logged table), ``summary.json`` and ``config.yaml``. Reading them needs no wandb
     run.table("rollout/samples")                     # one row per logged sample, with the step it was logged at
 
 Deliberate simplifications: everything is read at once (runs are thousands of steps, not millions); records
-logged at the same step (a step's metrics and the held-out accuracy measured after it) are merged into one row.
+logged at the same step (a step's metrics and the held-out accuracy measured after it) are merged into one row,
+each column keeping its latest value (accuracy measured twice at step 0, before and after SFT: the after).
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def open_run(path: str | Path) -> RunRecords:
     records = [{k: _number(v) for k, v in r.items()} for r in _jsonl(folder / "metrics.jsonl")]
     metrics = pd.DataFrame(records)
     if len(metrics):
-        metrics = metrics.groupby("step", sort=True).first().reset_index()  # same step: one row
+        metrics = metrics.groupby("step", sort=True).last().reset_index()  # same step: one row, the latest value
     else:
         metrics = pd.DataFrame({"step": pd.Series(dtype="int64")})
     rows = [{"step": t["step"], "table": t["name"], **dict(zip(t["columns"], row))}
