@@ -122,7 +122,7 @@ def h200_plans() -> str:
     from rlkit.models import make_model
 
     with tempfile.TemporaryDirectory() as tmp:
-        folder = make_model(Path(tmp) / "m", "nano", "qwen3")  # (validation wants a folder; the plan reads QWEN3)
+        folder = make_model(Path(tmp) / "m", "nano", "qwen3", hidden_size=256, num_attention_heads=8, num_key_value_heads=8)  # (validation wants a folder, TP=8 whole KV groups; the plan reads QWEN3)
         h200 = Device("cuda", int(139 * 2**30), "H200 (139 GiB)")
         out = []
         for name, hf in QWEN3.items():
