@@ -152,6 +152,40 @@ def build_environment(config: RunConfig):
     return make_environment(config.env.name)
 
 
+def environment_record(env: Any, config_env: Any) -> dict[str, Any]:
+    """What a checkpoint keeps of a session's environment (``config_env``: the one the config built, if any) so that
+    :func:`saved_environment` can build it again: that the config built it (``env.name``, ``env.reward_fn``), else
+    its reward function's import path when it has one, and its repr for the error when it has none."""
+    from rlkit.envs import RewardFunctionEnvironment
+    from rlkit.envs.registry import reward_fn_path
+
+    if env is not None and env is config_env:
+        return {"from_config": True}
+    fn = reward_fn_path(env.fn) if isinstance(env, RewardFunctionEnvironment) else None
+    return {"from_config": False, "reward_fn": fn, "repr": repr(env)[:200]}
+
+
+def saved_environment(state: Mapping[str, Any], path: str | Path) -> Any:
+    """The environment a checkpoint's session used (its ``state.json``'s ``extra.environment``), built again; None
+    for the config's (also for a checkpoint that does not say); CheckpointError with the fix for one of yours that
+    cannot be imported again."""
+    from rlkit.errors import CheckpointError
+
+    record = state.get("extra", {}).get("environment")
+    if not record or record.get("from_config"):
+        return None
+    if record.get("reward_fn"):
+        from rlkit.envs import RewardFunctionEnvironment
+        from rlkit.envs.registry import load_reward_fn
+
+        return RewardFunctionEnvironment(load_reward_fn(record["reward_fn"]))
+    raise CheckpointError(
+        f"{state['folder']} was saved by a session with an environment of yours, {record.get('repr')}, which a "
+        "checkpoint cannot build again (its reward function is defined in a notebook or __main__, or it is not a "
+        f"reward function). Fix: pass it again, Session.load({str(path)!r}, env=...), or put the reward function in "
+        "a module and name it in the config (env.reward_fn: module:function)")
+
+
 def check_sft_columns(config: RunConfig, dataset: Any) -> None:
     """SFT trains on the train split's ``sft.response_key`` column (after the prompt rendered with the chat template,
     loss on the answer and EOS only: :mod:`rlkit.data.sft`). Refuse, naming the columns the data has and the fix,
@@ -231,6 +265,18 @@ def loss_companions(config: RunConfig, overrides: Mapping[str, Any]) -> dict[str
     preset = load_config(LOSS_PRESETS[name]).loss_fn
     return {f"loss_fn.{key}": getattr(preset, key) for key in LOSS_COMPANION_KEYS
             if f"loss_fn.{key}" not in overrides and getattr(preset, key) != getattr(config.loss_fn, key)}
+
+
+def companions_note(old: RunConfig, overrides: Sequence[str] | Mapping[str, Any] | RunConfig) -> Optional[str]:
+    """``configure()``'s line on the companion settings a switch of ``loss_fn.policy_loss`` brought, if any."""
+    given = {} if isinstance(overrides, RunConfig) else parse_overrides(overrides)
+    added = loss_companions(old, given)
+    if not added:
+        return None
+    name = given["loss_fn.policy_loss"]
+    return (f"  loss_fn.policy_loss={name} brought its companion settings from the {LOSS_PRESETS[name]} preset "
+            f"({', '.join(f'{k}={v}' for k, v in added.items())}); name any of them in the same configure() call "
+            "to keep another value")
 
 
 def rebuild(session: Any, overrides: Sequence[str] | Mapping[str, Any] | RunConfig, where: str,

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from rlkit import stages
-from rlkit.builders import build_components, needs_reference, rebuild
+from rlkit.builders import (build_components, companions_note, environment_record, needs_reference, rebuild,
+                            saved_environment)
 from rlkit.config.changes import Change, changes_summary
 from rlkit.config.loading import load_config
 from rlkit.config.run import RunConfig
@@ -113,8 +114,9 @@ class Session:
         changes = rebuild(self, overrides, "configure()", refused={Change.RUN, Change.SESSION})
         new_loss = stages.loss_description(self.loss_fn) if self.loss_fn is not old_loss else None
         print(changes_summary(old, self.config, changes, new_loss))
-        if "loss_fn.policy_loss" in changes:
-            _print_companions(old, overrides)
+        note = companions_note(old, overrides) if "loss_fn.policy_loss" in changes else None
+        if note:
+            print(note)
         if any(key.startswith("logger.") or key == "name" for key in changes):
             self._follow_logger_change(old)
         return self.config
@@ -355,16 +357,9 @@ class Session:
         return save_session(self, path, {"environment": self.environment_record()})
 
     def environment_record(self) -> dict[str, Any]:
-        """What a checkpoint keeps of the environment, so that :meth:`load` can build it again: whether the config
-        built it (``env.name`` / ``env.reward_fn``), else its reward function's import path when it has one."""
-        from rlkit.envs import RewardFunctionEnvironment
-        from rlkit.envs.registry import reward_fn_path
-
-        env = self.env
-        if env is not None and env is self.components.config_env:
-            return {"from_config": True}
-        fn = reward_fn_path(env.fn) if isinstance(env, RewardFunctionEnvironment) else None
-        return {"from_config": False, "reward_fn": fn, "repr": repr(env)[:200]}
+        """What a checkpoint keeps of the environment, so that :meth:`load` can build it again
+        (:func:`rlkit.builders.environment_record`)."""
+        return environment_record(self.env, self.components.config_env)
 
     @classmethod
     def load(cls, path: str | Path, env: Any = None, **kwargs: Any) -> "Session":
@@ -377,7 +372,7 @@ class Session:
         from rlkit.tracking.checkpoint import load_session, read_checkpoint_state
 
         if env is None:
-            env = _checkpoint_environment(read_checkpoint_state(path), path)
+            env = saved_environment(read_checkpoint_state(path), path)
         return load_session(cls, path, env=env, **kwargs)
 
     def export_hf(self, path: str | Path) -> Path:
@@ -478,36 +473,3 @@ class Session:
         return session_html(self)
 
 
-
-def _checkpoint_environment(state: Mapping[str, Any], path: str | Path) -> Any:
-    """The environment a checkpoint's session used, built again (None: the config's), or CheckpointError with the fix
-    when it was one of yours that cannot be imported (saved before checkpoints said: None, the config's)."""
-    from rlkit.errors import CheckpointError
-
-    record = state.get("extra", {}).get("environment")
-    if not record or record.get("from_config"):
-        return None
-    if record.get("reward_fn"):
-        from rlkit.envs import RewardFunctionEnvironment
-        from rlkit.envs.registry import load_reward_fn
-
-        return RewardFunctionEnvironment(load_reward_fn(record["reward_fn"]))
-    raise CheckpointError(
-        f"{state['folder']} was saved by a session with an environment of yours, {record.get('repr')}, which a "
-        "checkpoint cannot build again (its reward function is defined in a notebook or __main__, or it is not a "
-        f"reward function). Fix: pass it again, Session.load({str(path)!r}, env=...), or put the reward function in "
-        "a module and name it in the config (env.reward_fn: module:function)")
-
-
-def _print_companions(old: RunConfig, overrides: Any) -> None:
-    """After a switch of ``loss_fn.policy_loss``: which companion settings came with it (builders.loss_companions)."""
-    from rlkit.builders import LOSS_PRESETS, loss_companions
-    from rlkit.config.loading import parse_overrides
-
-    given = {} if isinstance(overrides, RunConfig) else parse_overrides(overrides)
-    added = loss_companions(old, given)
-    if added:
-        name = given["loss_fn.policy_loss"]
-        print(f"  loss_fn.policy_loss={name} brought its companion settings from the {LOSS_PRESETS[name]} preset "
-              f"({', '.join(f'{k}={v}' for k, v in added.items())}); name any of them in the same configure() call "
-              "to keep another value")
