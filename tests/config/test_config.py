@@ -9,7 +9,7 @@ from rlkit.errors import ConfigError
 
 
 # presets for the user's own checkpoint leave policy.model_name to them (???): give them a tiny one of the family
-USER_MODELS = {"math_qwen3": ("nano", "qwen3")}
+USER_MODELS = {"math_qwen3": ("nano", "qwen3"), "quickstart_lora": ("tiny", "llama")}  # (the warm start's folder)
 
 
 @pytest.mark.parametrize("preset", available_presets())

@@ -183,7 +183,7 @@ def test_lora_config_is_checked_at_load(tmp_path):
     with pytest.raises(ConfigError, match="fuses q_proj, k_proj, v_proj into linear_qkv"):
         load_config("quickstart_nano", [f"policy.model_name={tmp_path}/m", "policy.lora_cfg.enabled=true",
                                         "policy.lora_cfg.target_modules=[q_proj,v_proj]"])
-    ok = load_config("quickstart_lora", [f"policy.model_name={tmp_path}/m"])
+    ok = load_config("quickstart_lora", [f"policy.model_name={tmp_path}/m", "policy.model_preset=tiny"])
     assert ok.policy.lora_cfg.enabled and ok.policy.lora_cfg.dim == 16 and len(ok.policy.lora_cfg.hf_targets()) == 7
 
 
