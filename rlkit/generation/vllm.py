@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import logging
 import os
 import re
@@ -173,7 +174,7 @@ class VllmGenerator:
                 logprobs=0,
                 flat_logprobs=True,  # plain lists of floats, not a dict of Logprob objects per token
                 detokenize=engine_decodes,
-                seed=None if sampling.seed is None else sampling.seed + i,
+                seed=None if sampling.seed is None else request_seed(sampling.seed, i, n),
             )
             for i in range(len(prompt_token_ids))
         ]
@@ -274,6 +275,20 @@ class VllmGenerator:
 
     def __repr__(self) -> str:
         return f"VllmGenerator({Path(self.model_path).name}, {self.precision}, max_model_len={self.max_model_len})"
+
+
+def request_seed(seed: int, prompt_index: int, n: int) -> int:
+    """The seed of prompt ``prompt_index``'s ``n``-sample request in a call seeded ``seed``.
+
+    vLLM samples child ``j`` of a request with ``seed + j``, so requests seeded ``seed + i`` (as rlkit did) share
+    streams across prompts: sample (i, j) and sample (i + 1, j - 1) drew the same random numbers. Each request
+    gets its own block of 2**16 seeds instead, placed by a hash of (call seed, prompt index): distinct streams
+    for every (prompt, sample), for every step, dynamic-sampling round and turn (their call seeds differ), and
+    reproducible from the call's seed. Two blocks coincide with probability ~2**-47 per pair of requests."""
+    if not 0 < n <= 1 << 16:
+        raise ValueError(f"n={n} samples per prompt: rlkit's seeds hold 1 to 65536")
+    digest = hashlib.blake2b(f"{seed}/{prompt_index}".encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "big") >> 17) << 16  # 47 hash bits, then room for the children: < 2**63
 
 
 def decode_completions(generation: Generation, tokenizer) -> Generation:
