@@ -14,7 +14,6 @@ from rlkit.algorithms import AdvantageEstimatorName, AdvantageParams, LossParams
 from rlkit.data import DataParams
 from rlkit.envs.base import MAX_REWARD_FAILURE_FRACTION
 from rlkit.envs.registry import EnvironmentName
-from rlkit.envs.sandbox_kernel import SandboxMode
 from rlkit.config.components import PolicyConfig, Section, generation_colocated
 
 _ADV = AdvantageParams()
@@ -67,9 +66,6 @@ class EnvConfig(Section):
     math_timeout_s: float = Field(5.0, gt=0)
     # score() raises RewardError when more than this share of a batch's samples fail (all failing always does)
     max_reward_failure_fraction: float = Field(MAX_REWARD_FAILURE_FRACTION, ge=0, le=1)
-    # the Python tool's isolation (rlkit/envs/sandbox.py): "auto" = bwrap, else unshare, else refuse;
-    # "unsafe-process" runs tool programs as plain processes, with a warning naming what is lost
-    sandbox: SandboxMode = "auto"
 
 
 class SFTConfig(Section):

@@ -26,7 +26,7 @@ Which guarantee comes from where:
   opening a socket): an audit hook, the second guard only; a program can get around it, not around the above.
 
 Without user namespaces (many Docker and Kubernetes pods) neither backend works, and the Python tool is
-refused (:class:`SandboxUnavailableError`) unless ``sandbox="unsafe-process"`` (config ``env.sandbox``) asks
+refused (:class:`SandboxUnavailableError`) unless ``PythonTool(sandbox="unsafe-process")`` asks
 for a plain process: then only the resource limits, the cgroups where available, the dropped capabilities and
 the audit hook remain, and a warning names what is lost. Never a silent downgrade.
 
@@ -115,7 +115,7 @@ def resolve_backend(sandbox: SandboxMode = "auto") -> Backend:
         f"no kernel sandbox for the Python tool here ({'; '.join(problems)}). It needs unprivileged user "
         f"namespaces (sysctl kernel.unprivileged_userns_clone=1, user.max_user_namespaces > 0; in Docker, a "
         f"seccomp profile that allows unshare/clone) and util-linux's unshare or bubblewrap. To run programs "
-        f"without one, set env.sandbox: unsafe-process (PythonTool(sandbox='unsafe-process')); lost then: "
+        f"without one, make the tool with PythonTool(sandbox='unsafe-process'); lost then: "
         + "; ".join(UNSAFE_LOSSES))
 
 
@@ -139,7 +139,7 @@ def describe_backend(sandbox: SandboxMode = "auto") -> str:
 
 @lru_cache(maxsize=1)
 def _warn_unsafe() -> None:
-    warnings.warn("env.sandbox: unsafe-process: Python tool calls run as plain processes, without a kernel "
+    warnings.warn("PythonTool(sandbox='unsafe-process'): Python tool calls run as plain processes, without a kernel "
                   "sandbox. Lost: " + "; ".join(UNSAFE_LOSSES), RuntimeWarning, stacklevel=3)
 
 

@@ -88,7 +88,7 @@ class Calculator(Tool):
 
 class PythonTool(Tool):
     """Runs the block as a Python program in the kernel sandbox of :mod:`rlkit.envs.sandbox`; the result is what it
-    prints. ``sandbox`` (config ``env.sandbox``): ``"auto"`` (bwrap, else unshare), a backend by name, or
+    prints. ``sandbox``: ``"auto"`` (bwrap, else unshare), a backend by name, or
     ``"unsafe-process"``. Made where no kernel sandbox works, it raises :class:`SandboxUnavailableError` with the
     cause and the fix, unless ``sandbox="unsafe-process"`` (a warning names what is then lost)."""
 

@@ -103,7 +103,7 @@ def test_the_python_sandbox_sees_only_its_own_processes_and_files():
 
 def test_the_python_tool_is_refused_without_a_kernel_sandbox_unless_asked(monkeypatch):
     monkeypatch.setattr(sandbox, "backend_problem", lambda backend: "" if backend == "unsafe-process" else "no userns")
-    with pytest.raises(SandboxUnavailableError, match="env.sandbox: unsafe-process"):
+    with pytest.raises(SandboxUnavailableError, match=r"PythonTool\(sandbox='unsafe-process'\)"):
         PythonTool()
     refused = run_python("print(1)")  # never a silent downgrade: run_python refuses, it does not raise
     assert not refused.ok and refused.reason.startswith("refused: no kernel sandbox") and refused.output == ""

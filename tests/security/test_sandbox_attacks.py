@@ -50,7 +50,7 @@ def test_the_catalogue_has_every_case_of_the_issue():
 
 
 def test_the_check_reports_an_attack_that_is_not_held():
-    # the same harness against plain processes (env.sandbox: unsafe-process): the trainer dies, the answers leak
+    # the same harness against plain processes (PythonTool(sandbox="unsafe-process")): the trainer dies, the answers leak
     picked = [a for a in ATTACKS if a.name in ("kill the parent (SIGKILL)", "read the dataset's answers")]
     rows = run_attacks(sandbox="unsafe-process", attacks=picked)  # (the victim process gets the warning)
     assert [(row["name"], row["held"]) for row in rows] == [(a.name, False) for a in picked], rows
