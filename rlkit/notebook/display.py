@@ -36,7 +36,8 @@ def session_facts(s: Any) -> dict[str, object]:
         "generator": f"{cfg.policy.generation.backend} ({'colocated' if colocated else 'separate'}): {s.generator!r}",
         "environment": getattr(s.env, "name", type(s.env).__name__),
         "loss": repr(s.loss_fn),
-        "reference weights": (policy.reference_residency() if hasattr(policy, "reference_residency") else "-"),
+        # read from the policy's own record (no method call: a Ray group would wait on its workers)
+        "reference weights": (ref.residency() if (ref := vars(policy).get("_reference")) is not None else "-"),
         "advantages": cfg.grpo.advantage_estimator,
         "step": s.step_count,
         "policy version": policy.version,

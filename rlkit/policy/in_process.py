@@ -197,7 +197,7 @@ class InProcessPolicy:
         ``needs_reference`` rule; the builder says so once the loss is known). Needed: held from now on (loaded,
         if it is not, from the live weights or the model folder). Not needed: none held, unless dropping it would
         lose it (a reference frozen after training that cannot be rebuilt)."""
-        self._reference.wanted = needed
+        self._reference.wanted, self._reference.needs_copy = needed, self.reference_needs_copy
         if needed and self.reference_needs_copy:
             self._hold_reference()
         elif not needed and self._reference.recoverable():
@@ -216,16 +216,9 @@ class InProcessPolicy:
         return self._reference.tensors
 
     def reference_residency(self) -> str:
-        """What the reference costs in memory now, and why, in words (the session card)."""
-        ref = self._reference
-        if not self.reference_needs_copy:
-            return "no copy: the base weights with the adapters off"
-        if ref.tensors is not None:
-            why = "the loss uses it" if ref.wanted else "used"
-            return f"resident, {ref.held_bytes() / 2**20:.1f} MiB on this rank ({why})"
-        source = ("loaded from the model folder if needed" if ref.folder else
-                  "the live weights until they change" if ref.is_current else "not kept")
-        return f"not resident (no KL penalty; {source})"
+        """What the reference costs in memory now, and why, in words."""
+        self._reference.needs_copy = self.reference_needs_copy
+        return self._reference.residency()
 
     def _hold_reference(self) -> None:
         """Make the reference resident: a copy of the live weights while they are still the reference, else the

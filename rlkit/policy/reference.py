@@ -81,6 +81,7 @@ class ReferenceWeights:
         self.folder = folder
         self.is_current = True  # nothing changed the policy's weights since they became the reference
         self.wanted: Optional[bool] = None  # told by keep_reference; None: held from first use on
+        self.needs_copy = True  # False where the reference is the base model with adapters off (no copy ever)
 
     def frozen_now(self) -> None:
         """The live weights become the reference (nothing held yet, no folder to reload them from)."""
@@ -89,6 +90,17 @@ class ReferenceWeights:
     def recoverable(self) -> bool:
         """Whether dropping the held tensors loses nothing (they can be rebuilt on demand)."""
         return self.is_current or self.folder is not None
+
+    def residency(self) -> str:
+        """What the reference costs in memory now, and why, in words (the session card reads it: no engine call)."""
+        if not self.needs_copy:
+            return "no copy: the base weights with the adapters off"
+        if self.tensors is not None:
+            why = "the loss uses it" if self.wanted else "used"
+            return f"resident, {self.held_bytes() / 2**20:.1f} MiB on this rank ({why})"
+        source = ("loaded from the model folder if needed" if self.folder else
+                  "the live weights until they change" if self.is_current else "not kept")
+        return f"not resident (no KL penalty; {source})"
 
     def held_bytes(self) -> int:
         return sum(_local(t).numel() * t.element_size() for t in (self.tensors or {}).values())
