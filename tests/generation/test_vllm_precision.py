@@ -96,9 +96,10 @@ class FakeLLM:
     def wake_up(self):
         self.calls.append("wake_up")
 
-    def collective_rpc(self, method, kwargs):
-        list(kwargs["weights_iterator"])
-        self.calls.append(method)
+    def collective_rpc(self, method, kwargs=None):
+        if isinstance(method, str):  # engine methods by name; functions (the CPU reload's kernel rebuilds) run nothing here
+            list(kwargs["weights_iterator"])
+            self.calls.append(method)
 
 
 def test_colocated_hand_off_order_with_a_fake_engine(model_path, monkeypatch):
