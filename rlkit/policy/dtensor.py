@@ -43,7 +43,7 @@ class DTensorPolicy(HFPolicy):
         self.dp_rank, self.dp_size = dist.get_rank(), dist.get_world_size()
         self.mesh = init_device_mesh(self.device.type, (self.dp_size,), mesh_dim_names=("dp",))
         torch.manual_seed(seed)
-        model = self._with_adapters(load_causal_lm(cfg, self.device))
+        model = self._with_adapters(load_causal_lm(cfg, self.device, cfg.dtensor_cfg.activation_checkpointing))
         mixed = fsdp_mixed_precision(cfg.precision)
         for layer in model.model.layers:
             fully_shard(layer, mesh=self.mesh, mp_policy=mixed)

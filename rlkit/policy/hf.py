@@ -36,16 +36,16 @@ from rlkit.weights import HFGroup
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
-def load_causal_lm(cfg: PolicyConfig, device: torch.device) -> torch.nn.Module:
+def load_causal_lm(cfg: PolicyConfig, device: torch.device, checkpointing: bool = False) -> torch.nn.Module:
     """transformers' fp32 model of ``cfg.model_name`` on ``device``; with sequence packing its attention is
-    rlkit's registered per-row attention (:mod:`rlkit.policy.packed_attention`), else SDPA. With the backend's
-    ``activation_checkpointing`` each decoder layer keeps only its input in training and recomputes the rest in
+    rlkit's registered per-row attention (:mod:`rlkit.policy.packed_attention`), else SDPA. With
+    ``checkpointing`` (the backend section's ``activation_checkpointing``) each decoder layer keeps only its input in training and recomputes the rest in
     backward (transformers' own checkpointing, non-reentrant: it composes with FSDP2 and frozen base weights)."""
     from transformers import AutoModelForCausalLM
 
     attention = packed_attention.register() if cfg.sequence_packing.enabled else "sdpa"
     model = AutoModelForCausalLM.from_pretrained(cfg.model_name, dtype=torch.float32, attn_implementation=attention)
-    if cfg.backend.activation_checkpointing:
+    if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.to(device)
 
@@ -58,7 +58,7 @@ class HFPolicy(AdapterReference, InProcessPolicy):
     def __init__(self, cfg: PolicyConfig, seed: int = 0):
         self._setup(cfg)
         torch.manual_seed(seed)
-        self.model = self._with_adapters(load_causal_lm(cfg, self.device))
+        self.model = self._with_adapters(load_causal_lm(cfg, self.device, cfg.hf_cfg.activation_checkpointing))
         self._start_training()
 
     def _with_adapters(self, model: torch.nn.Module) -> torch.nn.Module:

@@ -71,33 +71,6 @@ def test_vllm_logprobs_match_policy_before_and_after_step_and_refit(engines):
     assert worst < 1e-3 and mean < 1e-4, (worst, mean)
 
 
-def test_a_tied_head_is_refit_with_its_embedding(tmp_path, monkeypatch):
-    """A tied ``lm_head`` gets no tensor of its own in a reload; on the CPU its prepacked kernel must be rebuilt
-    (``redispatch_cpu_tied_layers``), else the engine samples from the first load's head."""
-    import rlkit.generation.vllm as vllm_module
-    from rlkit.models import make_model
-
-    path = make_model(tmp_path, "tiny", "qwen3", seed=3, tie_word_embeddings=True)
-    policy = MegatronPolicy(PolicyConfig(model_name=str(path), train_micro_batch_size=16))
-    generator = VllmGenerator(path, GenerationConfig(), max_model_len=MAX_LEN, seed=0)
-    try:
-        with torch.no_grad():
-            for p in policy.model.parameters():
-                p.add_(torch.randn_like(p, generator=torch.Generator().manual_seed(0)) * 0.05)
-        if not torch.cuda.is_available():  # the reload alone leaves the head stale (fails once vLLM fixes it)
-            with monkeypatch.context() as m:
-                m.setattr(vllm_module, "redispatch_cpu_tied_layers", lambda worker: 0)
-                ColocatedWeightSync().sync(policy, generator)
-            assert mismatch(policy, generator, seed=2)[0] > 0.1
-        ColocatedWeightSync().sync(policy, generator)
-        worst, mean, _ = mismatch(policy, generator, seed=2)
-        assert worst < 1e-3 and mean < 1e-4, (worst, mean)
-        assert generator.llm.collective_rpc(vllm_module.redispatch_cpu_tied_layers) == [2]  # lm_head, embed_tokens
-    finally:
-        generator.close()
-        policy.close()
-
-
 def test_skipping_the_prefix_cache_reset_is_detected(engines):
     _, policy, generator = engines
     worst, _, _ = mismatch(policy, generator, long=True)  # fills the prefix cache with these prompts
@@ -138,9 +111,9 @@ def test_hf_generator_reference_agrees_with_policy(engines):
     hf = HFGenerator(path, GenerationConfig(), max_model_len=MAX_LEN)
     for bucket in bucket_groups(policy.export_hf_groups(), 256e6):
         hf.update_weights(bucket)
-    worst, mean, batch = mismatch(policy, hf)
+    worst, mean, batch = mismatch(policy, hf, seed=1)
     assert worst < 1e-3 and mean < 1e-4, (worst, mean)
-    assert all(len(c) > 0 for c in batch.completions)
+    assert batch.loss_mask.sum() > 100  # enough sampled tokens compared (a random model may end a sample at once)
 
 
 def test_head_dim_is_checked_before_vllm_starts(model_factory, tmp_path):
