@@ -11,18 +11,21 @@ def test_loss_and_train_reports_name_the_active_loss_and_configure_prints_the_ch
 
     session.configure(["loss_fn.policy_loss=gspo", "loss_fn.ratio_clip_max=0.0004", "grpo.val_period=5"])
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "configure(): 3 setting(s) changed"
+    assert lines[0] == "configure(): 5 setting(s) changed"  # + GSPO's companions: ratio_clip_min, aggregation
     changed = {line.split()[0]: line.split(None, 1)[1] for line in lines[1:]}
     assert changed["loss_fn.policy_loss"].startswith("'ppo_clip' -> 'gspo'")
-    assert changed["loss_fn.policy_loss"].endswith("new loss: RLLoss(gspo, clip=(0.2, 0.0004), aggregation=token_mean)")
+    new_loss = "new loss: RLLoss(gspo, clip=(0.0003, 0.0004), aggregation=seq_mean_token_mean)"
+    assert changed["loss_fn.policy_loss"].endswith(new_loss)
+    assert changed["loss_fn.ratio_clip_min"].startswith("0.2 -> 0.0003")  # from the gspo preset; the max named wins
+    assert "brought its companion settings from the gspo preset" in lines[-1]
     assert changed["loss_fn.ratio_clip_max"].startswith("0.2 -> 0.0004")
     assert changed["grpo.val_period"].startswith("0 -> 5") and changed["grpo.val_period"].endswith("live: read at its next use")
 
     after = session.loss(batch)
-    assert after.loss_fn == "RLLoss(gspo, clip=(0.2, 0.0004), aggregation=token_mean)"
+    assert after.loss_fn == "RLLoss(gspo, clip=(0.0003, 0.0004), aggregation=seq_mean_token_mean)"
     session.train(batch)
     assert session.last_train.loss_fn == after.loss_fn
-    assert "of RLLoss(gspo, clip=(0.2, 0.0004)" in repr(session.last_train)
+    assert "of RLLoss(gspo, clip=(0.0003, 0.0004)" in repr(session.last_train)
 
     session.configure([])
     assert capsys.readouterr().out == "configure(): nothing changed\n"
