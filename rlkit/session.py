@@ -339,6 +339,41 @@ class Session:
             self.refit()
         return self.last_sft
 
+    # ---- what if: rlkit.run.history, rlkit.run.replay, rlkit.stages.compare, rlkit.run.fork ------
+    store = _view("run_state", "store", "past batches (history[k].batch) and weight snapshots, bounded by history.*")
+
+    def replay(self, step: int, loss: Any = None, estimator: Any = None, **overrides: Any) -> Any:
+        """Step ``step`` recomputed on its stored batch and starting weights under another ``loss`` (a policy loss
+        name brings its preset's companion settings, as in ``configure``), advantage ``estimator`` or ``loss_fn.*``
+        ``overrides``: loss, per-token maps, gradient norm and its cosine to the gradient taken. The live session
+        is not changed (:func:`rlkit.run.replay.replay`)."""
+        from rlkit.run.replay import replay
+
+        return replay(self, step, loss, estimator, **{**self._companions(loss), **overrides})
+
+    def compare_losses(self, batch: Optional[Trajectories] = None,
+                       losses: Mapping[str, Any] | Sequence[str] = ("ppo_clip", "gspo", "cispo")) -> Any:
+        """Several losses on one batch (default: the latest) at the current weights, per token and by gradient
+        (:func:`rlkit.stages.compare.compare_losses`); ``losses``: policy loss names, or name -> name or loss."""
+        from rlkit.run.replay import named_losses
+        from rlkit.stages.compare import compare_losses
+
+        return compare_losses(self._latest(batch, "compare_losses"), self.policy, named_losses(self, losses))
+
+    def weights_at(self, step: Optional[int] = None) -> Any:
+        """Which past weights exist to replay from (:func:`rlkit.run.history.weights_at`)."""
+        from rlkit.run.history import weights_at
+
+        return weights_at(self.store, step)
+
+    def _companions(self, loss: Any) -> dict[str, Any]:
+        """The ``loss_fn.*`` settings (prefix removed) a switch to policy loss ``loss`` brings (builders.loss_companions)."""
+        from rlkit.builders import loss_companions
+
+        if not isinstance(loss, str):
+            return {}
+        return {k.removeprefix("loss_fn."): v for k, v in loss_companions(self.config, {"loss_fn.policy_loss": loss}).items()}
+
     # ---- notebook and checkpoints ----------------------------------------------------------------
     def dashboard(self) -> Any:
         """A live widget (plots of reward, KL, entropy, clipping, lengths, stage times; latest samples;

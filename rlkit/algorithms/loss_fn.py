@@ -175,6 +175,40 @@ class RLLoss(CodeRepr):
         metrics.update(correction.metrics(mask, counts))
         return loss, metrics
 
+    @torch.no_grad()
+    def per_token(self, logprobs: Tensor, batch: Trajectories, counts: LossCounts) -> dict[str, Tensor]:
+        """What each token adds to the loss, and why: maps ``[b, T]`` (float32, 0 outside ``loss_mask``) for the
+        same ``logprobs`` [b, T], ``batch`` and global ``counts`` as :meth:`__call__`:
+
+            loss       the token's contribution: c_t * l_t, with c_t = d aggregate / d l_t (every aggregation is
+                       linear in l), so the contributions of all tokens of all microbatches sum to the loss
+            pg_loss    l_t's policy-gradient part, before aggregation: policy_loss_t * correction weight_t
+            ratio      r_t (GSPO: the sequence ratio on each token), as the policy loss reports it
+            clipped    1 where a clip stopped the token's gradient (CISPO: truncated its weight), else 0
+            advantage  A_t
+            kl         the per-token KL estimate against ``ref_logprobs`` (0 when the batch has none)
+            weight     the off-policy correction's weight w_t (1 without a correction)
+        """
+        p = self.params
+        mask = batch.loss_mask.bool()
+        advantages = batch.require("advantages", "advantages()")
+        old = batch.prev_logprobs if batch.prev_logprobs is not None else logprobs
+        correction = self._correction(old, batch.generator_logprobs, mask, self._correction_params)
+        pg, maps = self._policy_loss(logprobs, old, advantages, mask, self._policy_params)
+        per = pg * correction.weights
+        kl = torch.zeros_like(logprobs)
+        if batch.ref_logprobs is not None:
+            kl = kl_penalty(torch.where(mask, logprobs, 0.0), torch.where(mask, batch.ref_logprobs, 0.0),
+                            p.kl_estimator, p.kl_clamp)
+        total = per + p.reference_policy_kl_penalty * kl if p.reference_policy_kl_penalty != 0 else per
+        with torch.enable_grad():  # c_t: the aggregation's gradient with respect to each token's value
+            probe = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device, requires_grad=True)
+            self._aggregate(probe, mask, counts, p.seq_sum_constant).backward()
+        values = {"loss": probe.grad * total, "pg_loss": per, "ratio": maps["probs_ratio"],
+                  "clipped": maps["clipped_fraction"], "advantage": advantages, "kl": kl,
+                  "weight": correction.weights.expand_as(per)}
+        return {k: torch.where(mask, v.float(), 0.0) for k, v in values.items()}
+
     def __repr__(self) -> str:
         p = self.params
         loss_name = p.policy_loss if isinstance(p.policy_loss, str) else getattr(p.policy_loss, "__name__", "custom")

@@ -48,6 +48,7 @@ CHANGES: tuple[tuple[str, Change], ...] = (
     ("eval", Change.LIVE),
     ("logger", Change.LIVE),
     ("checkpointing", Change.LIVE),
+    ("history", Change.LIVE),  # read at each step's record
     ("env.max_reward_failure_fraction", Change.LIVE),  # read at each score()
 )
 

@@ -101,6 +101,22 @@ class CheckpointConfig(Section):
     checkpoint_dir: Optional[str] = None  # default: <log_dir>/<name>/checkpoints
 
 
+class HistoryConfig(Section):
+    """What a run keeps of its past steps for the what-if instruments (:mod:`rlkit.run.history`): each step's batch
+    in a bounded in-memory ring (``session.history[k].batch``), on disk as parquet in the run folder while the
+    session records, and a ring of policy states that makes ``session.replay(step)`` exact. Every part is bounded:
+    the oldest goes first."""
+
+    max_steps: int = Field(64, ge=0)  # batches kept in memory (0: none)
+    max_bytes: int = Field(256 * 2**20, ge=0)  # ... and at most this many bytes of them
+    disk_max_rows: int = Field(1_000_000, ge=0)  # sample rows kept in <run folder>/rollouts (0: none written)
+    disk_max_bytes: int = Field(2 * 2**30, ge=0)  # ... and at most this many bytes of parquet
+    snapshots: int = Field(4, ge=0)  # policy states kept (the weights each of the last N steps started from)
+    # with adapters off, a snapshot is every trainable weight: kept only when this is on (the memory plan's cost
+    # per snapshot is the trainable parameters in fp32); with adapters on, a snapshot is the adapters, always kept
+    full_weight_snapshots: bool = False
+
+
 class RunConfig(Section):
     """A whole run: one section per component (``config.policy.optimizer.lr``); YAML keys are the same dotted."""
 
@@ -115,6 +131,7 @@ class RunConfig(Section):
     eval: EvalConfig = EvalConfig()
     logger: LoggerConfig = LoggerConfig()
     checkpointing: CheckpointConfig = CheckpointConfig()
+    history: HistoryConfig = HistoryConfig()
 
     @property
     def generation_colocated(self) -> bool:

@@ -20,6 +20,7 @@ from typing import Any, Callable, ContextManager, Optional
 from rlkit import stages
 from rlkit.algorithms import RLLoss
 from rlkit.errors import RunInterrupted
+from rlkit.run import history
 from rlkit.stages.metrics import StepMetrics, step_metrics
 from rlkit.stages.reuse import warn_if_reused
 from rlkit.stages.step_clock import StepClock
@@ -88,18 +89,24 @@ def train(session: Any, batch: Trajectories, allow_reuse: bool, on_policy: bool)
     forward fills them in, with the entropy and the mismatch figures (:func:`skips_logprobs_pass`)."""
     if not allow_reuse:
         warn_if_reused(batch, session.step_count)
-    version_before = session.policy.version
+    version_before, seed = session.policy.version, session.sampling().seed
+    history.before_train(session)
     try:
         result = stages.train(batch, session.policy, session.loss_fn, session.settings.train,
                               seed=session.config.seed + session.step_count, on_policy=on_policy)
     except stages.TrainInterrupted as interrupted:
         _record_step(session, batch, interrupted.metrics(), interrupted.seconds, version_before)
         raise
+    except BaseException:
+        session.run_state.store.drop_snapshot(session.step_count + 1)
+        raise
     if on_policy:
         batch = session.run_state.batch = stages.logprobs_from_train_step(
             batch, result.steps[0], version_before, session.config.grpo.mismatch_warning_threshold)
     session.run_state.last_train = result
-    return _record_step(session, batch, result.metrics, result.seconds, version_before)
+    metrics = _record_step(session, batch, result.metrics, result.seconds, version_before)
+    history.after_train(session, batch, metrics, version_before, seed)
+    return metrics
 
 
 def _record_step(session: Any, batch: Trajectories, train_metrics: dict[str, float], seconds: float,

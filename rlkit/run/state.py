@@ -18,6 +18,7 @@ from typing import Any, Optional
 
 from rlkit.algorithms import RunningBaseline
 from rlkit.data import PromptSampler
+from rlkit.run.history import RolloutHistory
 from rlkit.stages.metrics import StepMetrics
 from rlkit.trajectories import Trajectories
 
@@ -37,6 +38,7 @@ class RunState:
     last_eval: Any = None
     last_sft: Any = None
     stop_requested: bool = False  # run() ends after the current step
+    store: RolloutHistory = field(default_factory=RolloutHistory)  # past batches and weights (not saved)
 
     @classmethod
     def fresh(cls, config: Any, dataset: Any) -> "RunState":

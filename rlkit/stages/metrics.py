@@ -6,6 +6,7 @@ so the other groups are exactly reproducible from a checkpoint and a seed."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Optional
 
 from rlkit.trajectories import Trajectories
 
@@ -21,6 +22,8 @@ class StepMetrics:
     step: int  # RL steps completed, this one included
     policy_version: int  # optimizer steps the policy has taken after this step
     values: dict[str, float] = field(default_factory=dict)
+    # the step's batch while the session's rollout history keeps it (rlkit.run.history), else None
+    batch: Optional[Trajectories] = field(default=None, repr=False, compare=False)
 
     def __getitem__(self, key: str) -> float:
         return self.values[key]

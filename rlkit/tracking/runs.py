@@ -8,6 +8,7 @@ logged table), ``summary.json`` and ``config.yaml``. Reading them needs no wandb
     run = rlkit.open_run("runs/quickstart")
     run.metrics[["step", "rollout/reward_mean"]]     # one row per step
     run.table("rollout/samples")                     # one row per logged sample, with the step it was logged at
+    run.batch(12)                                    # step 12's whole batch (Trajectories), from rollouts/
 
 Deliberate simplifications: everything is read at once (runs are thousands of steps, not millions); records
 logged at the same step (a step's metrics and the held-out accuracy measured after it) are merged into one row,
@@ -41,6 +42,23 @@ class RunRecords:
         """The rows of the tables logged under ``name``, with their step (DataFrame)."""
         rows = self.tables[self.tables["table"] == name] if len(self.tables) else self.tables
         return rows.dropna(axis=1, how="all").reset_index(drop=True)
+
+    def batch(self, step: int, tokenizer: Any = None) -> Any:
+        """The batch step ``step`` trained on (a :class:`rlkit.trajectories.Trajectories`), as the run stored it
+        in ``rollouts/`` (:mod:`rlkit.tracking.rollout_store`); ``tokenizer`` lets its token views decode."""
+        from rlkit.tracking.rollout_store import read_step, table_batch
+
+        return table_batch(read_step(self.folder, step), tokenizer)
+
+    def rollouts(self, steps: Optional[list[int]] = None) -> Any:
+        """The stored batches as one table (DataFrame, one row per sample, per-token columns as lists): every
+        kept step, or ``steps``."""
+        import pandas as pd
+
+        from rlkit.tracking.rollout_store import read_step, stored_steps
+
+        frames = [read_step(self.folder, s).to_pandas() for s in (steps or stored_steps(self.folder))]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame({"step": pd.Series(dtype="int64")})
 
     def __repr__(self) -> str:
         steps = int(self.metrics["step"].max()) if len(self.metrics) else 0

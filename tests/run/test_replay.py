@@ -1,0 +1,144 @@
+"""The what-if instruments on a real session (Megatron-Core policy, vLLM generator, nano model): the rollout
+history's rings and bounds, replay of a past step (exact against the step's own record, and leaving the live
+session bit for bit as it was), and compare_losses against each loss computed alone."""
+
+import math
+
+import pytest
+import torch
+
+import rlkit
+from rlkit.algorithms import LossParams, RLLoss
+from rlkit.policy.per_token import evaluate_loss_per_token
+from rlkit.rng import capture
+from tests.session.conftest import tiny_overrides, varied_reward
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    from rlkit.envs import RewardFunctionEnvironment
+
+    s = rlkit.Session.from_config("quickstart", tiny_overrides(
+        tmp_path_factory.mktemp("whatif"), **{"history.full_weight_snapshots": True, "history.snapshots": 2,
+                                              "history.max_steps": 3}),
+        env=RewardFunctionEnvironment(varied_reward))
+    for _ in range(4):
+        s.step()
+    yield s
+    s.close()
+
+
+def live_state(session):
+    """Everything replay must not change: weights, optimizer state, schedule, version, run position, RNG."""
+    policy = session.policy
+    opt = policy.optimizer.state_dict()
+    tensors, meta = capture()
+    return {"weights": {n: p.detach().clone() for n, p in policy.model.named_parameters()},
+            "optimizer": {(k, n): v.clone() for k, s in opt["state"].items() for n, v in s.items()
+                          if isinstance(v, torch.Tensor)},
+            "groups": repr(opt["param_groups"]), "scheduler": repr(policy.scheduler.state_dict()),
+            "version": policy.version, "step": session.step_count, "sampler": repr(session.sampler.state_dict()),
+            "rng": {k: v.clone() for k, v in tensors.items()}, "rng_meta": repr(meta),
+            "grads": [n for n, p in policy.model.named_parameters() if p.grad is not None]}
+
+
+def assert_same(before, after):
+    assert before.keys() == after.keys()
+    for key in before:
+        a, b = before[key], after[key]
+        if isinstance(a, dict):
+            assert a.keys() == b.keys(), key
+            assert all(torch.equal(a[k], b[k]) for k in a), key
+        else:
+            assert a == b, key
+
+
+def test_the_rings_keep_the_last_steps_within_their_bounds(session):
+    store = session.store
+    assert list(store.records) == [2, 3, 4] and list(store.snapshots) == [3, 4]
+    assert session.history[0].batch is None and session.history[1].batch is store.record(2).batch
+    assert session.history[-1].batch is store.record(4).batch
+    assert session.weights_at() == {3: "snapshot", 4: "snapshot"} and session.weights_at(2) is None
+    record = store.record(4)
+    assert record.batch.prev_logprobs is not None and record.batch.advantages is not None
+    assert (record.version_before, record.policy_version) == (3, 4)
+    with pytest.raises(KeyError, match="history.max_steps"):
+        store.record(1)
+    with pytest.raises(KeyError, match="full_weight_snapshots"):
+        session.replay(2)
+
+
+def test_the_byte_bound_holds(session):
+    from rlkit.run.history import RolloutHistory
+
+    records = list(session.store.records.values())
+    one = records[0].nbytes
+    ring = RolloutHistory()
+    for r in records:
+        ring.add(r, max_steps=10, max_bytes=2 * one + one // 2)
+    assert len(ring.records) == 2 and ring.nbytes <= 2 * one + one // 2
+    for r in records:  # give the metrics their batches back (the shared session's ring is the real one)
+        session.store.add(r, 3, 2**30)
+
+
+def test_replaying_a_step_with_its_own_settings_reproduces_its_loss_and_gradient_norm(session):
+    for step in (3, 4):
+        report = session.replay(step)
+        assert abs(report.taken["loss"] - report.recorded["loss"]) <= 1e-6 * max(1, abs(report.recorded["loss"]))
+        assert abs(report.taken["grad_norm"] - report.recorded["grad_norm"]) <= 1e-6 * report.recorded["grad_norm"]
+        assert report.recorded["grad_norm"] > 0 and report.cosine_to_taken == 1.0
+        # the per-token contributions add up to the loss
+        assert abs(float(report.values("loss").sum()) - report.metrics["loss"]) <= 1e-6
+
+
+def test_replay_under_another_loss_leaves_the_live_session_bit_for_bit_unchanged(session):
+    before = live_state(session)
+    gspo = session.replay(3, loss="gspo")
+    cispo = session.replay(4, loss="cispo", estimator="dr_grpo")
+    assert_same(before, live_state(session))
+    assert "gspo" in gspo.loss_fn and "seq_mean_token_mean" in gspo.loss_fn  # the preset's companions came along
+    assert -1 < gspo.cosine_to_taken < 1 and math.isfinite(cispo.grad_norm)
+    assert not torch.equal(cispo.batch.advantages, session.store.record(4).batch.advantages)
+    table = gspo.table()
+    assert len(table) == int(gspo.batch.loss_mask.sum()) and {"loss", "ratio", "clipped", "advantage"} <= set(table)
+    # the replayed gradient is the one the step's weights give: compare with a plain loss at those weights
+    from rlkit.policy.snapshots import weights_swapped_in
+
+    with weights_swapped_in(session.policy, session.store.weights(3)):
+        alone = session.policy.evaluate_loss(gspo.batch, RLLoss(LossParams(policy_loss="gspo",
+                                                                           **_gspo_companions(session))))
+    assert abs(alone["loss"] - gspo.metrics["loss"]) <= 1e-6
+
+
+def _gspo_companions(session):
+    return session._companions("gspo")
+
+
+def test_compare_losses_per_token_equals_each_loss_alone(session):
+    batch = session.batch
+    comparison = session.compare_losses(batch)
+    assert list(comparison.losses) == ["ppo_clip", "gspo", "cispo"]
+    for name in comparison.losses:
+        fn = RLLoss(LossParams(policy_loss=name, **session._companions(name)))
+        alone = evaluate_loss_per_token(session.policy, batch, fn)
+        for quantity, values in alone.values.items():
+            assert torch.allclose(comparison.values(name, quantity), values, atol=1e-6, rtol=0), (name, quantity)
+        whole = session.policy.evaluate_loss(batch, fn)  # the microbatched loss of the backend
+        assert abs(whole["loss"] - float(comparison.values(name).sum())) <= 1e-6
+        assert abs(whole["loss"] - comparison.losses[name].metrics["loss"]) <= 1e-6
+    cos = comparison.cosine_matrix()
+    assert cos.shape == (3, 3) and all(-1 <= c <= 1 for c in comparison.cosines.values())
+    assert set(comparison.table()["loss_fn"]) == {"ppo_clip", "gspo", "cispo"}
+
+
+def test_a_recording_session_stores_its_batches_on_disk(session, tmp_path):
+    folder = session.log_to(run_dir=tmp_path / "run")
+    try:
+        session.step()
+    finally:
+        session.stop_logging()
+    step = session.step_count
+    back = rlkit.open_run(folder).batch(step)
+    kept = session.store.record(step).batch
+    for name in ("input_ids", "loss_mask", "advantages", "prev_logprobs", "generator_logprobs", "rewards"):
+        assert torch.equal(getattr(back, name), getattr(kept, name)), name
