@@ -87,7 +87,8 @@ def ensure_model(config: RunConfig) -> Path:
 
     path = Path(config.policy.model_name)
     if not (path / "config.json").is_file() and config.policy.model_preset is not None:
-        make_model(path, config.policy.model_preset, config.policy.model_family, seed=config.seed)
+        make_model(path, config.policy.model_preset, config.policy.model_family, seed=config.seed,
+                   tokenizer=config.policy.model_tokenizer)
     read_hf_config(path)  # clear error if it is still missing or unsupported
     return path
 

@@ -234,6 +234,11 @@ def _preset_config(policy: Any) -> tuple[dict | None, list[str]]:
     if (spec.num_experts > 0) != (policy.model_family in MOE_FAMILIES):
         return None, [f"policy.model_family={policy.model_family!r}: preset {policy.model_preset!r} needs one of "
                       f"the families {', '.join(MOE_FAMILIES if spec.num_experts else DENSE_FAMILIES)}"]
+    from dataclasses import replace
+
+    from rlkit.models.tokenizer import tokenizer_vocab_size
+
+    spec = replace(spec, vocab_size=max(spec.vocab_size, tokenizer_vocab_size(policy.model_tokenizer)))  # as made
     made = hf_config(spec, policy.model_family)
     config = dict(made.to_dict(), architectures=[architecture_name(made)])
     return config, []

@@ -11,6 +11,7 @@ from typing import Any, ClassVar, Literal, Mapping, Optional
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rlkit.models.families import ModelFamily
+from rlkit.models.tokenizer import TokenizerKind
 
 
 class Section(BaseModel):
@@ -338,10 +339,13 @@ class RayClusterConfig(Section):
     ship_model_max_mb: float = Field(1024.0, ge=0)  # a model folder up to this size is copied to nodes that lack it; 0: never
 
 
-def default_model_folder(model_preset: Optional[str], model_family: str) -> str:
-    """Where a preset's model is made when ``policy.model_name`` is not given: one folder per preset and family
-    (``models/nano-llama``), so switching the preset never silently reuses another preset's model."""
-    return f"models/{model_preset}-{model_family}" if model_preset is not None else "models/tiny"
+def default_model_folder(model_preset: Optional[str], model_family: str, tokenizer: str = "char") -> str:
+    """Where a preset's model is made when ``policy.model_name`` is not given: one folder per preset, family and
+    tokenizer (``models/nano-llama``, ``models/tiny-qwen2-bpe``), so switching the preset never silently reuses
+    another preset's model."""
+    if model_preset is None:
+        return "models/tiny"
+    return f"models/{model_preset}-{model_family}" + ("" if tokenizer == "char" else f"-{tokenizer}")
 
 
 class PolicyConfig(Section):
@@ -353,6 +357,9 @@ class PolicyConfig(Section):
     model_preset: Optional[str] = None  # if set and model_name does not exist, create this tiny preset there
     # family of the created preset (MoE presets: mixtral, qwen2-moe, qwen3-moe)
     model_family: ModelFamily = "llama"
+    # the tokenizer of a model made from model_preset: char (one token per character) or bpe (byte-level BPE with
+    # a ChatML/Hermes chat template and Qwen's two EOS ids, rlkit.models.bpe)
+    model_tokenizer: TokenizerKind = "char"
     # bfloat16: bf16 weights and activations in forward and backward, fp32 master weights, fp32 gradients
     # (accumulated and reduced) and fp32 optimizer state, logits -> logprobs -> loss in fp32
     precision: Literal["float32", "bfloat16"] = "float32"
@@ -380,7 +387,8 @@ class PolicyConfig(Section):
         """Fill ``model_name`` (absent or null) with :func:`default_model_folder`."""
         if isinstance(data, dict) and data.get("model_name") is None:
             family = data.get("model_family", cls.model_fields["model_family"].default)
-            data = {**data, "model_name": default_model_folder(data.get("model_preset"), family)}
+            tokenizer = data.get("model_tokenizer", cls.model_fields["model_tokenizer"].default)
+            data = {**data, "model_name": default_model_folder(data.get("model_preset"), family, tokenizer)}
         return data
 
     def backends(self) -> dict[str, BackendSection]:

@@ -1,14 +1,29 @@
 """Prompts rendered as chat turns by the tokenizer's chat template: the one way rlkit turns a prompt into the
-text and token ids the engine and the trainer see."""
+text and token ids the engine and the trainer see.
+
+``template_kwargs`` are passed to every ``apply_chat_template`` call (``data.chat_template_kwargs``, e.g.
+``{"enable_thinking": False}`` for Qwen3's template, which otherwise opens a thinking block); ``tools`` are the
+JSON tool declarations a native-tool environment renders (``apply_chat_template(..., tools=)``).
+"""
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from rlkit.errors import ModelError
 
 
-def render_prompt_texts(tokenizer: Any, prompts: list[str], system_prompt: Optional[str] = None) -> list[str]:
+def apply_template(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                   tools: Optional[Sequence[dict[str, Any]]] = None,
+                   template_kwargs: Optional[Mapping[str, Any]] = None) -> str:
+    """``messages`` rendered as text by the tokenizer's chat template, with ``tools`` and ``template_kwargs``."""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                         tools=list(tools) if tools else None, **dict(template_kwargs or {}))
+
+
+def render_prompt_texts(tokenizer: Any, prompts: list[str], system_prompt: Optional[str] = None,
+                        tools: Optional[Sequence[dict[str, Any]]] = None,
+                        template_kwargs: Optional[Mapping[str, Any]] = None) -> list[str]:
     """Each prompt as a user turn (after an optional system turn) rendered by the chat template."""
     if not getattr(tokenizer, "chat_template", None):
         raise ModelError(
@@ -17,18 +32,16 @@ def render_prompt_texts(tokenizer: Any, prompts: list[str], system_prompt: Optio
             "`rlkit make-model` (its tokenizer ships one)"
         )
     head = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
-    return [
-        tokenizer.apply_chat_template(
-            head + [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
-        )
-        for p in prompts
-    ]
+    return [apply_template(tokenizer, head + [{"role": "user", "content": p}], True, tools, template_kwargs)
+            for p in prompts]
 
 
-def render_prompts(tokenizer: Any, prompts: list[str], system_prompt: Optional[str] = None) -> list[list[int]]:
+def render_prompts(tokenizer: Any, prompts: list[str], system_prompt: Optional[str] = None,
+                   tools: Optional[Sequence[dict[str, Any]]] = None,
+                   template_kwargs: Optional[Mapping[str, Any]] = None) -> list[list[int]]:
     """Token ids of each rendered prompt, ending with the assistant header so generation starts the reply.
 
     The template already writes any BOS, so the text is encoded with ``add_special_tokens=False``.
     """
-    texts = render_prompt_texts(tokenizer, prompts, system_prompt)
+    texts = render_prompt_texts(tokenizer, prompts, system_prompt, tools, template_kwargs)
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]

@@ -11,7 +11,7 @@ rendered and tokenized exactly as the rollout stage does (``render_prompt_texts`
 from __future__ import annotations
 
 import warnings
-from typing import Any, Literal, Optional, Sequence
+from typing import Any, Literal, Mapping, Optional, Sequence
 
 from rlkit.data.chat import render_prompts
 from rlkit.errors import DataError
@@ -20,9 +20,10 @@ OverlongPrompts = Literal["filter", "error"]
 _SHOW_CHARS = 80
 
 
-def prompt_token_lengths(tokenizer: Any, prompts: Sequence[str], system_prompt: Optional[str] = None) -> list[int]:
+def prompt_token_lengths(tokenizer: Any, prompts: Sequence[str], system_prompt: Optional[str] = None,
+                         template_kwargs: Optional[Mapping[str, Any]] = None) -> list[int]:
     """Tokens of each prompt as the rollout stage feeds it to the engine (chat template, no extra specials)."""
-    return [len(ids) for ids in render_prompts(tokenizer, list(prompts), system_prompt)]
+    return [len(ids) for ids in render_prompts(tokenizer, list(prompts), system_prompt, template_kwargs=template_kwargs)]
 
 
 def max_token_chars(tokenizer: Any) -> int:
@@ -50,6 +51,7 @@ def overlong_rows(
     max_prompt_tokens: int,
     system_prompt: Optional[str],
     mode: OverlongPrompts,
+    template_kwargs: Optional[Mapping[str, Any]] = None,  # data.chat_template_kwargs
 ) -> list[int]:
     """Indices of the rows to keep (``filter``), after warning how many were dropped; ``error`` raises a
     ``DataError`` naming the first over-long row instead.
@@ -59,7 +61,8 @@ def overlong_rows(
     char_limit = max_prompt_tokens * max_token_chars(tokenizer)
     lengths: list[Optional[int]] = [None] * len(prompts)  # None: over-long by its characters alone
     measured = [i for i, p in enumerate(prompts) if len(p) <= char_limit]
-    for i, n in zip(measured, prompt_token_lengths(tokenizer, [prompts[i] for i in measured], system_prompt)):
+    for i, n in zip(measured, prompt_token_lengths(tokenizer, [prompts[i] for i in measured], system_prompt,
+                                                               template_kwargs)):
         lengths[i] = n
     long = [i for i, n in enumerate(lengths) if n is None or n > max_prompt_tokens]
     if not long:

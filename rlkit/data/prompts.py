@@ -28,7 +28,7 @@ from __future__ import annotations
 import itertools
 import random
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Optional, Union, get_args
 
@@ -38,10 +38,10 @@ from rlkit.data.files import JSON_SUFFIXES, PARQUET_SUFFIXES, PromptFile, read_p
 from rlkit.data.lengths import OverlongPrompts, empty_rows, overlong_rows
 from rlkit.data.named import AnswerFormat, load_named_splits, map_answers, map_columns
 from rlkit.envs.arithmetic import count_arithmetic_prompts, iter_arithmetic_rows
-from rlkit.envs.tool_arithmetic import iter_tool_arithmetic_rows
+from rlkit.envs.tool_arithmetic import iter_native_tool_arithmetic_rows, iter_tool_arithmetic_rows
 from rlkit.errors import ConfigError, describe_invalid
 
-Task = Literal["arithmetic", "tool_arithmetic"]  # tool_arithmetic: rows with a calculator demonstration
+Task = Literal["arithmetic", "tool_arithmetic", "tool_arithmetic_native"]  # tool_*: rows with a tool demonstration
 _SUFFIXES = JSON_SUFFIXES + PARQUET_SUFFIXES
 Fit = Callable[[PromptFile, str], PromptFile]  # a file or split and its name -> the rows a rollout can take
 
@@ -68,6 +68,9 @@ class DataParams:
     validation_fraction: float = 0.1  # share of the file's distinct prompts held out for validation
     seed: int = 0
     system_prompt: Optional[str] = None  # passed to render_prompts by the rollout stage
+    # keyword arguments of every apply_chat_template call (rollouts, SFT, evaluation, the length filter), e.g.
+    # {enable_thinking: false} for Qwen3's template
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     # prompts too long for a rollout (rendered, tokenized) at load time: drop them with a warning, or refuse
     overlong_prompts: OverlongPrompts = "filter"
 
@@ -178,7 +181,8 @@ def _length_fit(p: DataParams, tokenizer: Any, max_prompt_tokens: Optional[int])
         if tokenizer is not None:
             prompts = file.dataset["prompt"]
             kept = overlong_rows([prompts[i] for i in keep], [file.labels[i] for i in keep], source, tokenizer,
-                                 max_prompt_tokens, p.system_prompt, p.overlong_prompts)
+                                 max_prompt_tokens, p.system_prompt, p.overlong_prompts,
+                                 p.chat_template_kwargs)
             keep = [keep[i] for i in kept]
         return file if len(keep) == len(file.labels) else file.select(keep)
 
@@ -186,7 +190,8 @@ def _length_fit(p: DataParams, tokenizer: Any, max_prompt_tokens: Optional[int])
 
 
 def _generate(p: DataParams, fit: Fit) -> DatasetDict:
-    stream = (iter_tool_arithmetic_rows if p.task == "tool_arithmetic" else iter_arithmetic_rows)(p.digits, p.seed)
+    rows = {"tool_arithmetic": iter_tool_arithmetic_rows, "tool_arithmetic_native": iter_native_tool_arithmetic_rows}
+    stream = rows.get(p.task, iter_arithmetic_rows)(p.digits, p.seed)
     validation: list[dict[str, str]] = []
     seen: set[str] = set()
     while len(validation) < p.num_validation:

@@ -15,7 +15,7 @@ response per row.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional
+from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -38,6 +38,8 @@ def build_sft_batch(
     response_key: str = "answer",
     prompt_key: str = "prompt",
     system_prompt: Optional[str] = None,
+    tools: Optional[Sequence[dict[str, Any]]] = None,  # JSON tool declarations rendered into the prompt
+    template_kwargs: Optional[Mapping[str, Any]] = None,  # data.chat_template_kwargs
 ) -> SFTBatch:
     """One right-padded batch from ``rows[i][prompt_key]`` and ``rows[i][response_key]``."""
     if not rows:
@@ -49,7 +51,7 @@ def build_sft_batch(
     for i, row in enumerate(rows):
         if prompt_key not in row or response_key not in row:
             raise ValueError(f"row {i} needs {prompt_key!r} and {response_key!r}; it has {sorted(row)}")
-    prompt_ids = render_prompts(tokenizer, [str(row[prompt_key]) for row in rows], system_prompt)
+    prompt_ids = render_prompts(tokenizer, [str(row[prompt_key]) for row in rows], system_prompt, tools, template_kwargs)
     response_ids = [
         tokenizer.encode(str(row[response_key]), add_special_tokens=False) + [tokenizer.eos_token_id] for row in rows
     ]

@@ -44,7 +44,8 @@ class EnvReturn(CodeRepr):
 
     rewards: Tensor  # [B] float32, finite; 0.0 for samples whose scoring failed
     done: Tensor  # [B] bool, True when the episode of sample i is over
-    observations: list[Optional[Message]]  # [B] next message for unfinished samples, None where done
+    # [B] next message for unfinished samples (or a list of messages: one tool message per call), None where done
+    observations: list[Optional[Message | list[Message]]]
     metadata: list[dict[str, Any]]  # [B] small per-sample facts (parsed answer, correct flag, ...)
     errors: list[str]  # one message per failed sample: "sample <i>: <Exception>: <text>"
 

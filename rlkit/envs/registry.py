@@ -20,15 +20,16 @@ from rlkit.algorithms.registry import Registry
 from rlkit.envs.arithmetic import ArithmeticEnvironment
 from rlkit.envs.base import Environment
 from rlkit.envs.math import MathEnvironment
-from rlkit.envs.tool_arithmetic import ToolArithmeticEnvironment
+from rlkit.envs.tool_arithmetic import NativeToolArithmeticEnvironment, ToolArithmeticEnvironment
 from rlkit.errors import ConfigError
 
-EnvironmentName = Literal["arithmetic", "math", "tool_arithmetic"]
+EnvironmentName = Literal["arithmetic", "math", "tool_arithmetic", "tool_arithmetic_native"]
 
 _FACTORIES: Registry[Callable[..., Environment]] = Registry("environment")
 _FACTORIES.register("arithmetic")(ArithmeticEnvironment)
 _FACTORIES.register("math")(MathEnvironment)
 _FACTORIES.register("tool_arithmetic")(ToolArithmeticEnvironment)
+_FACTORIES.register("tool_arithmetic_native")(NativeToolArithmeticEnvironment)
 
 
 def available_environments() -> tuple[str, ...]:
@@ -44,6 +45,14 @@ def make_environment(name: EnvironmentName, **kwargs: Any) -> Environment:
         return _FACTORIES.get(name)(**kwargs)
     except TypeError as exc:
         raise ConfigError([f"env: environment {name!r} does not accept {sorted(kwargs)}: {exc}"]) from exc
+
+
+def environment_tool_schemas(name: str) -> Optional[list[dict[str, Any]]]:
+    """The JSON tool declarations the environment called ``name`` renders through the chat template (``tools=``),
+    without building it; None for an environment without native tools. The SFT stage's prompts need them."""
+    factory = _FACTORIES.get(name) if isinstance(name, str) and name in _FACTORIES else None
+    schemas = getattr(factory, "default_tool_schemas", None)
+    return schemas() if callable(schemas) else None
 
 
 def load_reward_fn(path: str) -> Callable[..., list[float]]:

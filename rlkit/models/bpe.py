@@ -21,7 +21,11 @@ The normalizer (NFC) and pre-tokenizer (Qwen2's split regex, then bytes) are Qwe
 rebuilds that pipeline around the stored vocabulary whenever it loads a tokenizer into a Qwen-family folder
 (``Qwen2Tokenizer``), and a Llama folder keeps ``tokenizer.json`` as written, so both load one tokenizer.
 
-Deliberate simplifications: no tool-call or thinking markup in the template; training is deterministic for a
+The template also renders tools the Hermes way (Qwen2.5's): ``tools=`` in the system turn (as ``name(params)``),
+an assistant's ``tool_calls`` as ``<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`` blocks, and
+consecutive ``tool`` messages as ``<tool_response>`` blocks of one user turn (:mod:`rlkit.envs.tool_calls`).
+
+Deliberate simplifications: no thinking markup in the template; training is deterministic for a
 given corpus but the vocabulary is not any released tokenizer's.
 """
 
@@ -42,13 +46,39 @@ BPE_VOCAB_SIZE = 512  # 256 bytes + 3 specials + 253 merges: a multiple of 128, 
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
                r"|\s+(?!\S)|\s+")
 
+# ChatML with Hermes tool calls, as Qwen2.5's template writes them, with one shortening: the system turn lists
+# each tool as ``name(param, ...)``, not its JSON schema and Qwen's paragraph of instructions (a schema is ~150
+# tokens of this 512-token vocabulary, too long a prompt for a tiny model on a CPU). Without ``tools`` and tool
+# messages it renders plain ChatML, as before.
 CHAT_TEMPLATE = (
+    "{%- if tools %}"
+    "{{- '<|im_start|>system\n' }}"
+    "{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\n\n' }}{%- endif %}"
+    "{{- '# Tools' }}"
+    "{%- for tool in tools %}{%- set tool = tool['function'] if tool['function'] is defined else tool %}"
+    "{{- '\n' + tool['name'] + '(' + (tool['parameters']['properties'] | list | join(', ')) + ')' }}{%- endfor %}"
+    "{{- '<|im_end|>\n' }}"
+    "{%- endif %}"
     "{%- for message in messages %}"
+    "{%- if message['role'] == 'system' and tools and loop.first %}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{%- if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{- '<|im_start|>user' }}{%- endif %}"
+    "{{- '\n<tool_response>\n' + message['content'] + '\n</tool_response>' }}"
+    "{%- if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{- '<|im_end|>\n' }}{%- endif %}"
+    "{%- else %}"
     "{{- '<|im_start|>' + message['role'] + '\n' }}"
     "{%- if message['role'] == 'assistant' %}"
-    "{% generation %}{{- message['content'] + '<|im_end|>' }}{% endgeneration %}{{- '\n' }}"
+    "{% generation %}{{- message['content'] or '' }}"
+    "{%- for call in message['tool_calls'] or [] %}"
+    "{%- set call = call['function'] if call['function'] is defined else call %}"
+    "{%- if loop.first and message['content'] %}{{- '\n' }}{%- elif not loop.first %}{{- '\n' }}{%- endif %}"
+    "{{- '<tool_call>\n{\"name\": \"' + call['name'] + '\", \"arguments\": ' }}"
+    "{{- (call['arguments'] if call['arguments'] is string else call['arguments'] | tojson) + '}\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>' }}{% endgeneration %}{{- '\n' }}"
     "{%- else %}"
     "{{- message['content'] + '<|im_end|>' + '\n' }}"
+    "{%- endif %}"
     "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}{%- endif %}"

@@ -19,9 +19,11 @@ which the group estimators (GRPO, RLOO...) use as the outcome reward. The batch 
 session's score stage keeps it as it is. Discounted per-token returns over the holes are
 :func:`rlkit.algorithms.returns.discounted_returns`.
 
-The environment's message is turned into tokens by rendering the chat template twice (the conversation with
-and without the message, the latter ending after the assistant's turn) and tokenizing the difference; a turn
-that did not end with EOS (cut by its token limit or a stop string) gets the EOS as a template token first.
+The environment's message (or messages: one ``tool`` message per native tool call) is turned into tokens by
+rendering the chat template twice (the conversation with and without the messages, the latter ending after the
+assistant's turn) and tokenizing the difference; a turn that did not end with EOS (cut by its token limit or a stop
+string) gets the EOS as a template token first. Every render passes the environment's JSON tools
+(``env.tool_schemas``, else ``settings.tools``) and ``settings.chat_template_kwargs``, as the prompt's did.
 
 Failures. An ``env.step`` that raises is repeated one conversation at a time, and a conversation whose step
 raises alone ends there with reward 0 and its message in ``reward_errors`` (the score stage's rule: too many
@@ -47,6 +49,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from rlkit.data import render_prompt_texts
+from rlkit.data.chat import apply_template
 from rlkit.data.lengths import max_token_chars
 from rlkit.envs.base import Environment, EnvReturn, error_sample_index, sample_error
 from rlkit.errors import RewardError
@@ -61,6 +64,19 @@ TURN_SEED_STRIDE = 104_729  # turn k's engine calls sample with seed + k * strid
 def is_multi_turn(env: Any) -> bool:
     """True for an environment that may answer with a next message (``env.max_turns > 1``)."""
     return getattr(env, "max_turns", 1) > 1
+
+
+@dataclass(frozen=True)
+class _ChatFormat:
+    """What every template call of a rollout takes besides the messages: tools and ``chat_template_kwargs``."""
+
+    tools: Optional[Sequence[dict[str, Any]]] = None
+    template_kwargs: Optional[dict[str, Any]] = None
+
+
+def _tools_of(env: Environment, settings: RolloutSettings) -> Optional[Sequence[dict[str, Any]]]:
+    """The environment's JSON tools (``env.tool_schemas``, a native-tool environment), else the settings'."""
+    return getattr(env, "tool_schemas", None) or settings.tools
 
 
 @dataclass
@@ -101,7 +117,9 @@ def conversations(generator: Generator, tokenizer: Any, env: Environment, rows: 
                                                      settings.prompt_key)
     max_turns = settings.max_turns if settings.max_turns is not None else getattr(env, "max_turns", 1)
     head = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt is not None else []
-    texts = render_prompt_texts(tokenizer, [r[prompt_key] for r in rows], settings.system_prompt)
+    chat = _ChatFormat(_tools_of(env, settings), settings.chat_template_kwargs)
+    texts = render_prompt_texts(tokenizer, [r[prompt_key] for r in rows], settings.system_prompt, chat.tools,
+                                chat.template_kwargs)
     prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     games = [_Conversation(i // num_generations, head + [{"role": "user", "content": rows[i // num_generations][prompt_key]}],
                            list(prompt_ids[i // num_generations]), len(prompt_ids[i // num_generations]))
@@ -117,7 +135,8 @@ def conversations(generator: Generator, tokenizer: Any, env: Environment, rows: 
             seed = None if sampling.seed is None else sampling.seed + TURN_SEED_STRIDE * turn
             _generate_turn(generator, live, replace(sampling, seed=seed), max_total_tokens)
         live = [c for c in live if c.live]  # a turn with no room left ended its conversation
-        _env_step(env, live, games, rows, tokenizer, max_total_tokens, last_turn=turn == max_turns - 1, errors=errors)
+        _env_step(env, live, games, rows, tokenizer, max_total_tokens, last_turn=turn == max_turns - 1, errors=errors,
+                  chat=chat)
     batch = _as_trajectories(games, texts, rows, num_generations, policy_version, tokenizer, errors)
     check_reward_failures(errors, batch, env, settings.max_failure_fraction)
     turns = torch.tensor([float(c.turns) for c in games])
@@ -153,7 +172,7 @@ def _generate_turn(generator: Generator, live: list[_Conversation], sampling: Sa
 
 
 def _env_step(env: Environment, live: list[_Conversation], games: list[_Conversation], rows: Sequence[dict],
-              tokenizer: Any, budget: int, last_turn: bool, errors: list[str]) -> None:
+              tokenizer: Any, budget: int, last_turn: bool, errors: list[str], chat: _ChatFormat = _ChatFormat()) -> None:
     """``env.step`` over the live conversations: rewards on each turn's last token, messages appended as tokens."""
     if not live:
         return
@@ -171,19 +190,22 @@ def _env_step(env: Environment, live: list[_Conversation], games: list[_Conversa
         if done or last_turn:
             conversation.live = False
             continue
-        _check_message(env, observation, index[id(conversation)])
-        room = budget - len(conversation.ids) - 1  # the message and one generated token must fit
-        if len(observation["content"]) > room * max_token_chars(tokenizer):  # too long without tokenizing it
+        messages = observation if isinstance(observation, list) else [observation]
+        for message in messages or [observation]:
+            _check_message(env, message, index[id(conversation)])
+        room = budget - len(conversation.ids) - 1  # the messages and one generated token must fit
+        chars = sum(len(m["content"]) for m in messages)
+        if chars > room * max_token_chars(tokenizer):  # too long without tokenizing it
             conversation.live, conversation.finish_reason = False, "length"
-            too_long.append((len(observation["content"]), room))
+            too_long.append((chars, room))
             continue
-        message_ids = _message_tokens(tokenizer, conversation, observation)
+        message_ids = _message_tokens(tokenizer, conversation, messages, chat)
         if len(message_ids) > room:
             conversation.live, conversation.finish_reason = False, "length"
-            too_long.append((len(observation["content"]), room))
+            too_long.append((chars, room))
             continue
         conversation.append(message_ids, False)
-        conversation.messages.append(observation)
+        conversation.messages.extend(messages)
     if too_long:
         chars, room = max(too_long)
         warnings.warn(f"environment {env.name!r}: {len(too_long)} message(s) did not fit in their conversation's "
@@ -234,16 +256,21 @@ def _check_message(env: Environment, message: Any, sample: int) -> None:
         "(e.g. json.dumps(value) for structured output)")
 
 
-def _message_tokens(tokenizer: Any, conversation: _Conversation, message: dict[str, str]) -> list[int]:
-    """The tokens that follow the assistant's last turn: its EOS if it was cut, then ``message`` rendered by the
-    chat template and the header of the next assistant turn."""
-    before = tokenizer.apply_chat_template(conversation.messages, tokenize=False, add_generation_prompt=False)
-    after = tokenizer.apply_chat_template(conversation.messages + [message], tokenize=False, add_generation_prompt=True)
+def _message_tokens(tokenizer: Any, conversation: _Conversation, messages: list[dict[str, str]],
+                    chat: _ChatFormat = _ChatFormat()) -> list[int]:
+    """The tokens that follow the assistant's last turn: its EOS if it was cut, then ``messages`` rendered by the
+    chat template (all at once: a template may join consecutive tool messages into one turn) and the header of
+    the next assistant turn."""
+    before = apply_template(tokenizer, conversation.messages, False, chat.tools, chat.template_kwargs)
+    after = apply_template(tokenizer, conversation.messages + messages, True, chat.tools, chat.template_kwargs)
     if not after.startswith(before):
         raise ValueError("the chat template renders a conversation differently once a message is appended, so the "
                          "environment's message cannot be appended as tokens; use a template that only appends")
+    # what the template writes after the turn's EOS (ChatML's "\n") belongs to the environment's tokens too
+    end = before.rfind(tokenizer.eos_token) if tokenizer.eos_token else -1
+    tail = before[end + len(tokenizer.eos_token):] if end >= 0 else ""
     closing = [] if conversation.ids[-1] == tokenizer.eos_token_id else [tokenizer.eos_token_id]
-    return closing + tokenizer(after[len(before):], add_special_tokens=False)["input_ids"]
+    return closing + tokenizer(tail + after[len(before):], add_special_tokens=False)["input_ids"]
 
 
 def _as_trajectories(games: list[_Conversation], texts: list[str], rows: Sequence[dict], g: int, policy_version: int,

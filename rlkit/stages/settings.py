@@ -8,11 +8,12 @@ The sampling settings (:class:`rlkit.generation.base.SamplingSettings`) are apar
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Optional
+from typing import Any, Optional
 
 from rlkit.config.components import OptimizerConfig, SchedulerConfig
 from rlkit.config.run import RunConfig, SFTConfig
 from rlkit.envs.base import MAX_REWARD_FAILURE_FRACTION
+from rlkit.envs.registry import environment_tool_schemas
 
 
 @dataclass(frozen=True)
@@ -25,11 +26,15 @@ class RolloutSettings:
     max_failure_fraction: float = MAX_REWARD_FAILURE_FRACTION  # conversations with an environment failure
     max_turns: Optional[int] = None  # a conversation's assistant turns (default: env.max_turns)
     prompt_key: str = "prompt"
+    chat_template_kwargs: Optional[dict[str, Any]] = None  # data.chat_template_kwargs, e.g. {"enable_thinking": False}
+    # JSON tool declarations rendered by the template (tools=); a native-tool environment's own take precedence
+    tools: Optional[tuple[dict[str, Any], ...]] = None
 
     @classmethod
     def from_config(cls, config: RunConfig) -> "RolloutSettings":
         return cls(config.grpo.num_generations_per_prompt, config.data.system_prompt, config.policy.max_model_len,
-                   config.env.max_reward_failure_fraction)
+                   config.env.max_reward_failure_fraction, chat_template_kwargs=dict(config.data.chat_template_kwargs),
+                   tools=_tools_of(config))
 
 
 @dataclass(frozen=True)
@@ -85,11 +90,20 @@ class SFTSettings:
     rl_optimizer: OptimizerConfig
     rl_scheduler: SchedulerConfig
     system_prompt: Optional[str] = None
+    chat_template_kwargs: Optional[dict[str, Any]] = None  # data.chat_template_kwargs
+    tools: Optional[tuple[dict[str, Any], ...]] = None  # the environment's JSON tools, rendered into the prompt
 
     @classmethod
     def from_config(cls, config: RunConfig, num_steps: Optional[int] = None) -> "SFTSettings":
         sft = config.sft if num_steps is None else config.sft.model_copy(update={"num_steps": num_steps})
-        return cls(sft, config.policy.optimizer, config.policy.scheduler, config.data.system_prompt)
+        return cls(sft, config.policy.optimizer, config.policy.scheduler, config.data.system_prompt,
+                   dict(config.data.chat_template_kwargs), _tools_of(config))
+
+
+def _tools_of(config: RunConfig) -> Optional[tuple[dict[str, Any], ...]]:
+    """The JSON tools of ``env.name``'s environment (None without native tools or with ``env.reward_fn``)."""
+    schemas = None if config.env.reward_fn is not None else environment_tool_schemas(config.env.name)
+    return tuple(schemas) if schemas else None
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 import torch
 
@@ -39,8 +39,10 @@ def nll_loss(logprobs: torch.Tensor, batch: Trajectories, counts: LossCounts):
 
 
 def sft_batch_as_trajectories(tokenizer: Any, rows: list[dict[str, Any]], response_key: str,
-                              system_prompt: Optional[str] = None) -> Trajectories:
-    ids, attention, loss_mask = build_sft_batch(tokenizer, rows, response_key=response_key, system_prompt=system_prompt)
+                              system_prompt: Optional[str] = None, tools: Optional[Sequence[dict[str, Any]]] = None,
+                              template_kwargs: Optional[Mapping[str, Any]] = None) -> Trajectories:
+    ids, attention, loss_mask = build_sft_batch(tokenizer, rows, response_key=response_key, system_prompt=system_prompt,
+                                                tools=tools, template_kwargs=template_kwargs)
     n = ids.shape[0]
     return Trajectories(
         prompts=tuple(r["prompt"] for r in rows), completions=tuple(str(r[response_key]) for r in rows),
@@ -62,7 +64,8 @@ def sft(policy: Policy, tokenizer: Any, sampler: PromptSampler, settings: SFTSet
     bar = tqdm(total=cfg.num_steps, desc="SFT", disable=not progress)
     try:
         for _ in range(cfg.num_steps):
-            batch = sft_batch_as_trajectories(tokenizer, sampler.next_batch(), cfg.response_key, settings.system_prompt)
+            batch = sft_batch_as_trajectories(tokenizer, sampler.next_batch(), cfg.response_key, settings.system_prompt,
+                                              settings.tools, settings.chat_template_kwargs)
             losses.append(policy.train_step(batch, nll_loss).metrics["loss"])
             bar.update(1)
             bar.set_postfix(loss=f"{losses[-1]:.4f}")
