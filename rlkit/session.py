@@ -102,11 +102,12 @@ class Session:
         session.startup = loading
         return session
 
-    def configure(self, overrides: Sequence[str] | Mapping[str, Any] | RunConfig) -> RunConfig:
+    def configure(self, overrides: Sequence[str] | Mapping[str, Any] | RunConfig) -> None:
         """Change settings in place without restarting the engines, e.g.
-        ``session.configure(["loss_fn.policy_loss=gspo"])``; returns the new config and prints what changed
-        (``key: old -> new``) and what each change needed: :data:`rlkit.config.changes.CHANGES`, rebuilt by
-        :data:`rlkit.builders.REBUILDS` (a loss function you supplied is kept, with a warning). Keys that need
+        ``session.configure(["loss_fn.policy_loss=gspo"])``; prints what changed (``key: old -> new``) and what
+        each change needed: :data:`rlkit.config.changes.CHANGES`, rebuilt by :data:`rlkit.builders.REBUILDS` (a loss
+        function you supplied is kept, with a warning). The new config is ``session.config``; nothing is returned,
+        so a cell ending in this call shows only the changes. Keys that need
         ``reset()`` (``seed``) or a new Session (engines, data, environment, ``grpo.async_grpo``) raise
         ConfigError naming every one, and nothing is changed."""
         self._refuse_if_closed("configure")
@@ -119,7 +120,6 @@ class Session:
             print(note)
         if any(key.startswith("logger.") or key == "name" for key in changes):
             self._follow_logger_change(old)
-        return self.config
 
     def reset(self, config: Sequence[str] | Mapping[str, Any] | RunConfig = ()) -> "Session":
         """Put the session in the state ``Session(config)`` would start in, keeping its engines (a sweep does
@@ -314,7 +314,7 @@ class Session:
         rows = list(held_out.select(range(min(n, len(held_out)))))
         with self.rollouts.exclusive():
             self.run_state.last_eval = stages.evaluate(self.generator, self.tokenizer, self.env, rows,
-                                                       self.policy.version, settings)
+                                                       self.policy.version, settings, len(held_out))
         if self._clock is None and self._recording():  # inside run(), the step's metrics carry it
             self.records.log({"validation/accuracy": self.last_eval.accuracy}, step=self.step_count)
         return self.last_eval
@@ -365,6 +365,26 @@ class Session:
         from rlkit.run.history import weights_at
 
         return weights_at(self.store, step)
+
+    def fork(self, n: Optional[int] = None) -> Any:
+        """In-memory branches sharing the engines, each with its own weights, optimizer, run state, config and RNG
+        (:mod:`rlkit.run.fork`): ``b = session.fork()``, ``a, b = session.fork(2)``; ``b.run(30)`` swaps b in."""
+        from rlkit.run.fork import fork
+
+        return fork(self, n)
+
+    @property
+    def branches(self) -> dict[str, Any]:
+        """The branches by name ("main": the session's state before the first fork); one is active."""
+        from rlkit.run.fork import forks_of
+
+        return dict(forks_of(self).branches)
+
+    def compare_branches(self, num_prompts: Optional[int] = None, greedy: Optional[bool] = None) -> Any:
+        """Held-out accuracy of every branch on the same prompts, as a DataFrame (:func:`rlkit.run.fork.compare_branches`)."""
+        from rlkit.run.fork import compare_branches
+
+        return compare_branches(self, num_prompts, greedy)
 
     def _companions(self, loss: Any) -> dict[str, Any]:
         """The ``loss_fn.*`` settings (prefix removed) a switch to policy loss ``loss`` brings (builders.loss_companions)."""

@@ -35,6 +35,7 @@ def session_facts(s: Any) -> dict[str, object]:
         "parallel layout": layout,
         "generator": f"{cfg.policy.generation.backend} ({'colocated' if colocated else 'separate'}): {s.generator!r}",
         "environment": getattr(s.env, "name", type(s.env).__name__),
+        "chat template": chat_template_words(cfg.data.chat_template_kwargs, getattr(s.env, "tool_schemas", None)),
         "loss": repr(s.loss_fn),
         # read from the policy's own record (no method call: a Ray group would wait on its workers)
         "reference weights": (ref.residency() if (ref := vars(policy).get("_reference")) is not None else "-"),
@@ -52,6 +53,13 @@ def session_facts(s: Any) -> dict[str, object]:
         facts["start-up"] = startup.breakdown() + ("" if startup.verbose else
                                                    f" ({startup.held_back} known third-party notices held back)")
     return facts
+
+
+def chat_template_words(kwargs: Any, tools: Any = None) -> str:
+    """How prompts are rendered: ``data.chat_template_kwargs`` (or the template's defaults) and the JSON tools."""
+    words = ", ".join(f"{k}={v!r}" for k, v in dict(kwargs or {}).items()) or "the template's defaults"
+    names = [t.get("function", t).get("name", "?") for t in tools or ()]
+    return words + (f"; tools: {', '.join(names)}" if names else "")
 
 
 def start_warnings(s: Any) -> list[str]:

@@ -128,12 +128,14 @@ class RolloutFiles:
         written when ``max_rows`` or ``max_bytes`` is 0."""
         if max_rows == 0 or max_bytes == 0:
             return None
+        import pyarrow.parquet as pq
         from datasets import Dataset
 
         path = step_file(self.run_dir, facts.step)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        Dataset.from_dict(batch_table(batch, facts), features=_features()).to_parquet(str(tmp))
+        # the Arrow table datasets builds with the features' schema, written as it is (to_parquet shows a progress bar)
+        pq.write_table(Dataset.from_dict(batch_table(batch, facts), features=_features()).data.table, str(tmp))
         tmp.replace(path)
         sizes = self._known_sizes()
         sizes[facts.step] = (batch.batch_size, path.stat().st_size)

@@ -1,6 +1,8 @@
 """The what-if instruments on a real session (Megatron-Core policy, vLLM generator, nano model): the rollout
 history's rings and bounds, replay of a past step (exact against the step's own record, and leaving the live
-session bit for bit as it was), and compare_losses against each loss computed alone."""
+session bit for bit as it was), compare_losses against each loss computed alone, and forks stepped alternately
+against the same branches run one after the other. One session for the module (its start is most of the cost);
+the fork tests run last, since they leave the session forked."""
 
 import math
 
@@ -142,3 +144,54 @@ def test_a_recording_session_stores_its_batches_on_disk(session, tmp_path):
     kept = session.store.record(step).batch
     for name in ("input_ids", "loss_mask", "advantages", "prev_logprobs", "generator_logprobs", "rewards"):
         assert torch.equal(getattr(back, name), getattr(kept, name)), name
+
+
+def _comparable(history):
+    """A branch's step records without wall-clock figures (timing/ differs from run to run)."""
+    return [(m.step, m.policy_version, {k: v for k, v in m.values.items() if not k.startswith("timing/")})
+            for m in history]
+
+
+def test_forks_stepped_alternately_match_the_same_branches_run_one_after_the_other(session):
+    if session.stale:
+        session.refit()
+    start = session.step_count
+    a, b, b_again = session.fork(3)
+    assert [n for n in session.branches] == ["main", "a", "b", "c"] and session.branches["main"].active
+    b.configure({"grpo.advantage_estimator": "dr_grpo", "loss_fn.aggregation": "seq_sum_constant",
+                 "loss_fn.seq_sum_constant": 8})
+    b_again.configure({"grpo.advantage_estimator": "dr_grpo", "loss_fn.aggregation": "seq_sum_constant",
+                       "loss_fn.seq_sum_constant": 8})
+    for _ in range(2):  # a and b alternately: every step swaps the other branch out and refits the engine
+        a.step()
+        b.step()
+    assert a.step_count == b.step_count == start + 2 and b.config.grpo.advantage_estimator == "dr_grpo"
+    # the same branches one after the other: main (a's settings, from the fork's state), then b's twin
+    session.branches["main"].activate()
+    assert session.step_count == start and session.config.grpo.advantage_estimator == "grpo"
+    session.step()
+    session.step()
+    b_again.step()
+    b_again.step()
+    assert _comparable(a.history[start:]) == _comparable(session.branches["main"].history[start:])
+    assert _comparable(b.history[start:]) == _comparable(b_again.history[start:])
+    assert _comparable(a.history[start:]) != _comparable(b.history[start:])  # the two settings do differ
+    assert len(b.swap_seconds) >= 2 and max(a.swap_seconds + b.swap_seconds) < 5  # each activation timed
+    print(f"fork swap: {min(a.swap_seconds) * 1e3:.1f}..{max(a.swap_seconds) * 1e3:.1f} ms; parked branch {a.nbytes / 2**20:.2f} MiB")
+    assert a.nbytes > 0 and session.branches["main"].nbytes > 0  # parked copies: weights and optimizer moments
+
+
+def test_branches_compare_on_held_out_prompts_and_can_be_dropped(session, tmp_path):
+    branches = session.branches
+    active = next(n for n, br in branches.items() if br.active)
+    table = session.compare_branches(num_prompts=4)
+    assert list(table.index) == list(branches) and table["accuracy"].between(0, 1).all()
+    assert session.branches[active].active  # the branch active before is active again
+    c = session.branches["c"]
+    path = c.save(tmp_path / "c")
+    assert path.exists() and c.active
+    with pytest.raises(ValueError, match="active"):
+        c.drop()
+    session.branches["main"].activate()
+    c.drop()
+    assert "c" not in session.branches
