@@ -197,8 +197,10 @@ def _model_problems(policy: Any) -> list[str]:
     elif preset_config is not None:
         model_config = preset_config
     else:
-        return [f"policy.model_name={policy.model_name!r}: no HF model folder there. Fix: create one with "
-                f"`rlkit make-model {policy.model_name}` or point it at an existing folder"]
+        return [f"policy.model_name={policy.model_name!r}: no HF model folder there. Fix: point it at an existing "
+                f"folder, or create one: a warm start of a preset with `rlkit sft <preset> --output "
+                f"{policy.model_name}` (what quickstart_lora expects: `rlkit sft quickstart --output "
+                f"{policy.model_name}`), or random weights with `rlkit make-model {policy.model_name}`"]
     return _head_dim_problems(policy, model_config) + policy.backend.model_problems(policy, model_config,
                                                                                     policy.num_workers)
 

@@ -59,6 +59,7 @@ def test_impossible_combinations_name_keys_and_fixes():
     text = str(err.value)
     assert "policy.train_micro_batch_size=48: must divide the global batch (128); e.g. use 32" in text
     assert "rlkit make-model /nonexistent" in text
+    assert "`rlkit sft quickstart --output /nonexistent`" in text  # the warm start quickstart_lora's folder holds
 
 
 def test_parallel_layout_rules(tmp_path):
