@@ -146,6 +146,12 @@ def build_environment(config: RunConfig):
     from rlkit.envs import RewardFunctionEnvironment, make_environment
     from rlkit.envs.registry import load_reward_fn
 
+    if config.env.rewards:
+        from rlkit.envs.judge import RewardComponent, WeightedRewards
+
+        return WeightedRewards([RewardComponent(load_reward_fn(c.fn) if c.fn else make_environment(c.env), c.weight,
+                                                c.name or c.env or c.fn.partition(":")[2])
+                                for c in config.env.rewards])
     if config.env.reward_fn is not None:
         return RewardFunctionEnvironment(load_reward_fn(config.env.reward_fn))
     if config.env.name == "math":

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from rlkit.algorithms import AdvantageEstimatorName, AdvantageParams, LossParams
 from rlkit.data import DataParams
@@ -58,12 +58,33 @@ class GRPOConfig(Section):
         )
 
 
+class RewardComponentConfig(Section):
+    """One weighted part of ``env.rewards``: a reward function by import path (``fn``) or an environment by name
+    (``env``), its weight, and the name its metric is logged under (``rollout/reward/<name>_mean``)."""
+
+    fn: Optional[str] = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+    env: Optional[EnvironmentName] = None
+    weight: float = 1.0
+    name: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> "RewardComponentConfig":
+        if (self.fn is None) == (self.env is None):
+            raise ValueError("give exactly one of fn ('module:function', a reward function of yours) or env (an "
+                             "environment by name)")
+        return self
+
+
 class EnvConfig(Section):
     name: EnvironmentName = "arithmetic"
     # a reward function of yours by import path, "module:function" (TRL's signature, rlkit.envs.reward_fn); when set it
     # is the environment and env.name is not read. Imported in the driver, from the working directory or PYTHONPATH
     reward_fn: Optional[str] = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
     math_timeout_s: float = Field(5.0, gt=0)
+    # a weighted list of rewards, [{fn: my_module:my_reward, weight: 0.8}, {env: arithmetic, weight: 0.2}]: when
+    # set, the environment is their weighted sum (rlkit.envs.judge.WeightedRewards; env.name and env.reward_fn are
+    # not read), each component logged as rollout/reward/<name>_mean. A judge needs an engine: build it in Python
+    rewards: list[RewardComponentConfig] = Field(default_factory=list)
     # score() raises RewardError when more than this share of a batch's samples fail (all failing always does)
     max_reward_failure_fraction: float = Field(MAX_REWARD_FAILURE_FRACTION, ge=0, le=1)
 

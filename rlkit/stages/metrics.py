@@ -55,7 +55,18 @@ def rollout_metrics(batch: Trajectories) -> dict[str, float]:
         "rollout/zero_variance_groups": float(batch.info.get("zero_variance_groups", 0.0)),
         "rollout/reward_errors": float(len(batch.reward_errors)),
         "rollout/policy_lag": 0.0,
+        **reward_component_metrics(batch),
     }
+
+
+def reward_component_metrics(batch: Trajectories) -> dict[str, float]:
+    """``rollout/reward/<name>_mean`` of each weighted reward component (``env.rewards``, an environment's
+    ``reward_components`` metadata), over the samples that report it."""
+    seen: dict[str, list[float]] = {}
+    for meta in batch.env_metadata or ():
+        for name, value in (meta or {}).get("reward_components", {}).items():
+            seen.setdefault(name, []).append(float(value))
+    return {f"rollout/reward/{name}_mean": sum(v) / len(v) for name, v in seen.items()}
 
 
 def step_metrics(step: int, policy_version: int, batch: Trajectories, train_metrics: dict[str, float],

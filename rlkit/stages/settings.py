@@ -101,8 +101,10 @@ class SFTSettings:
 
 
 def _tools_of(config: RunConfig) -> Optional[tuple[dict[str, Any], ...]]:
-    """The JSON tools of ``env.name``'s environment (None without native tools or with ``env.reward_fn``)."""
-    schemas = None if config.env.reward_fn is not None else environment_tool_schemas(config.env.name)
+    """The JSON tools of ``env.name``'s environment (None without native tools, or with ``env.reward_fn`` or
+    ``env.rewards``)."""
+    own = config.env.reward_fn is not None or config.env.rewards  # then env.name is not read
+    schemas = None if own else environment_tool_schemas(config.env.name)
     return tuple(schemas) if schemas else None
 
 
