@@ -1,5 +1,5 @@
 # The two commands a new machine needs are `make quickstart` and `make test`; both set everything up first.
-.PHONY: setup quickstart demo test test-slow test-browser bench bench-trl
+.PHONY: setup quickstart demo test test-slow test-browser bench bench-trl docs
 
 setup:
 	scripts/setup.sh
@@ -18,6 +18,11 @@ test-slow:
 
 test-browser:
 	scripts/test.sh browser
+
+# The docs site (MkDocs Material, offline) into build/site; --strict: a broken link or missing reference fails it
+docs: setup
+	scripts/setup-docs.sh
+	NO_MKDOCS_2_WARNING=1 HF_HUB_OFFLINE=1 .venv/bin/mkdocs build --strict
 
 bench: setup
 	HF_HUB_OFFLINE=1 .venv/bin/python bench/run_all.py

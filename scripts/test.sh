@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Set up the environment, then run a test target: default (fast suite), slow, browser, or all.
+# The default and browser targets also set up the docs packages (scripts/setup-docs.sh): they build the site.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -7,9 +8,9 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARA
 target=${1:-default}
 shift || true
 case "$target" in
-  default) exec .venv/bin/python -m pytest -m "not slow and not browser" "$@" ;;
+  default) scripts/setup-docs.sh && exec .venv/bin/python -m pytest -m "not slow and not browser" "$@" ;;
   slow)    exec .venv/bin/python -m pytest -m "slow" "$@" ;;
-  browser) scripts/setup-browser.sh && exec .venv/bin/python -m pytest -m "browser" "$@" ;;
-  all)     scripts/setup-browser.sh && exec .venv/bin/python -m pytest "$@" ;;
+  browser) scripts/setup-browser.sh && scripts/setup-docs.sh && exec .venv/bin/python -m pytest -m "browser" "$@" ;;
+  all)     scripts/setup-browser.sh && scripts/setup-docs.sh && exec .venv/bin/python -m pytest "$@" ;;
   *) echo "unknown target '$target' (default | slow | browser | all)" >&2; exit 2 ;;
 esac

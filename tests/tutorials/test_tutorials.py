@@ -2,12 +2,18 @@
 
 The assertions live in each tutorial's last cells (reward improved, mismatch small, an error caught ...),
 so a tutorial that stops teaching the truth fails here. Outputs must be stripped in the repository.
+The executed copy of each tutorial that passes is kept in ``test-output/tutorials/``: the docs site renders
+the tutorials with those outputs (``scripts/docs_hooks.py``).
 """
+
+import shutil
 
 import nbformat
 import pytest
 
-from tests.tutorials.notebooks import TUTORIALS, execute, outputs_stripped
+from tests.tutorials.notebooks import REPO, TUTORIALS, execute, outputs_stripped
+
+EXECUTED = REPO / "test-output" / "tutorials"  # read by scripts/docs_hooks.py
 
 TUTORIAL_FILES = sorted(p.name for p in TUTORIALS.glob("[0-9][0-9]_*.ipynb"))
 
@@ -28,6 +34,9 @@ def test_tutorial_runs_and_its_checks_pass(name, venv_kernel, tmp_path):
     print(f"{name}: {seconds:.1f}s, skipped gpu cells {skipped}")
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
+    EXECUTED.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(tmp_path / name, EXECUTED / f".{name}.tmp")
+    (EXECUTED / f".{name}.tmp").replace(EXECUTED / name)  # whole or not at all for a build reading it
 
 
 TEMPLATES = sorted((TUTORIALS.parent / "notebooks").glob("*.ipynb"))
