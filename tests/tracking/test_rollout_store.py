@@ -56,16 +56,16 @@ def test_a_long_run_stays_under_the_disk_bound(tmp_path, bound):
     files = RolloutFiles(tmp_path)
     one = RolloutFiles(tmp_path / "probe").write(full_batch(), StepFacts(1, 1, 0), 100, 10**9).stat().st_size
     max_rows, max_bytes = (40, 10**9) if bound == "rows" else (10**6, int(3.5 * one))
-    for step in range(1, 41):
+    for step in range(1, 21):
         files.write(full_batch(seed=step), StepFacts(step, step, step), max_rows, max_bytes)
         on_disk = sorted((tmp_path / "rollouts").glob("*.parquet"))
         assert sum(p.stat().st_size for p in on_disk) <= max_bytes
         assert len(on_disk) * 8 <= max_rows
     kept = stored_steps(tmp_path)
-    assert kept == list(range(41 - len(kept), 41)) and len(kept) == (5 if bound == "rows" else 3)
+    assert kept == list(range(21 - len(kept), 21)) and len(kept) == (5 if bound == "rows" else 3)
     # a new writer over the same folder (a resumed session) sees the files there and keeps the bound too
-    RolloutFiles(tmp_path).write(full_batch(seed=99), StepFacts(41, 41, 41), max_rows, max_bytes)
-    assert stored_steps(tmp_path) == kept[1:] + [41]
+    RolloutFiles(tmp_path).write(full_batch(seed=99), StepFacts(21, 21, 21), max_rows, max_bytes)
+    assert stored_steps(tmp_path) == kept[1:] + [21]
 
 
 def test_zero_bounds_write_nothing(tmp_path):
