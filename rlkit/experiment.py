@@ -63,7 +63,8 @@ def run_experiment(config: RunConfig, session: Any = None, progress: bool = True
     run's length (``grpo.max_num_steps``), ``logger.*`` and ``checkpointing.*`` may always change. A stop
     (Ctrl-C, or SIGTERM under ``rlkit train``: :func:`sigterm_as_interrupt`) during the RL steps ends the step
     as ``Session.run`` does, writes the summary with the reason (``stopped_early``; no final evaluation) and
-    re-raises. A write that fails for want of room or permission is a RunFolderError naming the path and the fix.
+    re-raises; a stop during the warm start (SFT, the evaluation before RL) or the final evaluation writes the
+    summary saying so, too. A write that fails for want of room or permission is a RunFolderError naming the path and the fix.
     """
     run_dir = Path(run_dir or Path(config.logger.log_dir) / config.name)
     with run_folder_lock(run_dir):
@@ -93,8 +94,7 @@ def _run(config: RunConfig, session: Any, progress: bool, run_dir: Path, resume:
             session = Session.load(start, config=config)  # with the environment the checkpoint was made with
             state = read_checkpoint_state(start)
             resumed_step = state["run_state"]["step"]
-            warm_start = state["extra"].get("warm_start") or dict(  # none if saved by hand
-                accuracy_before_rl=None, sft_steps=0, sft_final_loss=None, seconds_sft=0.0)
+            warm_start = state["extra"].get("warm_start") or NO_WARM_START  # none if saved by hand
         session = session or Session(config)
         # the run has started: from here on its records are this run's, written as the session's steps and
         # evaluations happen (the same records a notebook session writes after log_to())
@@ -105,8 +105,17 @@ def _run(config: RunConfig, session: Any, progress: bool, run_dir: Path, resume:
                 warnings.warn(f"{moved.name.split('.')[0]} is newer than the checkpoint this run resumes from; "
                               f"kept as {moved}", stacklevel=2)
         setup_s = time.perf_counter() - t0
+        def stopped_in(stage: str, stop: KeyboardInterrupt, warm: dict[str, Any], history: list[Any]) -> None:
+            """A stop outside the RL steps (SFT, an evaluation): the summary says where, then the stop goes on."""
+            _write_summary(run_dir, _summary(config, warm, None, history, resumed_step, setup_s, 0.0,
+                                             time.perf_counter() - t0), f"{_stop_name()} during {stage}: {stop}")
+
         if start is None:
-            warm_start = _warm_start(session, config, progress)
+            try:
+                warm_start = _warm_start(session, config, progress)
+            except KeyboardInterrupt as stop:
+                stopped_in("the warm start (SFT, then the evaluation before RL)", stop, NO_WARM_START, [])
+                raise
             if ckpt_cfg.enabled:
                 save_periodic(session, ckpt_dir, ckpt_cfg.keep_last, _extra(session, warm_start))
         total = config.grpo.max_num_steps
@@ -127,8 +136,12 @@ def _run(config: RunConfig, session: Any, progress: bool, run_dir: Path, resume:
                                              session.history[steps_before:], resumed_step, setup_s, rl_s,
                                              time.perf_counter() - t0), f"{_stop_name()}: {stopped}")
             raise stopped
-        after = session.evaluate()  # logged at the last step, as the warm start's evaluation is at step 0
         history = session.history if start else session.history[steps_before:]
+        try:
+            after = session.evaluate()  # logged at the last step, as the warm start's evaluation is at step 0
+        except KeyboardInterrupt as stop:
+            stopped_in("the final evaluation", stop, warm_start, history)
+            raise
         summary = _summary(config, warm_start, after, history, resumed_step, setup_s, rl_s, time.perf_counter() - t0)
         _write_summary(run_dir, summary, None if stopped is None else str(stopped))
         if stopped is not None:
@@ -186,6 +199,9 @@ def _summary(config: RunConfig, warm_start: dict[str, Any], after: Any, history:
 def _extra(session: Any, warm_start: dict[str, Any]) -> dict[str, Any]:
     """What the run's checkpoints keep beside the session: the warm start's figures, which environment."""
     return {"warm_start": warm_start, "environment": session.environment_record()}
+
+
+NO_WARM_START = dict(accuracy_before_rl=None, sft_steps=0, sft_final_loss=None, seconds_sft=0.0)  # none was made
 
 
 def _warm_start(session: Any, config: RunConfig, progress: bool) -> dict[str, Any]:

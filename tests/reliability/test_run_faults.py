@@ -233,6 +233,39 @@ def test_sigterm_stops_rlkit_train_like_ctrl_c_with_a_summary_and_a_nonzero_exit
     assert not (folder / ".lock").exists()
 
 
+@pytest.mark.parametrize("call, stage", [(1, "the warm start (SFT, then the evaluation before RL)"),
+                                         (2, "the final evaluation")], ids=["warm_start", "final_evaluation"])
+def test_sigterm_outside_the_rl_steps_writes_a_summary_saying_where(finished_run, tmp_path, capsys, monkeypatch,
+                                                                     call, stage):
+    """A stop during the warm start or the final evaluation (evaluate()'s first or second call) ended the run with
+    no summary.json."""
+    import os
+    import signal
+
+    from rlkit.session import Session
+
+    cfg = load_config(finished_run.cfg.model_dump(mode="json"),
+                      {"logger.log_dir": str(tmp_path / "runs"), "name": "stopped", "grpo.max_num_steps": 1})
+    config_path = tmp_path / "run.yaml"
+    config_path.write_text(config_to_yaml(cfg))
+    evaluate, calls = Session.evaluate, []
+
+    def term_on_the_chosen_call(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) == call:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return evaluate(self, *args, **kwargs)
+
+    monkeypatch.setattr(Session, "evaluate", term_on_the_chosen_call)
+    assert main(["train", str(config_path), "--quiet"]) == 143
+    assert "rlkit: stopped (SIGTERM)" in capsys.readouterr().err
+    summary = json.loads((tmp_path / "runs" / "stopped" / "summary.json").read_text())
+    assert summary["stopped_early"].startswith(f"SIGTERM during {stage}: ")
+    assert summary["accuracy_after_rl"] is None and summary["rl_steps"] == call - 1
+    assert (summary["accuracy_before_rl"] is None) == (call == 1)
+    assert not (tmp_path / "runs" / "stopped" / ".lock").exists()
+
+
 # ---- a read-only log dir, a full disk ------------------------------------------------------------------------------
 @pytest.fixture
 def mounted(tmp_path):
