@@ -45,3 +45,22 @@ def render_prompts(tokenizer: Any, prompts: list[str], system_prompt: Optional[s
     """
     texts = render_prompt_texts(tokenizer, prompts, system_prompt, tools, template_kwargs)
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+
+
+def appended_message_ids(tokenizer: Any, messages: list[dict[str, Any]], new_messages: list[dict[str, Any]],
+                         last_id: int, tools: Optional[Sequence[dict[str, Any]]] = None,
+                         template_kwargs: Optional[Mapping[str, Any]] = None) -> list[int]:
+    """The ids that follow a conversation whose last message is the assistant's turn (its last sampled id
+    ``last_id``): the turn's EOS if it was cut, what the template writes after the EOS (ChatML's newline), then
+    ``new_messages`` rendered by the chat template (all at once: a template may join consecutive tool messages
+    into one turn) and the header of the next assistant turn. The conversation's own ids are never re-tokenized."""
+    before = apply_template(tokenizer, messages, False, tools, template_kwargs)
+    after = apply_template(tokenizer, messages + new_messages, True, tools, template_kwargs)
+    if not after.startswith(before):
+        raise ValueError("the chat template renders a conversation differently once a message is appended, so the "
+                         "new message cannot be appended as tokens; use a template that only appends")
+    eos = tokenizer.eos_token
+    end = before.rfind(eos) if eos else -1
+    tail = before[end + len(eos):] if end >= 0 else ""
+    closing = [] if last_id == tokenizer.eos_token_id else [tokenizer.eos_token_id]
+    return closing + tokenizer(tail + after[len(before):], add_special_tokens=False)["input_ids"]

@@ -149,6 +149,13 @@ def parse_tool_calls(text: str, format: ToolCallFormat = "hermes") -> ParsedCall
     return _PARSERS[format](text)
 
 
+def content_without_calls(text: str, format: ToolCallFormat = "hermes") -> Optional[str]:
+    """The text of a message around its calls (an OpenAI response's ``content`` next to ``tool_calls``), None
+    when nothing is left."""
+    rest = _HERMES_BLOCK.sub("", text) if format == "hermes" else ("" if parse_tool_calls(text, format) else text)
+    return rest.strip() or None
+
+
 class _Bound(Tool):
     """One call of a :class:`JsonTool` as a text tool, so :func:`run_tools` runs it (timeout, error text)."""
 

@@ -49,7 +49,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from rlkit.data import render_prompt_texts
-from rlkit.data.chat import apply_template
+from rlkit.data.chat import appended_message_ids
 from rlkit.data.lengths import max_token_chars
 from rlkit.envs.base import Environment, EnvReturn, error_sample_index, sample_error
 from rlkit.errors import RewardError
@@ -258,19 +258,9 @@ def _check_message(env: Environment, message: Any, sample: int) -> None:
 
 def _message_tokens(tokenizer: Any, conversation: _Conversation, messages: list[dict[str, str]],
                     chat: _ChatFormat = _ChatFormat()) -> list[int]:
-    """The tokens that follow the assistant's last turn: its EOS if it was cut, then ``messages`` rendered by the
-    chat template (all at once: a template may join consecutive tool messages into one turn) and the header of
-    the next assistant turn."""
-    before = apply_template(tokenizer, conversation.messages, False, chat.tools, chat.template_kwargs)
-    after = apply_template(tokenizer, conversation.messages + messages, True, chat.tools, chat.template_kwargs)
-    if not after.startswith(before):
-        raise ValueError("the chat template renders a conversation differently once a message is appended, so the "
-                         "environment's message cannot be appended as tokens; use a template that only appends")
-    # what the template writes after the turn's EOS (ChatML's "\n") belongs to the environment's tokens too
-    end = before.rfind(tokenizer.eos_token) if tokenizer.eos_token else -1
-    tail = before[end + len(tokenizer.eos_token):] if end >= 0 else ""
-    closing = [] if conversation.ids[-1] == tokenizer.eos_token_id else [tokenizer.eos_token_id]
-    return closing + tokenizer(tail + after[len(before):], add_special_tokens=False)["input_ids"]
+    """The tokens that follow the assistant's last turn (:func:`rlkit.data.chat.appended_message_ids`)."""
+    return appended_message_ids(tokenizer, conversation.messages, messages, conversation.ids[-1], chat.tools,
+                                chat.template_kwargs)
 
 
 def _as_trajectories(games: list[_Conversation], texts: list[str], rows: Sequence[dict], g: int, policy_version: int,
