@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from rlkit.envs import Environment
 from rlkit.generation.base import Generator, SamplingSettings
@@ -25,16 +25,20 @@ class EvalResult:
     policy_version: int
     seconds: float
     batch: Trajectories  # the scored completions, for inspection
+    held_out_rows: Optional[int] = None  # held-out rows there were to choose from (None: not said)
 
     def __repr__(self) -> str:
-        return (f"EvalResult(accuracy={self.accuracy:.3f} on {self.num_prompts} held-out prompts, "
+        part = (f" of {self.held_out_rows} (eval.num_prompts)"
+                if self.held_out_rows is not None and self.held_out_rows > self.num_prompts else "")
+        return (f"EvalResult(accuracy={self.accuracy:.3f} on {self.num_prompts}{part} held-out prompts, "
                 f"policy_version={self.policy_version})")
 
 
 def evaluate(generator: Generator, tokenizer: Any, env: Environment, rows: Sequence[dict[str, Any]],
-             policy_version: int, settings: EvalSettings) -> EvalResult:
-    """Held-out accuracy; a multi-turn environment's conversations are played whole (within
-    ``settings.rollout.max_total_tokens``, needed then), each scored by the sum of its turns' rewards."""
+             policy_version: int, settings: EvalSettings, held_out_rows: Optional[int] = None) -> EvalResult:
+    """Held-out accuracy on ``rows`` (chosen from ``held_out_rows`` held-out rows, if said); a multi-turn
+    environment's conversations are played whole (within ``settings.rollout.max_total_tokens``, needed then), each
+    scored by the sum of its turns' rewards."""
     t0 = time.perf_counter()
     sampling = SamplingSettings(temperature=0.0 if settings.greedy else 1.0, max_new_tokens=settings.max_new_tokens,
                                 seed=settings.seed)
@@ -50,4 +54,4 @@ def evaluate(generator: Generator, tokenizer: Any, env: Environment, rows: Seque
         batches.append(part)
     accuracy = sum(r >= 1.0 for r in rewards) / len(rewards)
     return EvalResult(accuracy, sum(rewards) / len(rewards), len(rows), policy_version,
-                      time.perf_counter() - t0, batches[0])
+                      time.perf_counter() - t0, batches[0], held_out_rows)

@@ -186,6 +186,16 @@ def test_log_to_writes_the_run_folder_it_returns(session, tmp_path):
     assert rlkit.open_run(folder).metrics["step"].tolist() == [session.step_count - 1]
 
 
+# ---- item 8: an evaluation on part of the held-out rows says so ------------------------------------------------------
+def test_an_evaluation_says_how_many_of_the_held_out_rows_it_covers(session):
+    held_out = len(session.dataset["validation"])
+    part = session.evaluate()
+    assert part.num_prompts == 8 < held_out == part.held_out_rows
+    assert f"on 8 of {held_out} (eval.num_prompts) held-out prompts" in repr(part)
+    whole = session.evaluate(num_prompts=held_out)
+    assert f"on {held_out} held-out prompts" in repr(whole)
+
+
 # ---- item 6: Session.load keeps the environment; export_hf ---------------------------------------------------------
 def test_export_hf_writes_the_policys_current_weights(session, tmp_path):
     from safetensors.torch import load_file
@@ -223,3 +233,4 @@ def test_a_checkpoint_keeps_your_environment_or_refuses_with_the_env_fix(session
         assert loaded.step_count == step
     finally:
         loaded.close()
+

@@ -44,7 +44,8 @@ def test_preset_runs_a_few_steps(shared, preset):
 def test_switching_the_loss_is_one_key(shared):
     session, _ = shared
     before = session.config
-    after = session.configure(["loss_fn.policy_loss=cispo"])
+    assert session.configure(["loss_fn.policy_loss=cispo"]) is None  # a cell ending in it shows only the changes
+    after = session.config
     changed = {k for k in before.model_fields if getattr(before, k) != getattr(after, k)}
     assert changed == {"loss_fn"} and after.loss_fn.policy_loss == "cispo"
     assert session.loss(session.advantages(session.logprobs(session.score(session.rollout())))).metrics
