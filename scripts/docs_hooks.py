@@ -55,6 +55,14 @@ def on_files(files, config):
     return files
 
 
+def on_page_content(html, page, config, files):
+    """reST roles in docstrings (``:mod:`x```, ``:class:`x```), which mkdocstrings leaves as text, shown as code."""
+    return ROLE.sub(r"\1", html)
+
+
+ROLE = re.compile(r":(?:class|mod|func|meth|attr|data|obj|exc):(<code>)")
+
+
 # --- tutorials ---------------------------------------------------------------------------------------------
 
 
