@@ -1,4 +1,5 @@
-"""Reward environments: the ``Environment`` interface, reward-function and reward-model adapters, tools, the shipped tasks."""
+"""Reward environments: the ``Environment`` interface, reward-function, reward-model and judge adapters, weighted
+rewards, tools (text and native JSON), the shipped tasks."""
 
 from rlkit.envs.arithmetic import (
     ArithmeticEnvironment,
@@ -7,10 +8,13 @@ from rlkit.envs.arithmetic import (
     make_arithmetic_rows,
 )
 from rlkit.envs.base import Conversation, Environment, EnvReturn, Message
+from rlkit.envs.judge import JudgeEnvironment, RewardComponent, WeightedRewards, last_number_score
 from rlkit.envs.math import MathEnvironment, last_boxed
+from rlkit.envs.native_tools import NativeToolEnvironment
 from rlkit.envs.registry import EnvironmentName, available_environments, make_environment
 from rlkit.envs.reward_fn import RewardFn, RewardFunctionEnvironment
 from rlkit.envs.reward_model import RewardModelEnvironment, ScorerEnvironment
+from rlkit.envs.tool_calls import JsonTool, ToolCall, parse_tool_calls, tool_messages
 from rlkit.envs.tool_env import ToolEnvironment
 from rlkit.envs.tools import Calculator, FunctionTool, PythonTool, Tool
 
@@ -22,19 +26,28 @@ __all__ = [
     "Environment",
     "EnvironmentName",
     "FunctionTool",
+    "JsonTool",
+    "JudgeEnvironment",
     "MathEnvironment",
     "Message",
+    "NativeToolEnvironment",
     "PythonTool",
+    "RewardComponent",
     "RewardFn",
     "RewardFunctionEnvironment",
     "RewardModelEnvironment",
     "ScorerEnvironment",
     "Tool",
+    "ToolCall",
     "ToolEnvironment",
+    "WeightedRewards",
     "available_environments",
     "count_arithmetic_prompts",
     "iter_arithmetic_rows",
     "last_boxed",
+    "last_number_score",
     "make_arithmetic_rows",
     "make_environment",
+    "parse_tool_calls",
+    "tool_messages",
 ]
