@@ -21,6 +21,7 @@ import dataclasses
 import inspect
 import io
 import logging
+import os
 import re
 import textwrap
 import tokenize
@@ -83,8 +84,10 @@ def tutorial_files() -> dict[str, Path]:
             nb.cells.insert(1, nbformat.v4.new_markdown_cell(note))
         target = out / path.name
         text = nbformat.writes(nb)
-        if not target.exists() or target.read_text() != text:
-            target.write_text(text)
+        if not target.exists() or target.read_text() != text:  # whole or not at all for a build running beside
+            tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+            tmp.write_text(text)
+            tmp.replace(target)
         written[path.name] = target
     for stale in set(p.name for p in out.glob("*.ipynb")) - set(written):
         (out / stale).unlink()
