@@ -81,6 +81,7 @@ def agent_rollout(endpoint: OpenAIEndpoint, agent: Agent, rows: Sequence[dict[st
 
     results = run_coroutine(all_episodes())
     rewards, errors, conversations = [0.0] * len(names), [], {}
+    metadata: list[dict[str, Any]] = [{} for _ in names]  # the env's per episode (its reward components...)
     for i, (name, result) in enumerate(zip(names, results)):
         if name not in endpoint.episodes or not endpoint.episodes[name].branches:
             result = result if isinstance(result, BaseException) else RuntimeError("the agent made no request")
@@ -100,13 +101,13 @@ def agent_rollout(endpoint: OpenAIEndpoint, agent: Agent, rows: Sequence[dict[st
         order = sorted(conversations)
         scored = env.step([conversations[i] for i in order], [episode_rows[i] for i in order])
         for local, i in enumerate(order):
-            rewards[i] = float(scored.rewards[local])
+            rewards[i], metadata[i] = float(scored.rewards[local]), dict(scored.metadata[local])
         errors += [m.replace(f"sample {local}: ", f"sample {order[local]}: ", 1)
                    for local in range(len(order)) for m in scored.errors if m.startswith(f"sample {local}: ")]
     branches = [endpoint.episodes[n].final() if n in endpoint.episodes and endpoint.episodes[n].branches else None
                 for n in names]
     batch = episodes_as_trajectories(branches, rows, rewards, num_generations, policy_version, endpoint.tokenizer,
-                                     errors)
+                                     errors, metadata)
     check_reward_failures(errors, batch, env or _AgentName(), max_failure_fraction)
     with endpoint._lock:  # the episodes are in the batch now; the endpoint keeps serving others
         for n in names:
@@ -123,7 +124,8 @@ class _AgentName:
 
 def episodes_as_trajectories(branches: Sequence[Optional[Branch]], rows: Sequence[dict[str, Any]],
                              rewards: Sequence[float], group_size: int, policy_version: int, tokenizer: Any,
-                             errors: Sequence[str] = ()) -> Trajectories:
+                             errors: Sequence[str] = (), metadata: Optional[Sequence[dict[str, Any]]] = None
+                             ) -> Trajectories:
     """One row per episode, ``group_size`` episodes per prompt row of ``rows`` (an episode without a request:
     one pad token, masked out, reward 0)."""
     pad = tokenizer.pad_token_id
@@ -147,4 +149,5 @@ def episodes_as_trajectories(branches: Sequence[Optional[Branch]], rows: Sequenc
         finish_reasons=tuple(br.finish_reason if br else "stop" for br in branches), group_size=group_size,
         policy_version=policy_version, rows=tuple(rows), rewards=turn_rewards.sum(1), turn_rewards=turn_rewards,
         reward_errors=tuple(errors), tokenizer=tokenizer,
+        env_metadata=tuple(metadata) if metadata is not None else tuple({} for _ in branches),
     )

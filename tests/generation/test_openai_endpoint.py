@@ -148,3 +148,25 @@ def test_sampled_ids_are_kept_even_where_the_tokenizer_would_split_the_text_othe
     rerendered = TOK(TOK.decode(ids), add_special_tokens=False)["input_ids"]
     assert rerendered != ids and len(rerendered) < len(ids)  # so this test tells the two apart
     assert batch.rewards.tolist() == [1.0]
+
+
+def test_an_agent_returning_messages_is_scored_by_the_env_with_each_component_kept(endpoint):
+    from rlkit.envs.judge import RewardComponent, WeightedRewards
+    from rlkit.stages.metrics import rollout_metrics
+
+    async def talker(client, row):
+        messages = [{"role": "user", "content": row["prompt"]}]
+        reply = await client.chat.completions.create(model="rlkit-policy", messages=messages, tools=TOOLS)
+        return messages + [{"role": "assistant", "content": reply.choices[0].message.content or ""}]
+
+    def called(prompts, completions, **columns):  # the engine's first reply is a tool call: no content left
+        return [float(c == "") for c in completions]
+
+    def length(prompts, completions, **columns):
+        return [0.5] * len(completions)
+
+    env = WeightedRewards([RewardComponent(called, 0.5), RewardComponent(length, 2.0)])
+    batch = agent_rollout(endpoint, talker, [{"prompt": "1+2", "answer": "3"}], 2, 0, env=env)
+    assert batch.rewards.tolist() == [1.5, 1.5]
+    metrics = rollout_metrics(batch)
+    assert metrics["rollout/reward/called_mean"] == 1.0 and metrics["rollout/reward/length_mean"] == 0.5
