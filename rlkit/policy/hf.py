@@ -78,8 +78,8 @@ class HFPolicy(AdapterReference, InProcessPolicy):
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
     # ---- weights ----------------------------------------------------------------------------------
-    def load_hf_state(self, hf: Mapping[str, Tensor]) -> None:
-        """Load HF-named full tensors (a DTensor parameter keeps this rank's shard). Strict on names and shapes."""
+    def _copy_hf_state(self, hf: Mapping[str, Tensor]) -> None:
+        """Copy HF-named full tensors (a DTensor parameter keeps this rank's shard). Strict on names and shapes."""
         from torch.distributed.tensor import distribute_tensor
 
         params = self._hf_params()
@@ -93,7 +93,6 @@ class HFPolicy(AdapterReference, InProcessPolicy):
                 full = hf[name].to(self.device, param.dtype)
                 sharded = hasattr(param, "placements")
                 param.copy_(distribute_tensor(full, param.device_mesh, param.placements) if sharded else full)
-        self._master_weights_changed()
 
     def export_hf_groups(self) -> Iterator[HFGroup]:
         """HF-named full tensors: embeddings, each decoder layer, then final norm and head. Gathering a DTensor
@@ -150,16 +149,15 @@ class HFPolicy(AdapterReference, InProcessPolicy):
         return None  # this process holds every row
 
     def _logits(self, input_ids: Tensor) -> Tensor:
-        """input_ids [b, T] -> logits [b, T, V], divided by the sampling temperature (right padding needs
-        no mask: a causal model never looks at later positions)."""
-        return self._scaled(self.model(input_ids=input_ids.to(self.device), use_cache=False).logits)
+        """input_ids [b, T] -> logits [b, T, V] (right padding needs no mask: a causal model never looks at later
+        positions)."""
+        return self.model(input_ids=input_ids.to(self.device), use_cache=False).logits
 
     def _packed_logits(self, packed: PackedRows) -> Tensor:
-        """Packed rows -> logits [1, L, V] / temperature: position_ids restart per row (RoPE), and the registered
+        """Packed rows -> logits [1, L, V]: position_ids restart per row (RoPE), and the registered
         attention (:mod:`rlkit.policy.packed_attention`) runs each row's segment of ``cu_seq_lens_q`` alone."""
-        return self._scaled(self.model(input_ids=packed.input_ids.to(self.device),
-                                       position_ids=packed.position_ids.to(self.device),
-                                       cu_seq_lens_q=packed.cu_seqlens.to(self.device), use_cache=False).logits)
+        return self.model(input_ids=packed.input_ids.to(self.device), position_ids=packed.position_ids.to(self.device),
+                          cu_seq_lens_q=packed.cu_seqlens.to(self.device), use_cache=False).logits
 
     def _token_logprobs_and_entropy(self, logits: Tensor, input_ids: Tensor,
                                     with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:

@@ -1,13 +1,15 @@
 """What the in-process backends (Megatron-Core and DTensor) share: the whole :class:`rlkit.policy.base.Policy`
 contract except the model itself.
 
-A backend subclass builds ``self.model`` and supplies only what differs between the two: the forward pass
-(``_logits``), logprobs and entropy from its logits (vocabulary-parallel or not), the group its rows are
-split over, gradient reductions and the gradient norm, HF import/export, and how its parameters are named
-in a checkpoint. Everything else is here once: the chunked logprob loop, global token counts, the
-microbatch loop, the all-or-nothing optimizer step with Ctrl-C deferred, the KL reference (resident only
-when used: :mod:`rlkit.policy.reference`), the learning-rate schedule, the checkpoint state, and the optimizer state's offload to host memory while a
-colocated engine generates.
+A backend subclass builds ``self.model`` and supplies only what differs: the forward pass (``_logits``, raw
+logits), logprobs and entropy from logits (vocabulary-parallel or not), the group its rows are split over,
+gradient reductions and the gradient norm, HF import/export, and how its parameters are named in a checkpoint.
+The calls run one way: this loop calls the backend's hooks, and no hook calls back into the loop (a backend
+that pipelines its microbatches supplies a ``_pipeline`` runner, to which the loop hands its own functions).
+Everything else is here once: the chunked logprob loop, global token counts, the microbatch loop, the
+all-or-nothing optimizer step with Ctrl-C deferred, the KL reference (resident only when used:
+:mod:`rlkit.policy.reference`), the learning-rate schedule, the checkpoint state, and the optimizer state's
+offload to host memory while a colocated engine generates.
 
 Numerics both backends follow: logits divided by the sampling temperature, the loss normalised by counts
 over the *global* batch (so gradients are summed, never averaged, over data-parallel ranks), clipping by the
@@ -22,35 +24,20 @@ import math
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Literal, NamedTuple, Optional
+from typing import Mapping, Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.distributed.tensor import DTensor
 
 from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
 from rlkit.errors import defer_keyboard_interrupt
 from rlkit.policy.base import LossFn, TokenLogprobs, TrainStepResult
-from rlkit.policy.packing import PackedRows, pack_rows, packing_plan
+from rlkit.policy.optimizer import HostCopy, adamw, offload_state, restore_state
+from rlkit.policy.packing import PackedRows, pack_rows
 from rlkit.policy.reference import ReferenceWeights, swap_all
-from rlkit.policy.token_budget import as_index, equal_count_over, round_up, row_count_plan, token_budget_plan
+from rlkit.policy.token_budget import microbatch_plan, round_up
 from rlkit.trajectories import LossCounts, Trajectories
-
-
-def lr_lambda(cfg: SchedulerConfig):
-    """Multiplier of the base learning rate at scheduler step ``s`` (warm-up, then the decay style)."""
-
-    def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        if cfg.decay_style == "constant" or cfg.decay_steps is None:
-            return 1.0
-        progress = min(1.0, (step - cfg.warmup_steps) / cfg.decay_steps)
-        shape = 1 - progress if cfg.decay_style == "linear" else 0.5 * (1 + math.cos(math.pi * progress))
-        return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * shape
-
-    return factor
 
 
 def sum_metrics_over_ranks(sums: dict[str, Tensor], group, device: torch.device) -> dict[str, float]:
@@ -64,34 +51,6 @@ def sum_metrics_over_ranks(sums: dict[str, Tensor], group, device: torch.device)
     return {k: float(v) for k, v in sums.items()}
 
 
-class HostCopy(NamedTuple):
-    """One optimizer state tensor while it is offloaded: its (local shard's) copy in host memory, and for a
-    DTensor (FSDP2's state) what rebuilds it around that shard on the way back."""
-
-    host: Tensor  # same shape, dtype and strides as the (local) tensor; pinned when CUDA is present
-    dtensor_layout: Optional[tuple]  # (device_mesh, placements, shape, stride) of a DTensor; None for a plain tensor
-
-    @classmethod
-    def of(cls, value: Tensor, pin: bool) -> "HostCopy":
-        """Copy ``value`` into new host memory (a DTensor's local shard only: a DTensor built around a host
-        tensor is moved back to its mesh's device by ``DTensor.from_local``)."""
-        if isinstance(value, DTensor):
-            local, layout = value.to_local(), (value.device_mesh, value.placements, value.shape, value.stride())
-        else:
-            local, layout = value, None
-        host = torch.empty_like(local, device="cpu", pin_memory=pin)
-        host.copy_(local, non_blocking=pin)
-        return cls(host, layout)
-
-    def to(self, device: torch.device) -> Tensor:
-        """The tensor again, on ``device``."""
-        local = self.host.to(device, non_blocking=True)
-        if self.dtensor_layout is None:
-            return local
-        mesh, placements, shape, stride = self.dtensor_layout
-        return DTensor.from_local(local, mesh, placements, run_check=False, shape=shape, stride=stride)
-
-
 class InProcessPolicy:
     """The shared machinery; a subclass sets ``cfg``, ``model`` and ``device``, then calls ``_start_training``."""
 
@@ -102,7 +61,9 @@ class InProcessPolicy:
     # rank facts (a Ray worker reports them): this rank's data-parallel rank and size, and whether it is the first
     # rank of its data-parallel group (the one whose results are kept)
     dp_rank, dp_size, leader = 0, 1, True
-    returns_step_logprobs = True  # (the backend contract; Megatron's pipeline schedule overrides it)
+    # a backend that splits the model into pipeline stages runs microbatches through its schedule instead of the
+    # plain loop (:class:`rlkit.policy.megatron.pipeline.PipelineSchedule`); None: the plain loop
+    _pipeline = None
     # bf16 copy that runs forward and backward while ``model`` holds the fp32 master weights (Megatron at
     # policy.precision=bfloat16; a :class:`rlkit.policy.precision.Bf16Twin`); None when ``model`` itself computes
     _twin = None
@@ -125,13 +86,22 @@ class InProcessPolicy:
         raise NotImplementedError
 
     def _logits(self, input_ids: Tensor) -> Tensor:
-        """input_ids [b, t] -> logits [b, t, V] (or this rank's [b, t, V/tp]) divided by the temperature."""
+        """input_ids [b, t] -> logits [b, t, V] (or this rank's [b, t, V/tp])."""
         raise NotImplementedError
 
     def _packed_logits(self, packed: PackedRows) -> Tensor:
-        """Rows packed into one sequence (``policy.sequence_packing``) -> logits [1, L, V(/tp)] divided by the
-        temperature, each row attending only within itself, its positions restarting at 0."""
+        """Rows packed into one sequence (``policy.sequence_packing``) -> logits [1, L, V(/tp)], each row attending
+        only within itself, its positions restarting at 0."""
         raise NotImplementedError
+
+    def _copy_hf_state(self, hf: Mapping[str, Tensor]) -> None:
+        """Copy HF-named full tensors into the model (this rank's shards); strict on names and shapes."""
+        raise NotImplementedError
+
+    def _agreed_length(self, t: int) -> int:
+        """The forward length this rank uses when its own rows need ``t`` columns (ranks that must run equal
+        lengths agree here: Megatron's experts under expert parallelism)."""
+        return t
 
     def _pack(self, input_ids: Tensor, attention_mask: Tensor) -> PackedRows:
         """The rows of ``input_ids`` [b, T] (real tokens where ``attention_mask`` [b, T]) packed into one sequence."""
@@ -166,13 +136,23 @@ class InProcessPolicy:
         rounded up to ``policy.dynamic_batching.sequence_length_round`` when that is on (at most T)."""
         longest = int(attention_mask.sum(1).max())
         dynamic = self.cfg.dynamic_batching
-        if not dynamic.enabled:
-            return longest
-        return min(attention_mask.shape[1], round_up(longest, dynamic.sequence_length_round))
+        if dynamic.enabled:
+            longest = min(attention_mask.shape[1], round_up(longest, dynamic.sequence_length_round))
+        return self._agreed_length(longest)
 
     def _scaled(self, logits: Tensor) -> Tensor:
         """Logits divided by the sampling temperature (the distribution the generator sampled from)."""
         return logits / self.temperature if self.temperature != 1.0 else logits
+
+    def _scores(self, logits: Tensor, input_ids: Tensor, with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
+        """Raw logits [b, t, V(/tp)] -> logprobs (and entropy) [b, t] of the sampling distribution."""
+        return self._token_logprobs_and_entropy(self._scaled(logits), input_ids.to(logits.device), with_entropy)
+
+    @property
+    def returns_step_logprobs(self) -> bool:
+        """Whether a train step can return its logprobs (the backend contract): not through a pipeline, whose last
+        stage alone sees the logits."""
+        return self._pipeline is None
 
     # ---- optimizer and reference --------------------------------------------------------------------
     def reset_optimizer(self, optimizer: OptimizerConfig, scheduler: SchedulerConfig) -> None:
@@ -181,11 +161,8 @@ class InProcessPolicy:
         optimizer starts empty)."""
         if self._offloaded_state is not None:
             self._offloaded_state = {}  # still offloaded: the gradient buffers come back at the next step
-        self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad], lr=optimizer.lr, betas=optimizer.betas, eps=optimizer.eps,
-            weight_decay=optimizer.weight_decay,
-        )
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(scheduler))
+        self.optimizer, self.scheduler = adamw([p for p in self.model.parameters() if p.requires_grad], optimizer,
+                                               scheduler)
 
     # ---- the KL reference (rlkit.policy.reference) ----------------------------------------------------
     # Whether the reference costs a copy of the weights. The seam for low-rank adapters: a policy whose reference is
@@ -247,6 +224,10 @@ class InProcessPolicy:
         """The model computes with the reference weights inside the block; the live weights come back after, even
         if the block raises. The held reference is swapped into the parameters in place (no clone); a bf16 compute
         copy gets the reference and is pulled back from the fp32 masters after."""
+        if not self.reference_needs_copy:  # the base model with the adapters off (rlkit.policy.lora.AdapterReference)
+            with self._adapters_disabled():
+                yield
+            return
         self._hold_reference()
         ref = self._reference.tensors
         if self._twin is not None:
@@ -283,16 +264,10 @@ class InProcessPolicy:
         CPU already, or when the state is offloaded already."""
         if self._offloaded_state is not None or not self._offload_frees_memory():
             return
-        self.optimizer.zero_grad(set_to_none=True)  # (Megatron: views of the buffers freed below)
-        on_cuda = self.device.type == "cuda"
-        offloaded: dict[Tensor, dict[str, HostCopy]] = {}
         with defer_keyboard_interrupt():  # a state half moved would be half lost
-            for param, state in self.optimizer.state.items():
-                on_device = [k for k, v in state.items() if isinstance(v, Tensor) and v.device.type == self.device.type]
-                offloaded[param] = {k: HostCopy.of(state.pop(k), pin=on_cuda) for k in on_device}
+            self._offloaded_state = offload_state(self.optimizer, self.device)
             self._release_gradient_buffers()
-            self._offloaded_state = offloaded
-        if on_cuda:  # the copies are asynchronous; cached blocks go back to the driver, where the engine allocates
+        if self.device.type == "cuda":  # the copies are asynchronous; cached blocks go back to the driver
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
 
@@ -303,8 +278,7 @@ class InProcessPolicy:
         if self._offloaded_state is None:
             return
         with defer_keyboard_interrupt():
-            for param, copies in self._offloaded_state.items():
-                self.optimizer.state[param].update({key: copy.to(self.device) for key, copy in copies.items()})
+            restore_state(self.optimizer, self._offloaded_state, self.device)
             self._reallocate_gradient_buffers()
             self._offloaded_state = None
 
@@ -325,8 +299,12 @@ class InProcessPolicy:
         """Per-token logprobs (and entropy) [B, T] of ``input_ids`` [B, T] in chunks of
         ``logprob_batch_size`` rows, each trimmed to its longest row; 0 at position 0 and on padding."""
         self.model.eval()
+        if self._pipeline is not None:
+            return self._pipeline.logprobs(input_ids, attention_mask, with_entropy, self.cfg.logprob_batch_size,
+                                           self._forward_length, self._scores)
         out = torch.zeros((1 + with_entropy, *input_ids.shape), device=input_ids.device)  # logprobs (, entropy)
-        for rows in self._microbatch_plan(attention_mask, self.cfg.logprob_batch_size, "logprob_mb_tokens"):
+        for rows in microbatch_plan(self.cfg, attention_mask, self.cfg.logprob_batch_size, "logprob_mb_tokens",
+                                    self._rows_group(), self.device):
             out[:, rows] = torch.stack(self._per_token(input_ids[rows], attention_mask[rows], with_entropy)).to(out.device)
         return TokenLogprobs(out[0], out[1] if with_entropy else None)
 
@@ -349,21 +327,19 @@ class InProcessPolicy:
         width = input_ids.shape[1]
         if self.cfg.sequence_packing.enabled:
             packed = self._pack(input_ids, attention_mask)
-            logits = self._packed_logits(packed)
-            values = self._token_logprobs_and_entropy(logits, packed.input_ids.to(logits.device), with_entropy)
+            values = self._scores(self._packed_logits(packed), packed.input_ids, with_entropy)
             return [packed.unpack(v, width).to(input_ids.device) for v in values if v is not None]
         t = self._forward_length(attention_mask)
-        logits, mask = self._logits(input_ids[:, :t]), attention_mask[:, :t]
-        values = self._token_logprobs_and_entropy(logits, input_ids[:, :t].to(logits.device), with_entropy)
+        mask = attention_mask[:, :t]
+        values = self._scores(self._logits(input_ids[:, :t]), input_ids[:, :t], with_entropy)
         return [torch.nn.functional.pad(v.to(mask.device) * mask, (0, width - t)) for v in values if v is not None]
 
     def _micro_loss(self, logits: Tensor, micro: Trajectories, t: int, loss_fn: LossFn,
                     counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:
-        """The loss of one microbatch from its scaled logits [b, t, V(/tp)] (Megatron's pipeline schedule runs
-        the forward pass itself), and its metrics as float64 scalars."""
-        ids = micro.input_ids[:, :t]
-        logprobs, _ = self._token_logprobs_and_entropy(logits, ids.to(logits.device), with_entropy=False)
-        logprobs = logprobs.to(ids.device) * micro.attention_mask[:, :t]
+        """The loss of one microbatch from its logits [b, t, V(/tp)] (a pipeline schedule runs the forward pass
+        itself), and its metrics as float64 scalars."""
+        logprobs, _ = self._scores(logits, micro.input_ids[:, :t], with_entropy=False)
+        logprobs = logprobs.to(micro.input_ids.device) * micro.attention_mask[:, :t]
         logprobs = torch.nn.functional.pad(logprobs, (0, micro.input_ids.shape[1] - t))
         return self._loss_of(logprobs, micro, loss_fn, counts)
 
@@ -376,13 +352,19 @@ class InProcessPolicy:
 
     def _microbatch_losses(self, batch: Trajectories, loss_fn: LossFn, counts: LossCounts, backward: bool,
                            kept: Optional[Tensor] = None) -> tuple[dict[str, Tensor], int]:
-        """One microbatch after another (:meth:`_microbatch_plan`), each trimmed to its longest row; returns
+        """One microbatch after another (:func:`rlkit.policy.token_budget.microbatch_plan`), each trimmed to its longest row; returns
         this rank's metric sums and the number of microbatches. With ``kept`` ([2, B, T]), each microbatch's own
         logprobs (0 on padding) and entropy (0 outside the completion), detached, are written into its rows of
         ``kept[0]`` and ``kept[1]``, and the entropy goes to the loss as the logprobs pass's would (its
-        ``approx_entropy``)."""
+        ``approx_entropy``). Through a pipeline (no ``kept``: :attr:`returns_step_logprobs`) its schedule runs
+        them, each microbatch's loss from :meth:`_micro_loss`."""
+        if self._pipeline is not None:
+            t = self._forward_length(batch.attention_mask)
+            micro_loss = lambda logits, micro: self._micro_loss(logits, micro, t, loss_fn, counts)  # noqa: E731
+            return self._pipeline.losses(batch, self.cfg.train_micro_batch_size, t, micro_loss, backward)
         sums: Counter[str] = Counter()  # float64 scalar tensors summed over microbatches
-        plan = self._microbatch_plan(batch.attention_mask, self.cfg.train_micro_batch_size, "train_mb_tokens")
+        plan = microbatch_plan(self.cfg, batch.attention_mask, self.cfg.train_micro_batch_size, "train_mb_tokens",
+                               self._rows_group(), self.device)
         for i, rows in enumerate(plan):
             micro = batch.select(rows)
             if backward:
@@ -396,24 +378,6 @@ class InProcessPolicy:
                 loss.backward()
             sums.update(metrics)
         return sums, len(plan)
-
-    def _microbatch_plan(self, attention_mask: Tensor, rows_per_microbatch: int,
-                         budget_key: Literal["train_mb_tokens", "logprob_mb_tokens"]) -> list[slice | Tensor]:
-        """The rows of each forward pass over ``attention_mask`` [B, T]: ``rows_per_microbatch`` consecutive rows
-        at a time; with ``policy.dynamic_batching`` rows of similar length up to a budget of padded tokens; with
-        ``policy.sequence_packing`` packs of rows up to a budget of tokens. The budget is the enabled section's
-        ``budget_key`` (``train_mb_tokens`` or ``logprob_mb_tokens``; default: ``rows_per_microbatch`` x
-        ``max_total_sequence_length``). As many passes on every rank of the rows group
-        (:mod:`rlkit.policy.token_budget`, :mod:`rlkit.policy.packing`)."""
-        dynamic, packing = self.cfg.dynamic_batching, self.cfg.sequence_packing
-        if not (dynamic.enabled or packing.enabled):
-            return [as_index(rows) for rows in row_count_plan(attention_mask.shape[0], rows_per_microbatch)]
-        section = packing if packing.enabled else dynamic
-        budget = getattr(section, budget_key) or rows_per_microbatch * self.cfg.max_total_sequence_length
-        lengths = attention_mask.sum(1).tolist()
-        plan = (packing_plan(lengths, budget) if packing.enabled
-                else token_budget_plan(lengths, budget, dynamic.sequence_length_round))
-        return [as_index(rows) for rows in equal_count_over(plan, self._rows_group(), self.device)]
 
     def _run_microbatches(self, batch: Trajectories, loss_fn: LossFn, backward: bool,
                           kept: Optional[Tensor] = None) -> tuple[dict[str, float], int]:
@@ -495,6 +459,11 @@ class InProcessPolicy:
 
         with self._optimizer_state_in_place():
             save_policy_state(self, Path(folder))
+
+    def load_hf_state(self, hf: Mapping[str, Tensor]) -> None:
+        """Load HF-named full tensors (this rank keeps its shards). Strict on names and shapes."""
+        self._copy_hf_state(hf)
+        self._master_weights_changed()
 
     def load_state(self, folder: Path) -> None:
         from rlkit.policy.state import load_policy_state

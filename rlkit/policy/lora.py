@@ -113,11 +113,3 @@ class AdapterReference:
     def reference_needs_copy(self) -> bool:
         return not self.cfg.lora_cfg.enabled
 
-    @contextlib.contextmanager
-    def _reference_weights_in(self):
-        if not self.cfg.lora_cfg.enabled:
-            with super()._reference_weights_in():
-                yield
-            return
-        with self._adapters_disabled():
-            yield

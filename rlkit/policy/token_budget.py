@@ -16,11 +16,14 @@ plan is split further until every rank has the largest count of the group (:func
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Literal, Sequence
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+from rlkit.config.components import PolicyConfig
+from rlkit.policy.packing import packing_plan
 
 
 def round_up(length: int, round_to: int) -> int:
@@ -84,3 +87,22 @@ def as_index(rows: list[int]) -> slice | Tensor:
     if rows == list(range(rows[0], rows[0] + len(rows))):
         return slice(rows[0], rows[0] + len(rows))
     return torch.tensor(rows)
+
+
+def microbatch_plan(cfg: PolicyConfig, attention_mask: Tensor, rows_per_microbatch: int,
+                    budget_key: Literal["train_mb_tokens", "logprob_mb_tokens"], group,
+                    device: torch.device) -> list[slice | Tensor]:
+    """The rows of each forward pass over ``attention_mask`` [B, T]: ``rows_per_microbatch`` consecutive rows at a
+    time; with ``policy.dynamic_batching`` rows of similar length up to a budget of padded tokens; with
+    ``policy.sequence_packing`` packs of rows up to a budget of tokens (:mod:`rlkit.policy.packing`). The budget is
+    the enabled section's ``budget_key`` (default: ``rows_per_microbatch`` x ``max_total_sequence_length``). As many
+    passes on every rank of ``group`` (the ranks holding different rows; ``device``: where the count is reduced)."""
+    dynamic, packing = cfg.dynamic_batching, cfg.sequence_packing
+    if not (dynamic.enabled or packing.enabled):
+        return [as_index(rows) for rows in row_count_plan(attention_mask.shape[0], rows_per_microbatch)]
+    section = packing if packing.enabled else dynamic
+    budget = getattr(section, budget_key) or rows_per_microbatch * cfg.max_total_sequence_length
+    lengths = attention_mask.sum(1).tolist()
+    plan = (packing_plan(lengths, budget) if packing.enabled
+            else token_budget_plan(lengths, budget, dynamic.sequence_length_round))
+    return [as_index(rows) for rows in equal_count_over(plan, group, device)]

@@ -212,10 +212,9 @@ class MegatronMoEPolicy(MegatronPolicy):
             return ps.get_expert_tensor_parallel_rank(), ps.get_expert_tensor_parallel_world_size()
         return self.tp_rank, self.tp_size
 
-    def _forward_length(self, attention_mask: Tensor) -> int:
-        """Under expert parallelism the longest row over the expert-parallel group: Megatron's all-gather token
+    def _agreed_length(self, t: int) -> int:
+        """Under expert parallelism the longest over the expert-parallel group: Megatron's all-gather token
         dispatcher needs the same number of tokens from every rank of the group in each forward pass."""
-        t = super()._forward_length(attention_mask)
         if self.ep_size == 1:
             return t
         longest = torch.tensor(t, device=self.device)

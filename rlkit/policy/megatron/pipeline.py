@@ -20,6 +20,7 @@ microbatch of a call padded to one length (the schedule's activation shapes are 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -27,8 +28,10 @@ import torch.distributed as dist
 from megatron.core import parallel_state as ps
 from torch import Tensor
 
+from rlkit.policy.base import TokenLogprobs
 from rlkit.policy.megatron.cpu import cuda_literals_on_cpu
 from rlkit.policy.megatron.parallel import device
+from rlkit.trajectories import Trajectories
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.")
 
@@ -96,3 +99,70 @@ def run_schedule(model, microbatches: Sequence[Any], forward: Callable[[Any], Te
             num_microbatches=len(microbatches), seq_length=seq_length, micro_batch_size=micro_batch_size,
             forward_only=forward_only,
         )
+
+
+class PipelineSchedule:
+    """The microbatch loop of a policy split into pipeline stages (the policy's ``_pipeline``): the loop of
+    :class:`rlkit.policy.in_process.InProcessPolicy` hands over its own functions (the forward length, the scores of
+    logits, a microbatch's loss) and gets every stage the last stage's results.
+
+    ``module``: this stage's model as the schedule runs it (DDP around it); ``stage_forward(ids [b, t'])`` runs this
+    stage on already padded ids; ``padded_length(t)`` is the length a forward pass of ``t`` columns runs at."""
+
+    def __init__(self, module, stage_forward: Callable[[Tensor], Tensor], padded_length: Callable[[int], int]):
+        self.module, self.stage_forward, self.padded_length = module, stage_forward, padded_length
+
+    def logprobs(self, input_ids: Tensor, attention_mask: Tensor, with_entropy: bool, rows_per_micro: int,
+                 forward_length: Callable[[Tensor], int],
+                 scores: Callable[[Tensor, Tensor, bool], tuple[Tensor, Optional[Tensor]]]) -> TokenLogprobs:
+        """Logprobs (and entropy) [B, T] of ``input_ids`` [B, T] with ``scores(logits, ids, with_entropy)``: equal
+        microbatches (the last row repeated to fill the last one), one length ``forward_length(mask)``; 0 at
+        position 0 and on padding."""
+        b, width = input_ids.shape
+        rows = min(rows_per_micro, b)
+        fill = -b % rows
+        ids_all = torch.cat([input_ids, input_ids[-1:].expand(fill, -1)])
+        mask_all = torch.cat([attention_mask, attention_mask[-1:].expand(fill, -1)])
+        t = forward_length(mask_all)
+        ids_all, mask_all = ids_all[:, :t], mask_all[:, :t]
+        padded = torch.nn.functional.pad(ids_all, (0, self.padded_length(t) - t))
+        micros = [slice(s, s + rows) for s in range(0, b + fill, rows)]
+
+        def on_last_stage(output: Tensor, rows_: slice) -> tuple[Tensor, dict]:
+            mask = mask_all[rows_]
+            lp, ent = scores(output[:, :t], ids_all[rows_], with_entropy)
+            lp = lp.to(mask.device) * mask
+            if with_entropy:
+                lp = torch.stack([lp, ent.to(mask.device) * mask])
+            return output.new_zeros(()), {"scores": lp}
+
+        infos = run_schedule(self.module, micros, lambda rows_: self.stage_forward(padded[rows_]), on_last_stage,
+                             padded.shape[1], rows, forward_only=True)
+        last = ps.get_pipeline_model_parallel_world_size() - 1
+        mine = torch.cat([i["scores"] for i in infos], dim=-2) if ps.get_pipeline_model_parallel_rank() == last else None
+        out = broadcast_from_stage(mine, last)[..., :b, :].to(input_ids.device)
+        out = torch.nn.functional.pad(out, (0, width - t))  # [b, width], or [2, b, width] with the entropy
+        return TokenLogprobs(*out) if with_entropy else TokenLogprobs(out)
+
+    def losses(self, batch: Trajectories, rows_per_micro: int, t: int,
+               micro_loss: Callable[[Tensor, Trajectories], tuple[Tensor, dict[str, Tensor]]],
+               backward: bool) -> tuple[dict[str, Tensor], int]:
+        """``micro_loss(logits [b, t, V/tp], micro)`` over equal microbatches of ``batch`` at length ``t``, gradients
+        accumulated unless not ``backward``; the metric sums (from the last stage, on every stage) and the number of
+        microbatches."""
+        mbs = min(rows_per_micro, batch.batch_size)
+        if batch.batch_size % mbs:
+            raise ValueError(f"pipeline parallelism runs equal microbatches, but this rank's {batch.batch_size} rows "
+                             f"are not a multiple of policy.train_micro_batch_size={mbs}; make the per-rank batch "
+                             f"(policy.train_global_batch_size / data-parallel size) a multiple of it")
+        padded = torch.nn.functional.pad(batch.input_ids[:, :t], (0, self.padded_length(t) - t))
+        micros = [slice(s, s + mbs) for s in range(0, batch.batch_size, mbs)]
+        if backward:  # (the schedule itself holds DDP's no_sync over all but the last microbatch)
+            self.module.zero_grad_buffer()
+        infos = run_schedule(self.module, micros, lambda rows: self.stage_forward(padded[rows]),
+                             lambda output, rows: micro_loss(output[:, :t], batch.select(rows)),
+                             padded.shape[1], mbs, forward_only=not backward)
+        sums: Counter[str] = Counter()  # float64 scalar tensors summed over microbatches
+        for info in infos:
+            sums.update(info)
+        return broadcast_from_last_stage(sums), len(micros)

@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
-from collections import Counter
 from typing import Callable, Iterator, Mapping, Optional
 
 import torch
@@ -42,7 +41,6 @@ from megatron.core.transformer.transformer_layer import get_transformer_layer_of
 from torch import Tensor
 
 from rlkit.config.components import PolicyConfig
-from rlkit.policy.base import LossFn, TokenLogprobs
 from rlkit.policy.in_process import InProcessPolicy
 from rlkit.policy.lora import AdapterReference, merged
 from rlkit.policy.megatron import convert, lora, parallel, pipeline
@@ -50,7 +48,6 @@ from rlkit.policy.architecture import Architecture, load_hf_state
 from rlkit.policy.megatron.build import bf16_twin_of, build_gpt_model, data_parallel_wrapper, transformer_config
 from rlkit.policy.megatron.scores import shifted_entropy, shifted_token_logprobs
 from rlkit.policy.packing import PackedRows, pack_rows
-from rlkit.trajectories import LossCounts, Trajectories
 from rlkit.weights import HFGroup
 
 
@@ -90,6 +87,8 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
                                                             self._lora_cfg(), seed)
             self._grad_pairs = [(fp32, bf16) for fp32, bf16 in self._twin.pairs if fp32.requires_grad]
         self._forward_module = data_parallel_wrapper(self._forward_module, mc.distributed_data_parallel_config)
+        if self.pp_size > 1:  # Megatron's schedule runs the microbatches
+            self._pipeline = pipeline.PipelineSchedule(self._forward_module, self._stage_forward, self._padded_length)
         self._no_sync = None  # Megatron's no_sync() context, held over all but the last microbatch
         self._start_training()
 
@@ -147,8 +146,8 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         """The tensor-parallel rank and size that split parameter ``name``."""
         return self.tp_rank, self.tp_size
 
-    def load_hf_state(self, hf: Mapping[str, Tensor]) -> None:
-        """Load HF-named full tensors; this rank keeps its pipeline stage's parameters and its tensor-parallel
+    def _copy_hf_state(self, hf: Mapping[str, Tensor]) -> None:
+        """Copy HF-named full tensors; this rank keeps its pipeline stage's parameters and its tensor-parallel
         shard of each. One group (a layer) is converted at a time, so with a lazy ``hf`` (:func:`load_hf_state`)
         the whole model is never held twice. Strict on names and shapes: a first pass on meta tensors checks
         every name and shape before anything is copied."""
@@ -175,8 +174,6 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
                     params[name].copy_(piece)
                 covered.add(name)
             del full  # this layer's tensors go before the generator converts the next (one layer in memory)
-        if not check_only:
-            self._master_weights_changed()
         missing = sorted(set(params) - covered)
         if missing:
             raise KeyError(f"no HF weights for Megatron parameters {missing[:5]}")
@@ -251,10 +248,10 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         return self._forward_module(input_ids.to(self.device), positions.to(self.device), None, **packed)
 
     def _logits(self, input_ids: Tensor) -> Tensor:
-        """input_ids [b, T] -> logits [b, T, V/tp], divided by the sampling temperature (one stage only)."""
+        """input_ids [b, T] -> logits [b, T, V/tp] (one stage only)."""
         t = input_ids.shape[1]
         ids = torch.nn.functional.pad(input_ids, (0, self._padded_length(t) - t))
-        return self._scaled(self._stage_forward(ids)[:, :t])
+        return self._stage_forward(ids)[:, :t]
 
     def _pack(self, input_ids: Tensor, attention_mask: Tensor) -> PackedRows:
         """Under sequence parallelism the packed sequence is split over the tensor-parallel ranks: its length is
@@ -263,7 +260,7 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         return pack_rows(input_ids, attention_mask.sum(1).tolist(), multiple_of=multiple)
 
     def _packed_logits(self, packed: PackedRows) -> Tensor:
-        """Packed rows -> logits [1, L, V/tp] / temperature: Megatron's "thd" format (``PackedSeqParams``), whose
+        """Packed rows -> logits [1, L, V/tp]: Megatron's "thd" format (``PackedSeqParams``), whose
         ``cu_seqlens`` restart RoPE per row and which the core attention runs row by row
         (:mod:`rlkit.policy.megatron.attention`)."""
         from megatron.core.packed_seq_params import PackedSeqParams
@@ -271,7 +268,7 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         cu = packed.cu_seqlens.to(self.device)
         params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=packed.max_seqlen,
                                  max_seqlen_kv=packed.max_seqlen)
-        return self._scaled(self._stage_forward(packed.input_ids, packed.position_ids, packed_seq_params=params))
+        return self._stage_forward(packed.input_ids, packed.position_ids, packed_seq_params=params)
 
     def _rows_group(self):
         return ps.get_data_parallel_group()
@@ -280,43 +277,6 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
                                     with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
         entropy = shifted_entropy(logits, ps.get_tensor_model_parallel_group()) if with_entropy else None
         return shifted_token_logprobs(logits, input_ids), entropy
-
-    @torch.no_grad()
-    def logprobs(self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False) -> TokenLogprobs:
-        """Per-token logprobs (and entropy) [B, T] of ``input_ids`` [B, T]; 0 at position 0 and on padding."""
-        if self.pp_size == 1:
-            return super().logprobs(input_ids, attention_mask, with_entropy=with_entropy)
-        self.model.eval()
-        return self._logprobs_pipelined(input_ids, attention_mask, with_entropy)
-
-    def _logprobs_pipelined(self, input_ids: Tensor, attention_mask: Tensor, with_entropy: bool) -> TokenLogprobs:
-        """:meth:`logprobs` through the pipeline: equal microbatches (the last row repeated to fill the last one),
-        one length; the last stage's results broadcast to every stage."""
-        b, width = input_ids.shape
-        rows = min(self.cfg.logprob_batch_size, b)
-        fill = -b % rows
-        ids_all = torch.cat([input_ids, input_ids[-1:].expand(fill, -1)])
-        mask_all = torch.cat([attention_mask, attention_mask[-1:].expand(fill, -1)])
-        t = self._forward_length(mask_all)
-        ids_all, mask_all = ids_all[:, :t], mask_all[:, :t]
-        padded = torch.nn.functional.pad(ids_all, (0, self._padded_length(t) - t))
-        micros = [slice(s, s + rows) for s in range(0, b + fill, rows)]
-
-        def on_last_stage(output: Tensor, rows_: slice) -> tuple[Tensor, dict]:
-            logits, mask = self._scaled(output[:, :t]), mask_all[rows_]
-            lp, ent = self._token_logprobs_and_entropy(logits, ids_all[rows_].to(logits.device), with_entropy)
-            lp = lp.to(mask.device) * mask
-            if with_entropy:
-                lp = torch.stack([lp, ent.to(mask.device) * mask])
-            return output.new_zeros(()), {"scores": lp}
-
-        infos = pipeline.run_schedule(self._forward_module, micros, lambda rows_: self._stage_forward(padded[rows_]),
-                                      on_last_stage, padded.shape[1], rows, forward_only=True)
-        last = self.pp_size - 1
-        scores = torch.cat([i["scores"] for i in infos], dim=-2) if self.pp_rank == last else None
-        scores = pipeline.broadcast_from_stage(scores, last)[..., :b, :].to(input_ids.device)
-        scores = torch.nn.functional.pad(scores, (0, width - t))  # [b, width], or [2, b, width] with the entropy
-        return TokenLogprobs(*scores) if with_entropy else TokenLogprobs(scores)
 
     # ---- training ---------------------------------------------------------------------------------
     def _grad_norm(self) -> float:
@@ -340,37 +300,6 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         if self.pp_size > 1:
             dist.all_reduce(total, group=ps.get_pipeline_model_parallel_group())
         return float(total.sqrt())
-
-    @property
-    def returns_step_logprobs(self) -> bool:
-        """Not with pipeline parallelism: the schedule's last stage alone sees the logits."""
-        return self.pp_size == 1
-
-    def _microbatch_losses(self, batch: Trajectories, loss_fn: LossFn, counts: LossCounts, backward: bool,
-                           kept: Optional[Tensor] = None) -> tuple[dict[str, Tensor], int]:
-        # (kept is None with pipeline parallelism: train_step refuses return_logprobs, returns_step_logprobs)
-        """Without pipeline parallelism the plain loop; with it the microbatches go through Megatron's schedule
-        (all of one length) and the metric sums come from the last stage."""
-        if self.pp_size == 1:
-            return super()._microbatch_losses(batch, loss_fn, counts, backward, kept)
-        mbs = min(self.cfg.train_micro_batch_size, batch.batch_size)
-        if batch.batch_size % mbs:
-            raise ValueError(f"pipeline parallelism runs equal microbatches, but this rank's {batch.batch_size} rows "
-                             f"are not a multiple of policy.train_micro_batch_size={mbs}; make the per-rank batch "
-                             f"(policy.train_global_batch_size / data-parallel size) a multiple of it")
-        t = self._forward_length(batch.attention_mask)
-        padded = torch.nn.functional.pad(batch.input_ids[:, :t], (0, self._padded_length(t) - t))
-        micros = [slice(s, s + mbs) for s in range(0, batch.batch_size, mbs)]
-        if backward:  # (the schedule itself holds DDP's no_sync over all but the last microbatch)
-            self._forward_module.zero_grad_buffer()
-        infos = pipeline.run_schedule(
-            self._forward_module, micros, lambda rows: self._stage_forward(padded[rows]),
-            lambda output, rows: self._micro_loss(self._scaled(output[:, :t]), batch.select(rows), t, loss_fn, counts),
-            padded.shape[1], mbs, forward_only=not backward)
-        sums: Counter[str] = Counter()  # float64 scalar tensors summed over microbatches
-        for info in infos:
-            sums.update(info)
-        return pipeline.broadcast_from_last_stage(sums), len(micros)
 
     def _microbatch_starting(self, index: int, count: int) -> None:
         """Gradients accumulate in DDP's buffers, zeroed before the first microbatch; every microbatch but the
@@ -415,7 +344,7 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         super().close()
         if self._forward_module is not None:
             self._forward_module.config.no_sync_func = None  # (set by data_parallel_wrapper: a reference cycle)
-        self._forward_module = None  # DDP around the model: it holds Megatron's process groups
+        self._forward_module = self._pipeline = None  # DDP around the model: it holds Megatron's process groups
         self._grad_pairs = []
         parallel.destroy_parallel()
 
