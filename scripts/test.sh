@@ -8,7 +8,7 @@ export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 WANDB_MODE=offline TOKENIZERS_PARA
 target=${1:-default}
 shift || true
 case "$target" in
-  default) scripts/setup-docs.sh && exec .venv/bin/python -m pytest -m "not slow and not browser" "$@" ;;
+  default) scripts/setup-docs.sh && exec .venv/bin/python -m pytest -m "not slow and not browser" --durations=40 "$@" ;;
   slow)    exec .venv/bin/python -m pytest -m "slow" "$@" ;;
   browser) scripts/setup-browser.sh && scripts/setup-docs.sh && exec .venv/bin/python -m pytest -m "browser" "$@" ;;
   all)     scripts/setup-browser.sh && scripts/setup-docs.sh && exec .venv/bin/python -m pytest "$@" ;;
