@@ -28,11 +28,12 @@ class Components:
     weight_sync: Optional[WeightSync]  # refits the generator: built as one pair with it
     loss_fn: Callable  # build_loss(config), or a loss function of yours
     config_env: Any = None  # the environment built from the config's env.* (None: one given to the session)
+    endpoint: Any = None  # the OpenAI-compatible endpoint over the generator, started on first use
 
     def close(self) -> None:
-        """Close the generator, the weight sync, the policy and the environment, in that order; each becomes
-        None. Safe twice."""
-        for part in ("generator", "weight_sync", "policy", "env"):
+        """Close the endpoint, the generator, the weight sync, the policy and the environment, in that order; each
+        becomes None. Safe twice."""
+        for part in ("endpoint", "generator", "weight_sync", "policy", "env"):
             component = getattr(self, part)
             if component is not None and hasattr(component, "close"):
                 component.close()
@@ -79,6 +80,18 @@ def needs_reference(loss_fn: Callable) -> bool:
 def build_loss(config: RunConfig) -> RLLoss:
     """The loss of ``loss_fn.*``; KL folded into the reward (``grpo.reward_kl_coef`` > 0) needs the reference too."""
     return RLLoss(config.loss_fn, kl_in_reward=config.grpo.reward_kl_coef > 0)
+
+
+def start_endpoint(components: Components, config: RunConfig, sampling: Any) -> Any:
+    """The session's OpenAI-compatible endpoint over its generator (:mod:`rlkit.generation.openai_server`), started
+    on 127.0.0.1 on the first call; the engine's length and ``data.chat_template_kwargs`` come from ``config``."""
+    from rlkit.generation.openai_server import OpenAIEndpoint
+
+    if components.endpoint is None:
+        components.endpoint = OpenAIEndpoint(components.generator, components.tokenizer, sampling,
+                                             max_model_len=config.policy.max_model_len,
+                                             template_kwargs=config.data.chat_template_kwargs).start()
+    return components.endpoint
 
 
 def ensure_model(config: RunConfig) -> Path:

@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from rlkit import stages
 from rlkit.builders import (build_components, companions_note, environment_record, needs_reference, rebuild,
-                            saved_environment)
+                            saved_environment, start_endpoint)
 from rlkit.config.changes import Change, changes_summary
 from rlkit.config.loading import load_config
 from rlkit.config.run import RunConfig
@@ -286,6 +286,13 @@ class Session:
 
         return loop.run(self, steps, progress, on_step=recorded)
     _clock: Optional[StepClock] = None  # the step clock of the step under way in step() or run()
+
+    def openai_endpoint(self) -> Any:
+        """An OpenAI-compatible chat endpoint over the engine, for agents (:func:`rlkit.stages.agent_rollout`) and
+        chats from a cell: started on 127.0.0.1 on the first call, closed with the session
+        (:mod:`rlkit.generation.openai_server`). Not while async GRPO's producer samples."""
+        self._refuse_if_closed("openai_endpoint")
+        return start_endpoint(self.components, self.config, self.sampling())
 
     def refit(self) -> Any:
         """Push the policy's weights into the generator. Interrupted midway, the generator stays stale."""

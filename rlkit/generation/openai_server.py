@@ -222,6 +222,9 @@ class OpenAIEndpoint:
                 pending = self._prepare(request, episode, asyncio.get_running_loop().create_future())
             except RequestError as exc:
                 return JSONResponse(error_body(str(exc), exc.param), status_code=400)
+            except Exception as exc:  # noqa: BLE001 - the template cannot render these messages: the request's fault
+                return JSONResponse(error_body(f"the chat template cannot render these messages: "
+                                               f"{type(exc).__name__}: {exc}", "messages"), status_code=400)
             queue.append(pending)
             if state["worker"] is None or state["worker"].done():
                 state["worker"] = asyncio.create_task(self._drain(queue))

@@ -44,6 +44,8 @@ def test_agent_episodes_hold_the_sampled_ids_and_match_the_policy_after_a_refit(
         rows = [dict(r) for r in session.dataset["validation"].select(range(2))]
         with OpenAIEndpoint(engine, session.tokenizer, session.sampling(), max_model_len=48) as endpoint:
             batch = agent_rollout(endpoint, two_turns, rows, num_generations=4, policy_version=session.policy.version)
+        endpoint = session.openai_endpoint()  # the session's own: started once, closed with the session
+        assert session.openai_endpoint() is endpoint and endpoint.base_url.startswith("http://127.0.0.1:")
         assert batch.batch_size == 8 and len(engine.sampled) == 16
         for row in range(8):
             ids = batch.input_ids[row].tolist()
@@ -60,3 +62,4 @@ def test_agent_episodes_hold_the_sampled_ids_and_match_the_policy_after_a_refit(
         batch = session.logprobs(batch)
         diff = (batch.generator_logprobs - batch.prev_logprobs).abs()[batch.loss_mask]
         assert diff.numel() > 16 and diff.max() <= 1e-3, diff.max().item()
+    assert endpoint._server is None  # closed with the session
