@@ -229,10 +229,10 @@ def fmt_type(t: Any) -> str:
         return " | ".join(fmt_type(a) for a in args)
     if t is type(None):
         return "None"
+    if isinstance(t, (list, tuple)):  # a Callable's parameter list
+        return f"[{', '.join(fmt_type(a) for a in t)}]"
     if origin is not None:
         name = getattr(origin, "__name__", str(origin).replace("typing.", ""))
-        if name == "Callable" or "collections.abc" in str(origin):
-            name = str(origin).replace("collections.abc.", "").replace("typing.", "")
         return f"{name}[{', '.join(fmt_type(a) for a in args)}]" if args else name
     if isinstance(t, type):
         return t.__name__
