@@ -18,6 +18,8 @@ The parts, for the busiest device (rank 0, which also hosts a colocated engine):
   recompute only each layer's input plus one layer's worth);
 - logits of the vocabulary: fp32 logits, scaled, their log-softmax and its gradient for one micro batch (/ TP);
 - optimizer step: AdamW's foreach temporaries, one fp32 copy of what trains;
+- weight snapshots: ``history.snapshots`` copies of what trains (the adapters; all weights only with
+  ``history.full_weight_snapshots``), the states ``session.replay`` starts from (:mod:`rlkit.run.history`);
 - engine weights and KV cache: the generator's copy of the model in its precision, and its cache (the CPU:
   ``vllm_cfg.kv_cache_space_gib``; CUDA: ``gpu_memory_utilization`` of the device, less its weights; on the
   CPU a tied head's prepacked kernel is a second copy of the embedding);
@@ -226,6 +228,9 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
     logprob_rows = min(p.logprob_batch_size, max(1, -(-rows // dp)))
     parts["logits"] = max(4 * micro, 2 * logprob_rows) * t * (shape.vocab // tp) * 4
     parts["optimizer step"] = trained  # AdamW's foreach temporaries: one fp32 copy of what trains, at the step
+    history = config.history
+    snapshots = history.snapshots if lora.enabled or history.full_weight_snapshots else 0
+    parts["weight snapshots"] = snapshots * trained  # rlkit.run.history: the states replay starts from
     reasons = {"weights": f"{shape.parameters / 1e6:.0f}M parameters x 4 B (fp32 masters)" + (f" / {shard}" if shard > 1 else ""),
                "bf16 twin": "bf16 compute copy" if bf16 else "(policy.precision=float32)",
                "gradients": "fp32, of the adapters" if lora.enabled else "fp32, of every weight",
@@ -236,7 +241,9 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
                "activations": f"micro batch {micro} x {t} tokens, {layers_here} layers"
                               + (", recomputed" if _recompute(config) else ""),
                "logits": f"fp32 [{max(micro, logprob_rows)}, {t}, {shape.vocab // tp}]: logits, scaled, log-softmax, gradient",
-               "optimizer step": "AdamW's temporaries (one fp32 copy of what trains)"}
+               "optimizer step": "AdamW's temporaries (one fp32 copy of what trains)",
+               "weight snapshots": (f"history.snapshots={snapshots} copies of what trains, for replay" if snapshots else
+                                    "(none: history.full_weight_snapshots=false, adapters off)")}
     engine_weights, kv = _engine_bytes(config, shape, device)
     parts["engine weights"], parts["KV cache"] = engine_weights, kv
     reasons["engine weights"] = f"{p.generation.backend} copy in {p.generation.vllm_cfg.precision if p.generation.backend == 'vllm' else 'float32'}"

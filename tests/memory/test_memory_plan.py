@@ -85,3 +85,13 @@ def test_the_plan_is_within_15_percent_of_measured_peak_rss(tmp_path):
     for size, folder in folders(["tiny", "qwen3-0.6b-4l"], tmp_path).items():
         plan, (peak, load) = planned(folder), measure(folder)
         assert abs(plan / peak - 1) <= 0.15, (size, plan / 2**30, peak / 2**30, load)
+
+
+def test_weight_snapshots_cost_what_trains_per_snapshot(folder):
+    base = plan_memory(config(folder), HF, CPU).parts
+    assert base["weight snapshots"] == 0  # full-weight snapshots are off by default
+    full = plan_memory(config(folder, "history.full_weight_snapshots=true", "history.snapshots=3"), HF, CPU).parts
+    assert full["weight snapshots"] == 3 * base["weights"]
+    lora = plan_memory(config(folder, "policy.lora_cfg.enabled=true", "policy.lora_cfg.dim=2",
+                              "policy.megatron_cfg.enabled=false", "policy.hf_cfg.enabled=true"), HF, CPU).parts
+    assert lora["weight snapshots"] == 4 * lora["adapters"]  # adapters: always kept, history.snapshots=4
