@@ -368,10 +368,11 @@ class Session:
         return compare_losses(self._latest(batch, "compare_losses"), self.policy, named_losses(self, losses))
 
     def weights_at(self, step: Optional[int] = None) -> Any:
-        """Which past weights exist to replay from (:func:`rlkit.run.history.weights_at`)."""
+        """Which weights past steps started from exist: snapshots (replay's) and checkpoints
+        (:func:`rlkit.run.history.weights_at`)."""
         from rlkit.run.history import weights_at
 
-        return weights_at(self.store, step)
+        return weights_at(self.store, self.config, step)
 
     def fork(self, n: Optional[int] = None) -> Any:
         """In-memory branches sharing the engines, each with its own weights, optimizer, run state, config and RNG

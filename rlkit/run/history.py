@@ -120,11 +120,20 @@ class RolloutHistory:
                 f"snapshots of steps {list(self.snapshots)}, {self.nbytes / 2**20:.1f} MiB)")
 
 
-def weights_at(history: RolloutHistory, step: Optional[int] = None) -> Any:
-    """Which past weights exist: for ``step``, "snapshot" or None; without one, {step: "snapshot"} for all."""
-    if step is not None:
-        return "snapshot" if step in history.snapshots else None
-    return {s: "snapshot" for s in history.snapshots}
+def weights_at(history: RolloutHistory, config: Any, step: Optional[int] = None) -> Any:
+    """Which weights steps started from exist: a snapshot in memory ("snapshot", what ``replay`` uses) or a
+    periodic checkpoint (its path: the checkpoint after step k holds the weights step k + 1 started from; load it
+    with ``Session.load``). For ``step``: one of them or None; without one: {step: where} for every step."""
+    from pathlib import Path
+
+    from rlkit.tracking.checkpoint import STEP_DIR, list_checkpoints
+
+    folder = (Path(config.checkpointing.checkpoint_dir) if config.checkpointing.checkpoint_dir else
+              Path(config.logger.log_dir) / config.name / "checkpoints")
+    found: dict[int, Any] = {int(STEP_DIR.match(p.name).group(1)) + 1: str(p) for p in list_checkpoints(folder)
+                             if STEP_DIR.match(p.name)} if folder.is_dir() else {}
+    found.update({s: "snapshot" for s in history.snapshots})
+    return found.get(step) if step is not None else dict(sorted(found.items()))
 
 
 # ---- what the step loop calls (functions of the session, like rlkit.run.loop's) ---------------------------

@@ -146,6 +146,19 @@ def test_a_recording_session_stores_its_batches_on_disk(session, tmp_path):
         assert torch.equal(getattr(back, name), getattr(kept, name)), name
 
 
+def test_weights_at_lists_snapshots_and_periodic_checkpoints(session):
+    from pathlib import Path
+
+    from rlkit.tracking.checkpoint import save_periodic
+
+    cfg = session.config
+    path = save_periodic(session, Path(cfg.logger.log_dir) / cfg.name / "checkpoints", keep_last=1)
+    found = session.weights_at()
+    assert found[session.step_count + 1] == str(path)  # the weights the next step starts from
+    assert [s for s, where in found.items() if where == "snapshot"] == list(session.store.snapshots)
+    assert session.weights_at(1) is None
+
+
 def _comparable(history):
     """A branch's step records without wall-clock figures (timing/ differs from run to run)."""
     return [(m.step, m.policy_version, {k: v for k, v in m.values.items() if not k.startswith("timing/")})
