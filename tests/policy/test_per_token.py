@@ -98,3 +98,26 @@ def test_per_token_loss_and_gradient_agree_with_the_backend(backend, model_cfg):
         assert again.grad_norm == step.grad_norm and again.metrics == step.metrics
     finally:
         policy.close()
+
+
+def test_with_adapters_a_snapshot_is_the_adapters_and_replays_the_step(model_cfg):
+    """Megatron with LoRA: the state a snapshot copies is the adapters alone (a small fraction of the weights),
+    and a gradient read at a snapshot swapped in is the one the step from that snapshot reports."""
+    from rlkit.config.components import LoraConfig
+    from rlkit.policy.snapshots import trainable_bytes, weights_swapped_in
+
+    policy = in_process_policy(model_cfg.model_copy(update={"lora_cfg": LoraConfig(enabled=True, dim=2)}))
+    try:
+        batch = off_policy_batch(policy)
+        fn = RLLoss(LOSSES["ppo_clip+kl"])
+        snapshot = capture_weights(policy)
+        every = sum(p.numel() * p.element_size() for p in policy.model.parameters())
+        assert snapshot and trainable_bytes(policy) < every / 4
+        assert all(not p.requires_grad for n, p in policy.model.named_parameters() if n not in snapshot)
+        step = policy.train_step(batch, fn)  # the adapters move (B starts at 0, so only B moves at first)
+        assert not all(torch.equal(snapshot[n], w) for n, w in capture_weights(policy).items())
+        with weights_swapped_in(policy, snapshot):
+            read = gradient(policy, batch, fn)
+        assert abs(read.norm - step.grad_norm) <= TOL * step.grad_norm
+    finally:
+        policy.close()
