@@ -138,9 +138,11 @@ def weights_at(history: RolloutHistory, config: Any, step: Optional[int] = None)
 
 # ---- what the step loop calls (functions of the session, like rlkit.run.loop's) ---------------------------
 def before_train(session: Any) -> None:
-    """Snapshot the weights the coming update starts from, when ``history.*`` asks for it."""
+    """Snapshot the weights the coming update starts from, when ``history.*`` asks for it and the weights are in
+    this process (a Ray worker group's are not: its steps keep no snapshot)."""
     cfg = session.config.history
-    if cfg.snapshots and (cfg.full_weight_snapshots or session.config.policy.lora_cfg.enabled):
+    wanted = cfg.snapshots and (cfg.full_weight_snapshots or session.config.policy.lora_cfg.enabled)
+    if wanted and getattr(session.policy, "model", None) is not None:
         from rlkit.policy.snapshots import capture_weights
 
         session.run_state.store.add_snapshot(session.step_count + 1, capture_weights(session.policy), cfg.snapshots)
