@@ -106,17 +106,23 @@ def _call_of(obj: Any, arguments_key: str) -> ToolCall:
     return ToolCall(obj["name"], arguments)
 
 
+def _malformed(exc: Exception) -> str:
+    """The error observation of a call that is not a well-formed JSON call: short, since it is appended to a
+    conversation with a token budget (the model has its own block in view; JSON's error without line and column)."""
+    return bounded(f"error: malformed tool call: {getattr(exc, 'msg', None) or exc}", 100)
+
+
 def _parse_hermes(text: str) -> ParsedCalls:
     calls, errors = [], []
     for match in _HERMES_BLOCK.finditer(text):
         block = match.group(1).strip()
         if not match.group(0).endswith("</tool_call>"):
-            errors.append(f"error: unclosed <tool_call> block: {bounded(block, 60)!r}")
+            errors.append("error: unclosed <tool_call>")
             continue
         try:
             calls.append(_call_of(json.loads(block), "arguments"))
         except (ValueError, TypeError) as exc:  # json.JSONDecodeError is a ValueError
-            errors.append(bounded(f"error: malformed tool call {bounded(block, 60)!r}: {exc}"))
+            errors.append(_malformed(exc))
     return ParsedCalls(tuple(calls), tuple(errors))
 
 
@@ -131,7 +137,7 @@ def _parse_llama3(text: str) -> ParsedCalls:
             obj, end = decoder.raw_decode(body, at)
             calls.append(_call_of(obj, "parameters"))
         except (ValueError, TypeError) as exc:
-            errors.append(bounded(f"error: malformed tool call {bounded(body[at:], 60)!r}: {exc}"))
+            errors.append(_malformed(exc))
             break
         at = end
         while at < len(body) and body[at] in " \t\r\n;":

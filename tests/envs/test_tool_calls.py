@@ -32,7 +32,9 @@ def test_hermes_malformed_blocks_are_errors_not_exceptions():
     parsed = parse_tool_calls(text, "hermes")
     assert parsed.calls == (ToolCall("add", {"a": 1, "b": 2}),)
     assert len(parsed.errors) == 4 and all(e.startswith("error: ") for e in parsed.errors)
-    assert "malformed" in parsed.errors[0] and "unclosed" in parsed.errors[3]
+    # short: appended to a conversation with a token budget
+    assert parsed.errors[0] == "error: malformed tool call: Expecting property name enclosed in double quotes"
+    assert parsed.errors[3] == "error: unclosed <tool_call>"
 
 
 def test_llama3_json_calls_with_and_without_python_tag():
