@@ -121,3 +121,24 @@ def test_with_adapters_a_snapshot_is_the_adapters_and_replays_the_step(model_cfg
         assert abs(read.norm - step.grad_norm) <= TOL * step.grad_norm
     finally:
         policy.close()
+
+
+@pytest.mark.slow
+def test_per_token_loss_on_a_two_rank_ray_group(model_cfg, ray_cluster):
+    """The 2-rank Ray group (Megatron, TP=2): the per-token maps come from the group's logprobs and add up to the
+    group's own evaluate_loss; compare_losses gives maps without gradients (the weights live in the workers)."""
+    from rlkit.policy.workers import RayPolicyGroup
+    from rlkit.stages.compare import compare_losses
+
+    group = RayPolicyGroup(model_cfg.model_copy(update={"megatron_cfg": MegatronConfig(tensor_model_parallel_size=2)}),
+                           world_size=2)
+    try:
+        batch = off_policy_batch(group)
+        for name, params in LOSSES.items():
+            whole = group.evaluate_loss(batch, RLLoss(params))
+            tokens = evaluate_loss_per_token(group, batch, RLLoss(params))
+            assert abs(float(tokens.values["loss"].sum()) - whole["loss"]) <= TOL, name
+        comparison = compare_losses(batch, group, {n: RLLoss(p) for n, p in LOSSES.items()})
+        assert comparison.grad_norms == {} and set(comparison.losses) == set(LOSSES)
+    finally:
+        group.close()
