@@ -23,7 +23,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 SCRIPTS = ["startup", "refit_vs_floor", "step_overhead", "broadcast_refit", "async_vs_sync", "same_work",
-           "rollout_vs_vllm", "dynamic_batching", "megatron_vs_dtensor", "parallel_layouts", "sandbox_call"]
+           "rollout_vs_vllm", "dynamic_batching", "megatron_vs_dtensor", "parallel_layouts", "sandbox_call",
+           "fork_memory"]
 TARGETS = {  # issue 17's acceptance list: figure -> (comparison, bound)
     "refit_over_floor": ("<=", 1.2),
     "broadcast_refit_over_raw": ("<=", 1.5),
