@@ -187,7 +187,9 @@ def test_lora_config_is_checked_at_load(tmp_path):
     assert ok.policy.lora_cfg.enabled and ok.policy.lora_cfg.dim == 16 and len(ok.policy.lora_cfg.hf_targets()) == 7
 
 
-@pytest.mark.parametrize("sequence_parallel", [False, True])
+# (~1 min each on 2 cores: the default suite keeps the sequence-parallel case, which adds the replicated factor's
+# gradient sum over TP to the plain TP=2 case; that one runs in the slow target)
+@pytest.mark.parametrize("sequence_parallel", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_tensor_parallel_2_adapters_match_one_process(ray_cluster, nano, sequence_parallel):
     """Ray TP=2 (A or B sharded as its base; with SP the replicated factor's gradient summed over TP) against the
     in-process TP=1 policy with the same initial adapters: logprobs, gradient norm and merged weights after a step
