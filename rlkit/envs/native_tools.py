@@ -27,7 +27,7 @@ import torch
 
 from rlkit.envs.base import Conversation, Environment, EnvReturn, check_batch, completion_of, sample_error
 from rlkit.envs.tool_calls import JsonTool, ParsedCalls, ToolCallFormat, parse_tool_calls, tool_messages
-from rlkit.envs.tool_env import AnswerReward, exact_answer
+from rlkit.envs.tool_env import AnswerReward, check_tools, exact_answer
 
 
 class NativeToolEnvironment(Environment):
@@ -37,11 +37,7 @@ class NativeToolEnvironment(Environment):
 
     def __init__(self, tools: Sequence[JsonTool], max_turns: int = 3, answer_reward: AnswerReward = exact_answer,
                  call_format: ToolCallFormat = "hermes"):
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1 (assistant messages per conversation), got {max_turns}")
-        names = [t.name for t in tools]
-        if len(set(names)) != len(names):
-            raise ValueError(f"tool names must be unique, got {names}")
+        check_tools(tools, max_turns)
         parse_tool_calls("", call_format)  # an unknown format is refused now
         self.tools, self.max_turns, self.answer_reward, self.call_format = list(tools), max_turns, answer_reward, call_format
 

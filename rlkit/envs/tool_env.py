@@ -34,6 +34,15 @@ def exact_answer(answer: str, row: dict[str, Any]) -> float:
     return 1.0 if answer.strip() == str(row["answer"]).strip() else 0.0
 
 
+def check_tools(tools: Sequence[Any], max_turns: int) -> None:
+    """What every tool environment refuses at construction: no assistant turn, or two tools of one name."""
+    if max_turns < 1:
+        raise ValueError(f"max_turns must be >= 1 (assistant messages per conversation), got {max_turns}")
+    names = [t.name for t in tools]
+    if len(set(names)) != len(names):
+        raise ValueError(f"tool names must be unique, got {names}")
+
+
 class ToolEnvironment(Environment):
     """Tool calls answered with their results, up to ``max_turns`` assistant messages; see the module docstring."""
 
@@ -41,11 +50,7 @@ class ToolEnvironment(Environment):
 
     def __init__(self, tools: Sequence[Tool], max_turns: int = 3, answer_reward: AnswerReward = exact_answer,
                  observation_role: str = "tool"):
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1 (assistant messages per conversation), got {max_turns}")
-        names = [t.name for t in tools]
-        if len(set(names)) != len(names):
-            raise ValueError(f"tool names must be unique, got {names}")
+        check_tools(tools, max_turns)
         self.tools = {t.name: t for t in tools}
         self.max_turns, self.answer_reward, self.observation_role = max_turns, answer_reward, observation_role
 
