@@ -46,12 +46,15 @@ def test_train_on_your_own_file_and_reward_function_with_an_sft_warm_start(tmp_p
     monkeypatch.chdir(tmp_path / "work")
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path / "work"))])
     overrides = task_overrides(tmp_path, data, **{"env.reward_fn": "cli_rewards:reverse_reward",
-                                                  "logger.sample_table_period": 1})
+                                                  "logger.sample_table_period": 1,
+                                                  "logger.sample_table_rows": None})  # the whole batch
     assert main(["train", "quickstart", *(f"{k}={'null' if v is None else v}" for k, v in overrides.items()),
                  "--quiet"]) == 0
     run = open_run(tmp_path / "runs" / "quickstart")
     assert run.summary["sft_steps"] == 2 and run.summary["rl_steps"] == 1
     samples = run.table("rollout/samples")
+    grpo = run.config["grpo"]
+    assert len(samples) == grpo["num_prompts_per_step"] * grpo["num_generations_per_prompt"] > 8
     answers = {r["prompt"]: r["answer"] for r in map(json.loads, data.read_text().splitlines())}
     reward = sys.modules["cli_rewards"].reverse_reward
     assert samples["reward"].tolist() == reward(None, list(samples["completion"]), [answers[p] for p in samples["prompt"]])

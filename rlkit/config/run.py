@@ -113,6 +113,7 @@ class LoggerConfig(Section):
     wandb_mode: Literal["offline", "online", "disabled"] = "offline"
     wandb_group: Optional[str] = None
     sample_table_period: int = Field(10, ge=0)  # steps between logged sample tables; 0 disables
+    sample_table_rows: Optional[int] = Field(8, ge=1)  # samples in each logged table; null: the step's whole batch
 
 
 class CheckpointConfig(Section):

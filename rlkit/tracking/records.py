@@ -109,8 +109,9 @@ class RunRecorder:
         self.logger.log(values, step=step)
 
     def log_step(self, metrics: Any, batch: Any, timed: Callable[[str], ContextManager[None]]) -> None:
-        """A step's ``metrics`` (StepMetrics), and at the table period the first samples of ``batch``; ``timed``
-        puts each on the step clock (``logging``, ``tables``)."""
+        """A step's ``metrics`` (StepMetrics), and at the table period the first ``logger.sample_table_rows``
+        samples of ``batch`` (all of them when it is null); ``timed`` puts each on the step clock (``logging``,
+        ``tables``)."""
         from rlkit.notebook.display import SAMPLE_COLUMNS, sample_rows
 
         with timed("logging"):
@@ -118,7 +119,8 @@ class RunRecorder:
         period = self.logger_cfg.sample_table_period
         if period and metrics.step % period == 0 and batch is not None:
             with timed("tables"):
-                self.logger.log_table("rollout/samples", SAMPLE_COLUMNS, sample_rows(batch, 8), metrics.step)
+                limit = self.logger_cfg.sample_table_rows or batch.batch_size
+                self.logger.log_table("rollout/samples", SAMPLE_COLUMNS, sample_rows(batch, limit), metrics.step)
 
     def finish(self) -> None:
         """Close the files and finish the wandb run; logging again rebuilds them (:meth:`follow`). Safe twice."""

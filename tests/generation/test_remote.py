@@ -112,6 +112,31 @@ def test_broadcast_sync_refuses_a_generator_it_was_not_built_with(engines):
         sync.sync(policy, object())
 
 
+def test_a_second_model_folder_in_its_own_engine_judges(engines):
+    """Issue 33: the judge on a second model folder in an engine of its own (here the Ray actor's, on its own
+    folder, a process apart from the trainer): each sample's reward is the parse of that engine's greedy reply to
+    the filled template, the same reply a direct call gives."""
+    from transformers import AutoTokenizer
+
+    from rlkit.data.chat import render_prompts
+    from rlkit.envs.judge import JudgeEnvironment
+    from rlkit.generation.judge import engine_judge
+
+    path, _, generator, _ = engines
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    env = JudgeEnvironment(engine_judge(generator, tokenizer, max_new_tokens=6), "Q: {prompt} A: {completion} Score:",
+                           parse_score=lambda reply: float(len(reply)))
+    rows = [{"prompt": "2+3", "answer": "5"}, {"prompt": "4+4", "answer": "8"}]
+    conversations = [[{"role": "user", "content": r["prompt"]}, {"role": "assistant", "content": c}]
+                     for r, c in zip(rows, ["5", "9"])]
+    result = env.step(conversations, rows)
+    asked = [f"Q: {r['prompt']} A: {c} Score:" for r, c in zip(rows, ["5", "9"])]
+    direct = generator.generate(render_prompts(tokenizer, asked), 1,
+                                SamplingSettings(temperature=0.0, max_new_tokens=6, seed=0)).texts
+    assert any(direct) and [m["judge_reply"] for m in result.metadata] == list(direct)
+    assert result.rewards.tolist() == [float(len(t)) for t in direct] and not result.errors
+
+
 def test_bucket_layout_round_trip_keeps_mixed_dtypes():
     """What the actor does with the bytes it receives: each tensor lands at its offset and reads back exact."""
     bucket = [("a", torch.randn(3, 5)), ("b", torch.arange(7, dtype=torch.int64)),

@@ -4,7 +4,11 @@ session bit for bit as it was), compare_losses against each loss computed alone,
 against the same branches run one after the other. One session for the module (its start is most of the cost);
 the fork tests run last, since they leave the session forked."""
 
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -192,6 +196,49 @@ def test_forks_stepped_alternately_match_the_same_branches_run_one_after_the_oth
     assert len(b.swap_seconds) >= 2 and max(a.swap_seconds + b.swap_seconds) < 5  # each activation timed
     print(f"fork swap: {min(a.swap_seconds) * 1e3:.1f}..{max(a.swap_seconds) * 1e3:.1f} ms; parked branch {a.nbytes / 2**20:.2f} MiB")
     assert a.nbytes > 0 and session.branches["main"].nbytes > 0  # parked copies: weights and optimizer moments
+
+
+# one separate session per process (a vLLM engine per process): loaded from the fork point's checkpoint, stepped
+SEPARATE_SESSION = """
+import json, sys
+import rlkit
+from rlkit.envs import RewardFunctionEnvironment
+from tests.session.conftest import varied_reward
+path, overrides, steps = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
+with rlkit.Session.load(path, env=RewardFunctionEnvironment(varied_reward), overrides=overrides) as s:
+    rows = [s.step() for _ in range(steps)]
+    print("METRICS " + json.dumps([[m.step, m.policy_version, {k: v for k, v in m.values.items()
+                                                               if not k.startswith("timing/")}] for m in rows]))
+"""
+
+
+def test_forks_stepped_alternately_match_two_separate_sessions_from_the_same_state(session, tmp_path):
+    """The acceptance of issue 32 as worded: two forks stepped alternately (one engine, swapped and refit at every
+    step) against two separate sessions, each its own process, started from a checkpoint of the fork point and
+    run one after the other. Bitwise: the metrics are compared as their JSON text (repr of every float)."""
+    session.branches["main"].activate()
+    if session.stale:
+        session.refit()
+    start, point = session.step_count, session.save(tmp_path / "fork_point")
+    b_settings = {"grpo.advantage_estimator": "dr_grpo", "loss_fn.aggregation": "seq_sum_constant",
+                  "loss_fn.seq_sum_constant": 8}
+    a, b = session.fork(2)
+    b.configure(b_settings)
+    for _ in range(2):
+        a.step()
+        b.step()
+    forked = {name: json.dumps([[m.step, m.policy_version, {k: v for k, v in m.values.items()
+                                                             if not k.startswith("timing/")}]
+                                for m in branch.history[start:]])
+              for name, branch in (("a", a), ("b", b))}
+    root = Path(__file__).resolve().parents[2]
+    for name, overrides in (("a", {}), ("b", b_settings)):
+        done = subprocess.run([sys.executable, "-c", SEPARATE_SESSION, str(point), json.dumps(overrides), "2"],
+                              cwd=root, capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        separate = next(line for line in done.stdout.splitlines() if line.startswith("METRICS "))[len("METRICS "):]
+        assert separate == forked[name], name
+    assert forked["a"] != forked["b"]  # the two settings do differ
 
 
 def test_branches_compare_on_held_out_prompts_and_can_be_dropped(session, tmp_path):
