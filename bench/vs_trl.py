@@ -13,9 +13,12 @@ Shapes (``--shape``): ``tiny`` (the quickstart's ~0.8M-parameter Llama, its 16 x
 vocabulary 151,936, tied embeddings; random weights saved in bf16; the issue's 2 x 4 workload with 128 new
 tokens) and ``qwen3-0.6b-4l`` (the same with 4 layers). Models and data go to a temporary folder.
 
+``--lora R`` runs rlkit alone with rank-R adapters on every linear layer (TRL's environment has no peft) and
+reports its peak RSS per base parameter, the figure issue 29 bounds.
+
 TRL runs in its own environment, bench/.venv-trl (``make bench-trl`` or scripts/setup-bench-trl.sh), never in
-rlkit's lock. Usage: python bench/vs_trl.py [--shape tiny] [--steps 6] [--warmup 2] [--bf16]
-Last line: ``rlkit/trl cpu_per_step=<x> peak_rss=<y>``.
+rlkit's lock. Usage: python bench/vs_trl.py [--shape tiny] [--steps 6] [--warmup 2] [--bf16] [--lora R]
+Last line: ``rlkit/trl cpu_per_step=<x> peak_rss=<y>`` (with ``--lora``: ``rlkit lora bytes_per_param=<z>``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import math  # noqa: E402
 import resource  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -68,6 +72,17 @@ def make_workload(shape: str, folder: Path) -> tuple[Path, Path]:
     return model, data
 
 
+def parameter_count(model: Path) -> int:
+    """Parameters stored in a model folder's safetensors files (a tied head is stored, and counted, once)."""
+    from safetensors import safe_open
+
+    total = 0
+    for path in model.glob("*.safetensors"):
+        with safe_open(str(path), "pt") as f:
+            total += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
+    return total
+
+
 def rlkit_side(args) -> dict:
     """rlkit's Session on the workload, in this process (called through a subprocess of this file)."""
     import torch
@@ -84,7 +99,8 @@ def rlkit_side(args) -> dict:
         "policy.max_total_sequence_length": 32 + new_tokens, "policy.optimizer.lr": lr,
         "policy.train_micro_batch_size": prompts * generations, "policy.logprob_batch_size": prompts * generations,
         "policy.precision": "bfloat16" if args.bf16 else "float32",
-        "policy.generation.vllm_cfg.kv_cache_space_gib": 1.0 if big else 0.125})
+        "policy.generation.vllm_cfg.kv_cache_space_gib": 1.0 if big else 0.125,
+        **({"policy.lora_cfg.enabled": True, "policy.lora_cfg.dim": args.lora} if args.lora else {})})
     marks = []
     for _ in range(args.warmup + args.steps):
         s.step()
@@ -112,6 +128,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--bf16", action="store_true", help="train in bf16 on both sides (rlkit: policy.precision)")
+    parser.add_argument("--lora", type=int, default=0, help="rlkit alone, with adapters of this rank on every linear")
     parser.add_argument("--side", choices=["rlkit"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -125,10 +142,18 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model, data = make_workload(args.shape, Path(tmp))
         common = ["--steps", str(args.steps), "--warmup", str(args.warmup)] + (["--bf16"] if args.bf16 else [])
+        params = parameter_count(model)
         load = [os.getloadavg()[0]]
         ours = run_side([sys.executable, __file__, "--side", "rlkit", "--shape", args.shape, "--model", str(model),
-                         "--data", str(data), *common])
+                         "--data", str(data), "--lora", str(args.lora), *common])
         load.append(os.getloadavg()[0])
+        if args.lora:
+            print(f"shape {args.shape} ({params / 1e6:.0f}M parameters; {prompts} x {generations}, {new_tokens} new "
+                  f"tokens, {'bf16' if args.bf16 else 'fp32'}), rank-{args.lora} adapters on every linear layer, "
+                  f"{args.steps} steps after {args.warmup} warm-up, 1 thread; load average {min(load):.1f}-{max(load):.1f}")
+            print(f"rlkit: {ours['cpu_s_per_step']:.3f} CPU-s/step, peak RSS {ours['peak_rss_mb']:.0f} MB")
+            print(f"rlkit lora bytes_per_param={ours['peak_rss_mb'] * 2**20 / params:.2f}")
+            return
         theirs = run_side([str(TRL_PYTHON), str(ROOT / "bench" / "trl_grpo_side.py"), str(model), str(data),
                            "--prompts", str(prompts), "--generations", str(generations), "--max-new-tokens",
                            str(new_tokens), "--lr", str(lr), *common])
@@ -139,6 +164,8 @@ def main() -> None:
     print(f"{'side':<8}{'CPU s/step':>12}{'wall s/step':>13}{'peak RSS MB':>13}")
     for r in (ours, theirs):
         print(f"{r['side']:<8}{r['cpu_s_per_step']:>12.3f}{r['wall_s_per_step']:>13.3f}{r['peak_rss_mb']:>13.0f}")
+    print(f"bytes per parameter ({params / 1e6:.0f}M): rlkit {ours['peak_rss_mb'] * 2**20 / params:.1f}, "
+          f"TRL {theirs['peak_rss_mb'] * 2**20 / params:.1f}")
     print(f"rlkit/trl cpu_per_step={ours['cpu_s_per_step'] / theirs['cpu_s_per_step']:.2f} "
           f"peak_rss={ours['peak_rss_mb'] / theirs['peak_rss_mb']:.2f}")
 
