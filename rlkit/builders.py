@@ -13,6 +13,7 @@ from rlkit.config.changes import Change, changes_needed, refusals
 from rlkit.config.loading import load_config, parse_overrides
 from rlkit.config.run import RunConfig
 from rlkit.generation.base import Generator
+from rlkit.stages.settings import RolloutSettings
 from rlkit.weight_sync import WeightSync
 
 
@@ -54,13 +55,14 @@ def build_components(config: RunConfig, start: Any, env: Any = None, loss_fn: Op
     with start.part("tokenizer"):
         tokenizer = AutoTokenizer.from_pretrained(config.policy.model_name)
         check_tokenizer_fits(tokenizer, config.policy.model_name)  # before either engine starts
-    with start.part("data"):
-        dataset = load_prompt_dataset(config.data, tokenizer, config.policy.max_prompt_tokens)
-        if config.sft.enabled and config.sft.num_steps:  # the columns are known now, the engines not yet started
-            check_sft_columns(config, dataset)
     with start.part("environment"):
         env_from_config = env is None
         env = build_environment(config) if env_from_config else env
+    with start.part("data"):  # a prompt's length counts the JSON tools its rollout renders (as the rollout picks them)
+        tools = getattr(env, "tool_schemas", None) or RolloutSettings.from_config(config).tools
+        dataset = load_prompt_dataset(config.data, tokenizer, config.policy.max_prompt_tokens, tools)
+        if config.sft.enabled and config.sft.num_steps:  # the columns are known now, the engines not yet started
+            check_sft_columns(config, dataset)
     with start.part("policy", engine=policy_engine(config)):
         policy = build_policy(config)
     with start.part("generator", engine=generator_engine(config)):

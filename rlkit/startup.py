@@ -30,7 +30,7 @@ def warning_text(w: warnings.WarningMessage) -> str:
 
 @dataclass
 class StartupReport:
-    """Seconds per part of a session's start (config, model folder, tokenizer, data, environment, policy, generator),
+    """Seconds per part of a session's start (config, model folder, tokenizer, environment, data, policy, generator),
     how many known third-party notices were held back, and the warnings shown while it started."""
 
     verbose: bool = False  # True: nothing held back

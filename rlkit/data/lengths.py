@@ -21,9 +21,11 @@ _SHOW_CHARS = 80
 
 
 def prompt_token_lengths(tokenizer: Any, prompts: Sequence[str], system_prompt: Optional[str] = None,
-                         template_kwargs: Optional[Mapping[str, Any]] = None) -> list[int]:
-    """Tokens of each prompt as the rollout stage feeds it to the engine (chat template, no extra specials)."""
-    return [len(ids) for ids in render_prompts(tokenizer, list(prompts), system_prompt, template_kwargs=template_kwargs)]
+                         template_kwargs: Optional[Mapping[str, Any]] = None,
+                         tools: Optional[Sequence[Mapping[str, Any]]] = None) -> list[int]:
+    """Tokens of each prompt as the rollout stage feeds it to the engine (chat template with the JSON ``tools``
+    it declares, no extra specials)."""
+    return [len(ids) for ids in render_prompts(tokenizer, list(prompts), system_prompt, tools, template_kwargs)]
 
 
 def max_token_chars(tokenizer: Any) -> int:
@@ -52,6 +54,7 @@ def overlong_rows(
     system_prompt: Optional[str],
     mode: OverlongPrompts,
     template_kwargs: Optional[Mapping[str, Any]] = None,  # data.chat_template_kwargs
+    tools: Optional[Sequence[Mapping[str, Any]]] = None,  # the JSON tools every rollout renders into the prompt
 ) -> list[int]:
     """Indices of the rows to keep (``filter``), after warning how many were dropped; ``error`` raises a
     ``DataError`` naming the first over-long row instead.
@@ -62,7 +65,7 @@ def overlong_rows(
     lengths: list[Optional[int]] = [None] * len(prompts)  # None: over-long by its characters alone
     measured = [i for i, p in enumerate(prompts) if len(p) <= char_limit]
     for i, n in zip(measured, prompt_token_lengths(tokenizer, [prompts[i] for i in measured], system_prompt,
-                                                               template_kwargs)):
+                                                               template_kwargs, tools)):
         lengths[i] = n
     long = [i for i, n in enumerate(lengths) if n is None or n > max_prompt_tokens]
     if not long:

@@ -30,7 +30,7 @@ import random
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, Optional, Union, get_args
+from typing import Any, Callable, Literal, Mapping, Optional, Sequence, Union, get_args
 
 from datasets import Dataset, DatasetDict
 
@@ -141,11 +141,13 @@ class DataParams:
 
 
 def load_prompt_dataset(source: Union[DataParams, Mapping[str, Any], str, Path], tokenizer: Any = None,
-                        max_prompt_tokens: Optional[int] = None) -> DatasetDict:
+                        max_prompt_tokens: Optional[int] = None,
+                        tools: Optional[Sequence[Mapping[str, Any]]] = None) -> DatasetDict:
     """Train and validation prompts from ``source``: ``DataParams``, a mapping of its fields, or a file path.
 
     With ``tokenizer`` and ``max_prompt_tokens`` (``PolicyConfig.max_prompt_tokens``), prompts longer than a
-    rollout can take are dropped with a warning or refused, as ``data.overlong_prompts`` says.
+    rollout can take are dropped with a warning or refused, as ``data.overlong_prompts`` says; a prompt's length
+    counts the JSON ``tools`` the rollout renders into it (a native-tool environment's).
     """
     if (tokenizer is None) != (max_prompt_tokens is None):
         raise ValueError("load_prompt_dataset: pass both tokenizer and max_prompt_tokens, or neither")
@@ -158,7 +160,7 @@ def load_prompt_dataset(source: Union[DataParams, Mapping[str, Any], str, Path],
     problems = params.problems()
     if problems:
         raise ConfigError(problems)
-    fit = _length_fit(params, tokenizer, max_prompt_tokens)
+    fit = _length_fit(params, tokenizer, max_prompt_tokens, tools)
     if params.task is not None:
         splits = _generate(params, fit)
     else:
@@ -173,7 +175,8 @@ def load_prompt_dataset(source: Union[DataParams, Mapping[str, Any], str, Path],
     return splits
 
 
-def _length_fit(p: DataParams, tokenizer: Any, max_prompt_tokens: Optional[int]) -> Fit:
+def _length_fit(p: DataParams, tokenizer: Any, max_prompt_tokens: Optional[int],
+                tools: Optional[Sequence[Mapping[str, Any]]] = None) -> Fit:
     """The rows of a file or split that a rollout can take: not empty, and (given a tokenizer) not over-long."""
 
     def fit(file: PromptFile, source: str) -> PromptFile:
@@ -182,7 +185,7 @@ def _length_fit(p: DataParams, tokenizer: Any, max_prompt_tokens: Optional[int])
             prompts = file.dataset["prompt"]
             kept = overlong_rows([prompts[i] for i in keep], [file.labels[i] for i in keep], source, tokenizer,
                                  max_prompt_tokens, p.system_prompt, p.overlong_prompts,
-                                 p.chat_template_kwargs)
+                                 p.chat_template_kwargs, tools)
             keep = [keep[i] for i in kept]
         return file if len(keep) == len(file.labels) else file.select(keep)
 

@@ -61,3 +61,21 @@ def test_generated_task_is_checked_per_split():
 
 def test_bad_setting_is_a_problem():
     assert any(p.startswith("data.overlong_prompts") for p in DataParams(task="arithmetic", overlong_prompts="drop").problems())
+
+
+def test_the_json_tools_a_rollout_renders_count_in_a_prompts_length(tmp_path):
+    """A native-tool environment's tools are rendered into every prompt (the BPE template lists them in the system
+    turn); a prompt that fits without them but not with them is dropped, as its rollout would not fit."""
+    from rlkit.envs.registry import environment_tool_schemas
+    from rlkit.models.bpe import build_bpe_tokenizer
+
+    tok, tools = build_bpe_tokenizer(), environment_tool_schemas("tool_arithmetic_native")
+    prompts = ["What is 12+34?", "What is 5+6?"]
+    bare, with_tools = prompt_token_lengths(tok, prompts), prompt_token_lengths(tok, prompts, tools=tools)
+    assert all(w > b for w, b in zip(with_tools, bare))
+    limit = max(bare)  # every prompt fits alone; none with the tools
+    path = write(tmp_path, prompts)
+    assert len(load_prompt_dataset({"path": path, "validation_path": path}, tok, limit)["train"]) == 2
+    with pytest.raises(DataError, match=rf"renders \(chat template applied\) to {with_tools[0]} tokens"):
+        load_prompt_dataset({"path": path, "validation_path": path, "overlong_prompts": "error"}, tok, limit,
+                            tools=tools)

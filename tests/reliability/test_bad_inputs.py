@@ -150,8 +150,9 @@ def test_a_huge_prompt_is_dropped_by_its_length_in_characters_without_tokenizing
 
     seen = []
     measure = lengths.prompt_token_lengths
-    monkeypatch.setattr(lengths, "prompt_token_lengths", lambda tok, prompts, system=None, template_kwargs=None: (
-        seen.extend(len(p) for p in prompts), measure(tok, prompts, system, template_kwargs))[1])
+    monkeypatch.setattr(lengths, "prompt_token_lengths", lambda tok, prompts, system=None, template_kwargs=None,
+                        tools=None: (seen.extend(len(p) for p in prompts), measure(tok, prompts, system,
+                                                                                    template_kwargs, tools))[1])
     path = tmp_path / "data.jsonl"
     path.write_text('{"prompt": "1+1"}\n{"prompt": "' + "9" * 1_000_000 + '"}\n{"prompt": "2+2"}\n')
     tok = build_char_tokenizer()
