@@ -2,13 +2,16 @@
 
     .venv/bin/python bench/memory_plan.py                  # tiny (quickstart model), qwen3-0.6b-4l, qwen3-0.6b
     .venv/bin/python bench/memory_plan.py --sizes tiny qwen3-0.6b-4l
+    .venv/bin/python bench/memory_plan.py --sizes qwen3-0.6b --extra policy.precision=bfloat16 \
+        policy.generation.vllm_cfg.precision=bfloat16 policy.lora_cfg.enabled=true policy.lora_cfg.dim=16
 
 Each size runs in its own process under ``/usr/bin/time -v`` (peak RSS of that process: the policy and the
 in-process vLLM engine share it): a session from the quickstart config with the size's model folder, no SFT,
 2 prompts x 4 samples, 2 GRPO steps. The 0.6B shapes are transformers' ``Qwen3Config`` with the published
 Qwen3-0.6B values (hidden 1024, 16/8 heads, head_dim 128, vocabulary 151,936, tied embeddings; 28 layers, or 4),
 random weights saved in bf16 safetensors under /tmp, with rlkit's byte-level BPE tokenizer (512 tokens: the ids
-a run uses are a subset of the model's vocabulary). Prints one row per size: plan, measured, ratio, load.
+a run uses are a subset of the model's vocabulary). ``--extra`` adds config overrides to every size (bf16,
+adapters). Prints one row per size: plan, measured, ratio, peak bytes per model parameter, load.
 
 Also holds the published configs of Qwen3-8B and Qwen3-32B (``QWEN3``) for the README's plans on H200s
 (``--h200``), which need no download.
@@ -91,12 +94,12 @@ s.close()
 """
 
 
-def measure(folder: Path) -> tuple[int, float]:
+def measure(folder: Path, extra: list[str]) -> tuple[int, float]:
     """Peak RSS (bytes) of a short run on ``folder``, and the 1-minute load average when it started."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", WANDB_MODE="offline",
                TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(ROOT))
     load = os.getloadavg()[0]
-    args = ["/usr/bin/time", "-v", sys.executable, "-c", CHILD.format(steps=STEPS), *overrides(folder)]
+    args = ["/usr/bin/time", "-v", sys.executable, "-c", CHILD.format(steps=STEPS), *overrides(folder, extra)]
     done = subprocess.run(args, env=env, capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
         raise RuntimeError(done.stderr[-3000:])
@@ -104,15 +107,28 @@ def measure(folder: Path) -> tuple[int, float]:
     return kb * 1024, load
 
 
-def overrides(folder: Path) -> list[str]:
-    return [f"policy.model_name={folder}", "policy.model_preset=null", *WORKLOAD]
+def overrides(folder: Path, extra: list[str]) -> list[str]:
+    return [f"policy.model_name={folder}", "policy.model_preset=null", *WORKLOAD, *extra]
 
 
-def planned(folder: Path) -> int:
+def planned(folder: Path, extra: list[str]) -> int:
     from rlkit.config.loading import load_config
     from rlkit.config.memory_plan import plan_memory
 
-    return plan_memory(load_config("quickstart", overrides(folder))).total
+    return plan_memory(load_config("quickstart", overrides(folder, extra))).total
+
+
+def parameters(folder: Path) -> int:
+    """Parameters stored in the folder's safetensors files (a tied head once)."""
+    import math
+
+    from safetensors import safe_open
+
+    total = 0
+    for path in folder.glob("*.safetensors"):
+        with safe_open(str(path), "pt") as f:
+            total += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
+    return total
 
 
 def h200_plans() -> str:
@@ -140,6 +156,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", nargs="+", default=["tiny", "qwen3-0.6b-4l", "qwen3-0.6b"])
     parser.add_argument("--root", default="/tmp/rlkit-memory-plan")
+    parser.add_argument("--extra", nargs="*", default=[], help="config overrides for every size (key=value)")
     parser.add_argument("--h200", action="store_true", help="print the Qwen3-8B/32B plans on H200s and exit")
     args = parser.parse_args(argv)
     if args.h200:
@@ -147,10 +164,11 @@ def main(argv=None) -> int:
         return 0
     rows = []
     for size, folder in folders(args.sizes, Path(args.root)).items():
-        plan = planned(folder)
-        peak, load = measure(folder)
-        rows.append({"size": size, "plan_gib": plan / 2**30, "peak_rss_gib": peak / 2**30, "plan/peak": plan / peak,
-                     "load1": load})
+        plan = planned(folder, args.extra)
+        peak, load = measure(folder, args.extra)
+        rows.append({"size": size, "extra": " ".join(args.extra), "plan_gib": plan / 2**30,
+                     "peak_rss_gib": peak / 2**30, "plan/peak": plan / peak,
+                     "peak_bytes_per_param": peak / parameters(folder), "load1": load})
         print(json.dumps(rows[-1]), flush=True)
     return 0 if all(abs(r["plan/peak"] - 1) <= 0.15 for r in rows) else 1
 
