@@ -274,14 +274,18 @@ def sigterm_as_interrupt() -> Iterator[None]:
     whatever holds Ctrl-C over a block that must not be cut (an optimizer update, a weight load:
     ``defer_keyboard_interrupt``) holds it too, and ``Session.run`` ends the step as a stop does. Why: a
     scheduler (Slurm, Kubernetes) stops a job with SIGTERM, which otherwise ends the process at once with no
-    summary. Main thread only (where signals arrive)."""
+    summary. Where SIGINT is ignored (a shell starts a background job so), SIGTERM raises KeyboardInterrupt
+    itself outside the held blocks. Main thread only (where signals arrive)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def on_term(signum: int, frame: Any) -> None:
         _STOP["signal"] = "SIGTERM"
-        signal.raise_signal(signal.SIGINT)
+        if callable(signal.getsignal(signal.SIGINT)):  # Python's Ctrl-C, or a block holding it
+            signal.raise_signal(signal.SIGINT)
+        else:  # SIGINT ignored (a background job of a shell script: `rlkit train ... &`), so raising it would do
+            raise KeyboardInterrupt  # nothing; no block holds Ctrl-C now (those install a handler), so stop here
 
     previous = signal.signal(signal.SIGTERM, on_term)
     _STOP["signal"] = None
