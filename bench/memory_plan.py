@@ -118,19 +118,6 @@ def planned(folder: Path, extra: list[str]) -> int:
     return plan_memory(load_config("quickstart", overrides(folder, extra))).total
 
 
-def parameters(folder: Path) -> int:
-    """Parameters stored in the folder's safetensors files (a tied head once)."""
-    import math
-
-    from safetensors import safe_open
-
-    total = 0
-    for path in folder.glob("*.safetensors"):
-        with safe_open(str(path), "pt") as f:
-            total += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
-    return total
-
-
 def h200_plans() -> str:
     """The plans of Qwen3-8B and -32B (math_qwen3's workload) on one and on eight H200s."""
     from rlkit.config.loading import load_config
@@ -162,13 +149,15 @@ def main(argv=None) -> int:
     if args.h200:
         print(h200_plans())
         return 0
+    from rlkit.models.factory import count_parameters
+
     rows = []
     for size, folder in folders(args.sizes, Path(args.root)).items():
         plan = planned(folder, args.extra)
         peak, load = measure(folder, args.extra)
         rows.append({"size": size, "extra": " ".join(args.extra), "plan_gib": plan / 2**30,
                      "peak_rss_gib": peak / 2**30, "plan/peak": plan / peak,
-                     "peak_bytes_per_param": peak / parameters(folder), "load1": load})
+                     "peak_bytes_per_param": peak / count_parameters(folder), "load1": load})
         print(json.dumps(rows[-1]), flush=True)
     return 0 if all(abs(r["plan/peak"] - 1) <= 0.15 for r in rows) else 1
 

@@ -30,7 +30,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
-import math  # noqa: E402
 import resource  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -70,17 +69,6 @@ def make_workload(shape: str, folder: Path) -> tuple[Path, Path]:
     data = folder / "data.jsonl"
     data.write_text("".join(json.dumps(next(rows)) + "\n" for _ in range(4000)))
     return model, data
-
-
-def parameter_count(model: Path) -> int:
-    """Parameters stored in a model folder's safetensors files (a tied head is stored, and counted, once)."""
-    from safetensors import safe_open
-
-    total = 0
-    for path in model.glob("*.safetensors"):
-        with safe_open(str(path), "pt") as f:
-            total += sum(math.prod(f.get_slice(name).get_shape()) for name in f.keys())
-    return total
 
 
 def rlkit_side(args) -> dict:
@@ -142,7 +130,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model, data = make_workload(args.shape, Path(tmp))
         common = ["--steps", str(args.steps), "--warmup", str(args.warmup)] + (["--bf16"] if args.bf16 else [])
-        params = parameter_count(model)
+        from rlkit.models.factory import count_parameters
+
+        params = count_parameters(model)
         load = [os.getloadavg()[0]]
         ours = run_side([sys.executable, __file__, "--side", "rlkit", "--shape", args.shape, "--model", str(model),
                          "--data", str(data), "--lora", str(args.lora), *common])
