@@ -13,6 +13,7 @@ from rlkit.config.changes import Change, changes_needed, refusals
 from rlkit.config.loading import load_config, parse_overrides
 from rlkit.config.run import RunConfig
 from rlkit.generation.base import Generator
+from rlkit.stages.conversations import rollout_tools
 from rlkit.stages.settings import RolloutSettings
 from rlkit.weight_sync import WeightSync
 
@@ -59,7 +60,7 @@ def build_components(config: RunConfig, start: Any, env: Any = None, loss_fn: Op
         env_from_config = env is None
         env = build_environment(config) if env_from_config else env
     with start.part("data"):  # a prompt's length counts the JSON tools its rollout renders (as the rollout picks them)
-        tools = getattr(env, "tool_schemas", None) or RolloutSettings.from_config(config).tools
+        tools = rollout_tools(env, RolloutSettings.from_config(config))
         dataset = load_prompt_dataset(config.data, tokenizer, config.policy.max_prompt_tokens, tools)
         if config.sft.enabled and config.sft.num_steps:  # the columns are known now, the engines not yet started
             check_sft_columns(config, dataset)

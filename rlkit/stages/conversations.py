@@ -74,7 +74,7 @@ class _ChatFormat:
     template_kwargs: Optional[dict[str, Any]] = None
 
 
-def _tools_of(env: Environment, settings: RolloutSettings) -> Optional[Sequence[dict[str, Any]]]:
+def rollout_tools(env: Environment, settings: RolloutSettings) -> Optional[Sequence[dict[str, Any]]]:
     """The environment's JSON tools (``env.tool_schemas``, a native-tool environment), else the settings'."""
     return getattr(env, "tool_schemas", None) or settings.tools
 
@@ -117,7 +117,7 @@ def conversations(generator: Generator, tokenizer: Any, env: Environment, rows: 
                                                      settings.prompt_key)
     max_turns = settings.max_turns if settings.max_turns is not None else getattr(env, "max_turns", 1)
     head = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt is not None else []
-    chat = _ChatFormat(_tools_of(env, settings), settings.chat_template_kwargs)
+    chat = _ChatFormat(rollout_tools(env, settings), settings.chat_template_kwargs)
     texts = render_prompt_texts(tokenizer, [r[prompt_key] for r in rows], settings.system_prompt, chat.tools,
                                 chat.template_kwargs)
     prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
