@@ -8,7 +8,7 @@ stopped). The plan reads the model folder's ``config.json`` alone: the model is 
 The parts, for the busiest device (rank 0, which also hosts a colocated engine):
 
 - weights: the trained model's master weights (fp32), this device's shard (Megatron: / TP x PP; FSDP2: / ranks);
-  with adapters the frozen base, still fp32;
+  with adapters the frozen base, fp32 (Megatron at bf16: held once, in bf16, as the compute copy);
 - bf16 twin: Megatron's bf16 compute copy at ``policy.precision=bfloat16`` (FSDP2: one gathered layer in bf16);
 - gradients (fp32) and optimizer state (AdamW: two fp32 moments) of what trains (all weights, or the adapters);
 - reference: a copy of the weights while the loss reads a reference (KL penalty, KL in the reward), none with
@@ -219,7 +219,10 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
     bf16 = p.precision == "bfloat16"
     parts = {"weights": weights, "bf16 twin": 0, "gradients": trained, "optimizer state": 2 * trained,
              "reference": weights if needs_reference(config) and not lora.enabled else 0, "adapters": adapters}
-    if bf16:
+    base_once = bf16 and lora.enabled and backend.name == "megatron"  # the frozen base held once, in bf16
+    if base_once:
+        parts["weights"] = weights // 2
+    elif bf16:
         parts["bf16 twin"] = weights // 2 if backend.name == "megatron" else shape.largest_layer * 2
     rows = p.train_global_batch_size or config.grpo.num_prompts_per_step * config.grpo.num_generations_per_prompt
     micro = min(p.train_micro_batch_size, max(1, -(-rows // dp)))
@@ -231,8 +234,11 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
     history = config.history
     snapshots = history.snapshots if lora.enabled or history.full_weight_snapshots else 0
     parts["weight snapshots"] = snapshots * trained  # rlkit.run.history: the states replay starts from
-    reasons = {"weights": f"{shape.parameters / 1e6:.0f}M parameters x 4 B (fp32 masters)" + (f" / {shard}" if shard > 1 else ""),
-               "bf16 twin": "bf16 compute copy" if bf16 else "(policy.precision=float32)",
+    reasons = {"weights": f"{shape.parameters / 1e6:.0f}M parameters x "
+                          + ("2 B (frozen base, bf16, shared with the compute copy)" if base_once else "4 B (fp32 masters)")
+                          + (f" / {shard}" if shard > 1 else ""),
+               "bf16 twin": ("(the frozen base is the compute copy)" if base_once else "bf16 compute copy") if bf16
+                            else "(policy.precision=float32)",
                "gradients": "fp32, of the adapters" if lora.enabled else "fp32, of every weight",
                "optimizer state": "AdamW: 2 fp32 moments",
                "reference": "a copy of the weights: the loss reads a reference" if parts["reference"] else

@@ -19,9 +19,10 @@ def nano(model_factory):
     return model_factory("nano", "qwen2", seed=1, num_key_value_heads=2)  # QKV bias: a fused layout with a bias
 
 
-def lora_cfg(path, backend="megatron", **lora):
+def lora_cfg(path, backend="megatron", precision="float32", **lora):
     return PolicyConfig(model_name=str(path), train_micro_batch_size=4, optimizer=OptimizerConfig(lr=1e-2),
-                        lora_cfg={"enabled": True, "dim": 4, "alpha": 8, **lora}, **BACKENDS[backend])
+                        precision=precision, lora_cfg={"enabled": True, "dim": 4, "alpha": 8, **lora},
+                        **BACKENDS[backend])
 
 
 def trained(policy, steps=2):
@@ -232,5 +233,40 @@ def test_a_frozen_head_backward_folds_into_one_matmul(nano):
             policy.train_step(batch, pg_token_mean_loss)
         largest = max(sizes)
         assert largest[0] <= max(8 * 20 * vocab, weights), largest  # (before: [t, vocab, hidden], 6x the logits)
+    finally:
+        policy.close()
+
+
+def test_at_bf16_megatron_holds_the_frozen_base_once_in_bf16(nano):
+    """Megatron at bf16 with adapters: the base is the compute copy's bf16 tensors (no fp32 master of a weight
+    that never changes), so the distinct parameter tensors hold 2 bytes per base parameter plus the adapters
+    twice (fp32 master + bf16 copy). After a step the base is still the folder's weights rounded to bf16, and the
+    export (what the refit sends) is ``W + alpha/dim * B @ A`` on that base."""
+    from rlkit.policy.architecture import load_hf_state
+    from rlkit.policy.lora import merged
+    from rlkit.policy.megatron.convert import split_qkv
+
+    policy = in_process_policy(lora_cfg(nano, precision="bfloat16"))
+    try:
+        params = dict(policy.model.named_parameters())
+        base = sum(p.numel() for n, p in params.items() if ".lora_" not in n)
+        adapters = sum(p.numel() for n, p in params.items() if ".lora_" in n)
+        distinct = {p.data_ptr(): p.numel() * p.element_size()
+                    for p in [*policy.model.parameters(), *policy._twin.compute.parameters()]}
+        assert sum(distinct.values()) == 2 * base + (4 + 2) * adapters
+        assert {p.dtype for n, p in params.items() if ".lora_" not in n} == {torch.bfloat16}
+        qkv = params["decoder.layers.0.self_attention.linear_qkv.weight"]
+        before_qkv = qkv.detach().clone()
+        trained(policy)
+        hf = load_hf_state(str(nano))
+        exported = {n: t.clone() for group in policy.export_hf_groups() for n, t in group}
+        assert torch.equal(exported["model.norm.weight"], hf["model.norm.weight"].to(torch.bfloat16))  # not adapted
+        a, b = (params[f"decoder.layers.0.self_attention.linear_qkv.adapter.lora_{x}"] for x in "AB")
+        assert b.abs().max() > 0
+        q, k, v = split_qkv(merged(qkv.detach(), a.detach(), b.detach(), policy.cfg.lora_cfg.scaling), policy.arch)
+        assert q.dtype == torch.bfloat16 and torch.equal(exported["model.layers.0.self_attn.q_proj.weight"], q)
+        assert torch.equal(exported["model.layers.0.self_attn.v_proj.weight"], v)
+        assert not torch.equal(q, hf["model.layers.0.self_attn.q_proj.weight"].to(torch.bfloat16))  # it moved
+        assert torch.equal(qkv.detach(), before_qkv)  # the base did not
     finally:
         policy.close()

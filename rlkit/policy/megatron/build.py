@@ -127,7 +127,8 @@ def bf16_twin_of(master, arch: Architecture, config, num_experts: int = 0, lora=
     the module to run it through: Megatron's ``Float16Module``, which casts its float inputs to bf16 on the
     first pipeline stage and its output (the logits) to fp32 on the last, so logprobs and the loss are fp32.
     ``config`` is the master's; the copy is built from it with bf16 parameters, and with the master's adapters
-    (``lora``: the enabled ``policy.lora_cfg``) when it has them."""
+    (``lora``: the enabled ``policy.lora_cfg``) when it has them; then the frozen base is held once, in bf16
+    (the master's base parameters become the copy's)."""
     import dataclasses
 
     from megatron.core.transformer.module import Float16Module
@@ -140,7 +141,7 @@ def bf16_twin_of(master, arch: Architecture, config, num_experts: int = 0, lora=
         from rlkit.policy.megatron.lora import add_adapters
 
         add_adapters(compute, lora, seed)
-    return Bf16Twin(master, compute), Float16Module(bf16_config, compute)
+    return Bf16Twin(master, compute, share_frozen=lora is not None), Float16Module(bf16_config, compute)
 
 
 def data_parallel_wrapper(module, ddp_cfg):
