@@ -41,7 +41,10 @@ from transformers import PreTrainedTokenizerFast
 ENDOFTEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = (ENDOFTEXT, IM_START, IM_END)  # ids 0, 1, 2
 EOS_TOKENS = (IM_END, ENDOFTEXT)  # generation stops on either; the first is the tokenizer's eos_token
-BPE_VOCAB_SIZE = 512  # 256 bytes + 3 specials + 253 merges: a multiple of 128, so the tiny models stay tiny
+# Qwen2.5's tool-call tags: added tokens, one id each, at the end of the vocabulary, and not special (decoded
+# text keeps them, so a parser reads the calls from it)
+TOOL_TAGS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+BPE_VOCAB_SIZE = 512  # 256 bytes + 3 specials + 249 merges + 4 tool tags: a multiple of 128, so the tiny models stay tiny
 # Qwen2's pre-tokenizer split (digits one by one; newlines grouped), the one transformers' Qwen2Tokenizer builds
 QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
                r"|\s+(?!\S)|\s+")
@@ -99,8 +102,9 @@ _ITEMS = ("clips", "apples", "books", "cookies", "marbles", "pages", "dollars", 
 
 
 def training_corpus(seed: int = 0) -> list[str]:
-    """The built-in corpus: arithmetic, GSM8K-style word problems with boxed answers, chat phrases, and
-    multi-byte UTF-8 text. Deterministic for a given ``seed``."""
+    """The built-in corpus: arithmetic, GSM8K-style word problems with boxed answers, chat phrases, the JSON of
+    Hermes tool calls and their results (between the tags, which are added tokens), and multi-byte UTF-8 text.
+    Deterministic for a given ``seed``."""
     rng = random.Random(seed)
     lines = []
     for _ in range(400):
@@ -111,6 +115,9 @@ def training_corpus(seed: int = 0) -> list[str]:
         x, y = rng.randrange(2, 60), rng.randrange(2, 60)
         lines.append(f"{name} has {x} {item} and buys {y} more. How many {item} does {name} have now? "
                      f"{name} has {x} + {y} = {x + y} {item}. The answer is \\boxed{{{x + y}}}.")
+    for _ in range(200):  # as the template renders a call's JSON, so its keys and punctuation merge
+        a, b = rng.randrange(10000), rng.randrange(1000)
+        lines += [f"\n{json.dumps({'name': 'add', 'arguments': {'a': a, 'b': b}})}\n", f"\n{a + b}\n"]
     lines += ["Solve the problem step by step. Put the final answer in \\boxed{}.",
               "You are a helpful assistant.", "Let's think step by step."] * 20
     lines += list(_UTF8_LINES[:-1]) * 8 + [_UTF8_LINES[-1]]
@@ -118,7 +125,8 @@ def training_corpus(seed: int = 0) -> list[str]:
 
 
 def build_bpe_tokenizer(vocab_size: int = BPE_VOCAB_SIZE, seed: int = 0) -> PreTrainedTokenizerFast:
-    """Train the byte-level BPE on :func:`training_corpus` and wrap it with its chat template."""
+    """Train the byte-level BPE on :func:`training_corpus`, add :data:`TOOL_TAGS` as the last ids (as Qwen2.5
+    does), and wrap it with its chat template."""
     core = Tokenizer(models.BPE())
     core.normalizer = normalizers.NFC()
     core.pre_tokenizer = pre_tokenizers.Sequence([
@@ -127,7 +135,7 @@ def build_bpe_tokenizer(vocab_size: int = BPE_VOCAB_SIZE, seed: int = 0) -> PreT
     ])
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
+        vocab_size=vocab_size - len(TOOL_TAGS),
         min_frequency=2,
         continuing_subword_prefix="",  # as Qwen2Tokenizer stores them, so a loaded copy equals this one
         end_of_word_suffix="",
@@ -136,6 +144,7 @@ def build_bpe_tokenizer(vocab_size: int = BPE_VOCAB_SIZE, seed: int = 0) -> PreT
         show_progress=False,
     )
     core.train_from_iterator(training_corpus(seed), trainer=trainer)
+    core.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TAGS])
     tok = PreTrainedTokenizerFast(tokenizer_object=core, eos_token=IM_END, pad_token=ENDOFTEXT,
                                   additional_special_tokens=[IM_START])
     tok.chat_template = CHAT_TEMPLATE

@@ -62,6 +62,21 @@ def test_folder_holds_a_standard_tokenizer_with_two_eos_ids(bpe_folder, tok):
     assert len(AutoTokenizer.from_pretrained(str(make_model(bpe_folder.parent / "char", "nano")))) == 103
 
 
+def test_tool_tags_are_single_added_tokens_that_decoding_keeps(tok):
+    """As in Qwen2.5's tokenizer: the Hermes tags are one id each at the end of the vocabulary and not special, so
+    decoded text (even with ``skip_special_tokens``) still holds the calls a parser reads; the call's JSON keys are
+    merged, so a call is a few dozen tokens, not one per character."""
+    from rlkit.models.bpe import TOOL_TAGS
+
+    ids = tok.convert_tokens_to_ids(list(TOOL_TAGS))
+    assert ids == list(range(BPE_VOCAB_SIZE - 4, BPE_VOCAB_SIZE))
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 4821, "b": 937}}\n</tool_call>'
+    encoded = tok(call).input_ids
+    assert encoded[0] == ids[0] and encoded[-1] == ids[1] and len(encoded) <= 32
+    assert tok.decode(encoded, skip_special_tokens=True) == call
+    assert tok.convert_ids_to_tokens(tok("4821").input_ids) == ["4", "8", "2", "1"]  # digits stay one by one
+
+
 def test_make_model_command_offers_the_bpe_tokenizer(tmp_path, capsys):
     from rlkit.cli import main
 
