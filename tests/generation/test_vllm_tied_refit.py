@@ -1,9 +1,13 @@
 """A tied ``lm_head`` refit on the CPU (its own module: closing its vLLM engine destroys the default process group,
 which test_vllm_refit.py's module-wide policy shares).
 
-Tolerances (fp32): max abs 1e-3, mean 1e-4 over all completion tokens.
+Tolerances over all completion tokens: fp32 max abs 1e-3, mean 1e-4; bf16 (policy and engine) max 0.05, mean 0.012.
+At bf16 the refit engine's figures (max 0.0244, mean 0.0060) equal, to every digit, those of a fresh bf16 engine
+loaded from the same weights exported as an HF folder (measured 2026-12-03 in separate processes: one engine per
+process), so the bound is bf16's own rounding, while the stale head gives 2.1.
 """
 
+import pytest
 import torch
 
 from rlkit.config.components import GenerationConfig, PolicyConfig
@@ -13,19 +17,24 @@ from rlkit.weight_sync import ColocatedWeightSync
 from tests.generation.test_vllm_refit import MAX_LEN, mismatch
 
 
-def test_a_tied_head_is_refit_with_its_embedding(tmp_path, monkeypatch):
+BOUNDS = {"float32": (1e-3, 1e-4), "bfloat16": (0.05, 0.012)}
+
+
+@pytest.mark.parametrize("precision", ["float32", "bfloat16"])
+def test_a_tied_head_is_refit_with_its_embedding(tmp_path, monkeypatch, precision):
     """A tied ``lm_head`` gets no tensor of its own in a reload; on the CPU its prepacked kernel must be rebuilt
     (``redispatch_cpu_tied_layers``), else the engine samples from the first load's head."""
     import rlkit.generation.vllm as vllm_module
     from rlkit.models import make_model
 
     path = make_model(tmp_path, "tiny", "qwen3", seed=3, tie_word_embeddings=True)
-    policy = MegatronPolicy(PolicyConfig(model_name=str(path), train_micro_batch_size=16))
-    generator = VllmGenerator(path, GenerationConfig(), max_model_len=MAX_LEN, seed=0)
+    policy = MegatronPolicy(PolicyConfig(model_name=str(path), train_micro_batch_size=16, precision=precision))
+    generator = VllmGenerator(path, GenerationConfig(vllm_cfg={"precision": precision}), max_model_len=MAX_LEN, seed=0)
     try:
         with torch.no_grad():
             for p in policy.model.parameters():
                 p.add_(torch.randn_like(p, generator=torch.Generator().manual_seed(0)) * 0.05)
+        policy.load_hf_state(dict(name_tensor for group in policy.export_hf_groups() for name_tensor in group))  # (bf16 copy)
         if not torch.cuda.is_available():  # the reload alone leaves the head stale (fails once vLLM fixes it)
             with monkeypatch.context() as m:
                 m.setattr(vllm_module, "redispatch_cpu_tied_layers", lambda worker: 0)
@@ -33,7 +42,7 @@ def test_a_tied_head_is_refit_with_its_embedding(tmp_path, monkeypatch):
             assert mismatch(policy, generator, seed=2)[0] > 0.1
         ColocatedWeightSync().sync(policy, generator)
         worst, mean, _ = mismatch(policy, generator, seed=2)
-        assert worst < 1e-3 and mean < 1e-4, (worst, mean)
+        assert worst < BOUNDS[precision][0] and mean < BOUNDS[precision][1], (worst, mean)
         assert generator.llm.collective_rpc(vllm_module.redispatch_cpu_tied_layers) == [2]  # lm_head, embed_tokens
     finally:
         generator.close()
