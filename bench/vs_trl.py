@@ -2,8 +2,10 @@
 peak RSS, rlkit / TRL.
 
 The same model folder, the same prompt/answer JSONL, group size, number of prompts, completion length and
-learning rate on both sides; the KL penalty off; one update per batch; fp32 (or bf16 with ``--bf16``); one
-torch thread each (``OMP_NUM_THREADS=1``). rlkit generates with vLLM in its process, TRL with transformers
+learning rate on both sides; the KL penalty off; one update per batch; fp32, or with ``--bf16`` rlkit's mixed
+precision (fp32 masters, bf16 compute copy and engine) against TRL's model loaded in bf16 (weights, gradients and
+AdamW moments all bf16: cheaper, and it loses updates below bf16's resolution); one torch thread each
+(``OMP_NUM_THREADS=1``). rlkit generates with vLLM in its process, TRL with transformers
 (its default without vLLM). A random model generates to the length limit on both sides, so the work per
 step is the same. CPU-seconds count every thread of the side's process over the steps after the warm-up, which
 a shared, noisy machine disturbs less than wall time; the machine's load average is printed with them.
@@ -87,6 +89,7 @@ def rlkit_side(args) -> dict:
         "policy.max_total_sequence_length": 32 + new_tokens, "policy.optimizer.lr": lr,
         "policy.train_micro_batch_size": prompts * generations, "policy.logprob_batch_size": prompts * generations,
         "policy.precision": "bfloat16" if args.bf16 else "float32",
+        "policy.generation.vllm_cfg.precision": "bfloat16" if args.bf16 else "float32",  # TRL generates with its model
         "policy.generation.vllm_cfg.kv_cache_space_gib": 1.0 if big else 0.125,
         **({"policy.lora_cfg.enabled": True, "policy.lora_cfg.dim": args.lora} if args.lora else {})})
     marks = []
