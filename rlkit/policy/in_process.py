@@ -141,9 +141,8 @@ class InProcessPolicy:
         return self._agreed_length(longest)
 
     def _scaled(self, logits: Tensor) -> Tensor:
-        """Logits divided by the sampling temperature (the distribution the generator sampled from), in fp32 (bf16
-        logits are upcast first; at temperature 1 the scores upcast them)."""
-        return logits.float() / self.temperature if self.temperature != 1.0 else logits
+        """Logits divided by the sampling temperature (the distribution the generator sampled from)."""
+        return logits / self.temperature if self.temperature != 1.0 else logits
 
     def _scores(self, logits: Tensor, input_ids: Tensor, with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
         """Raw logits [b, t, V(/tp)] -> logprobs (and entropy) [b, t] of the sampling distribution."""

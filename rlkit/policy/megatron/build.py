@@ -125,7 +125,7 @@ def block_spec(config, num_experts: int = 0):
 def bf16_twin_of(master, arch: Architecture, config, num_experts: int = 0, lora=None, seed: int = 0):
     """The bf16 compute copy of the fp32 ``master`` GPTModel (:class:`rlkit.policy.precision.Bf16Twin`) and
     the module to run it through: Megatron's ``Float16Module``, which casts its float inputs to bf16 on the
-    first pipeline stage (the policy asks it for bf16 logits, which the scores upcast: logprobs and the loss are fp32).
+    first pipeline stage and its output (the logits) to fp32 on the last, so logprobs and the loss are fp32.
     ``config`` is the master's; the copy is built from it with bf16 parameters, and with the master's adapters
     (``lora``: the enabled ``policy.lora_cfg``) when it has them; then the frozen base is held once, in bf16
     (the master's base parameters become the copy's)."""

@@ -237,17 +237,15 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         return t + (-t % self.tp_size if self.layout.sequence_parallel else 0)
 
     def _stage_forward(self, input_ids: Tensor, positions: Optional[Tensor] = None, **packed) -> Tensor:
-        """input_ids [b, t] (t already padded) -> this stage's output: logits [b, t, V/tp] on the last stage, hidden
-        states for the next stage otherwise. Causal attention by the layer spec's mask type: no mask tensor.
-        ``positions`` [b, t] default to 0..t-1 per row; ``packed``: ``packed_seq_params`` of packed rows. The bf16
-        copy follows the fp32 model's train/eval mode, and its logits stay bf16 (``fp32_output=False``): the scores
-        upcast them once, into the cross-entropy's own fp32 copy, so no second fp32 [b, t, V] tensor is held."""
+        """input_ids [b, t] (t already padded) -> this stage's output: logits [b, t, V/tp] (fp32) on the last
+        stage, hidden states for the next stage otherwise. Causal attention by the layer spec's mask type: no
+        mask tensor. ``positions`` [b, t] default to 0..t-1 per row; ``packed``: ``packed_seq_params`` of packed
+        rows. The bf16 copy follows the fp32 model's train/eval mode."""
         b, t = input_ids.shape
         if positions is None:
             positions = torch.arange(t, device=self.device).unsqueeze(0).expand(b, t)
         self._forward_module.train(self.model.training)
-        half = {"fp32_output": False} if self._twin is not None else {}
-        return self._forward_module(input_ids.to(self.device), positions.to(self.device), None, **packed, **half)
+        return self._forward_module(input_ids.to(self.device), positions.to(self.device), None, **packed)
 
     def _logits(self, input_ids: Tensor) -> Tensor:
         """input_ids [b, T] -> logits [b, T, V/tp] (one stage only)."""
