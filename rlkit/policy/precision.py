@@ -42,7 +42,7 @@ class Bf16Twin:
     """The bf16 copy of an fp32 master module that runs forward and backward.
 
     ``master`` and ``compute`` have the same parameter names and shapes; ``pairs`` lists (fp32, bf16) per
-    parameter that trains. The gradients of the bf16 copy go to Megatron's DDP (fp32 ``main_grad``), which the
+    parameter that keeps an fp32 master (every one, or with ``share_frozen`` those that train). The gradients of the bf16 copy go to Megatron's DDP (fp32 ``main_grad``), which the
     policy hands to the masters. :meth:`pull` copies the masters into the bf16 weights (after an optimizer step,
     a load, a checkpoint restore).
 

@@ -31,10 +31,9 @@ def test_a_tied_head_is_refit_with_its_embedding(tmp_path, monkeypatch, precisio
     policy = MegatronPolicy(PolicyConfig(model_name=str(path), train_micro_batch_size=16, precision=precision))
     generator = VllmGenerator(path, GenerationConfig(vllm_cfg={"precision": precision}), max_model_len=MAX_LEN, seed=0)
     try:
-        with torch.no_grad():
-            for p in policy.model.parameters():
-                p.add_(torch.randn_like(p, generator=torch.Generator().manual_seed(0)) * 0.05)
-        policy.load_hf_state(dict(name_tensor for group in policy.export_hf_groups() for name_tensor in group))  # (bf16 copy)
+        moved = {name: t + torch.randn_like(t, generator=torch.Generator().manual_seed(0)) * 0.05
+                 for group in policy.export_hf_groups() for name, t in group}
+        policy.load_hf_state(moved)  # new weights the engine has not seen (at bf16 the compute copy follows)
         if not torch.cuda.is_available():  # the reload alone leaves the head stale (fails once vLLM fixes it)
             with monkeypatch.context() as m:
                 m.setattr(vllm_module, "redispatch_cpu_tied_layers", lambda worker: 0)
