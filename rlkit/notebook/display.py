@@ -26,13 +26,13 @@ def session_facts(s: Any) -> dict[str, object]:
     policy = s.policy
     arch = getattr(policy, "arch", None)
     device = "cuda" if _cuda() else "cpu"
-    backend, layout = _backend_and_layout(cfg, policy)
+    backend = cfg.policy.backend  # the section build_policy built
     colocated = cfg.generation_colocated
     facts = {
         "model": f"{cfg.policy.model_name}" + (f" ({arch.family}, {arch.num_layers} layers x {arch.hidden_size})" if arch else ""),
-        "backend": backend,
+        "backend": backend.title,
         "policy": f"{type(policy).__name__} on {device}",
-        "parallel layout": layout,
+        "parallel layout": backend.layout_words(cfg.policy.num_workers),
         "generator": f"{cfg.policy.generation.backend} ({'colocated' if colocated else 'separate'}): {s.generator!r}",
         "environment": getattr(s.env, "name", type(s.env).__name__),
         "chat template": chat_template_words(cfg.data.chat_template_kwargs, getattr(s.env, "tool_schemas", None)),
@@ -66,13 +66,6 @@ def start_warnings(s: Any) -> list[str]:
     """The warnings shown while the session started (rlkit's own config and data checks, anything unexpected)."""
     startup = getattr(s, "startup", None)
     return list(startup.warnings) if startup is not None else []
-
-
-def _backend_and_layout(cfg: Any, policy: Any) -> tuple[str, str]:
-    """The training backend the session built and its parallel layout, in the words of the backend's config
-    section (``cfg.policy.backend``: the one ``build_policy`` built)."""
-    backend = cfg.policy.backend
-    return backend.title, backend.layout_words(cfg.policy.num_workers)
 
 
 @functools.lru_cache(maxsize=1)
@@ -187,8 +180,8 @@ def undecodable_token(token_id: int) -> str:
     Models pad the vocabulary past the tokenizer's (the nano model has 128 ids for 103 tokens), and an untrained
     one samples those ids. rlkit samples them rather than masking them in the generator: a mask there alone
     would make the generator sample from another distribution than the one the trainer scores (its logprobs and
-    the importance ratios would disagree), and training makes them rare (warm-started nano: none in a batch).
-    Shown by name (was ``\ufffd117``, which read as broken decoding), with a hover that says why they appear."""
+    the importance ratios would disagree), and training makes them rare. Shown by name, with a hover that says why
+    they appear."""
     return f"<pad-vocab-{token_id}>"
 
 

@@ -195,12 +195,9 @@ def _env_step(env: Environment, live: list[_Conversation], games: list[_Conversa
             _check_message(env, message, index[id(conversation)])
         room = budget - len(conversation.ids) - 1  # the messages and one generated token must fit
         chars = sum(len(m["content"]) for m in messages)
-        if chars > room * max_token_chars(tokenizer):  # too long without tokenizing it
-            conversation.live, conversation.finish_reason = False, "length"
-            too_long.append((chars, room))
-            continue
-        message_ids = _message_tokens(tokenizer, conversation, messages, chat)
-        if len(message_ids) > room:
+        fits_in_chars = chars <= room * max_token_chars(tokenizer)  # if not, too long without tokenizing it
+        message_ids = _message_tokens(tokenizer, conversation, messages, chat) if fits_in_chars else None
+        if message_ids is None or len(message_ids) > room:
             conversation.live, conversation.finish_reason = False, "length"
             too_long.append((chars, room))
             continue
