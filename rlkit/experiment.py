@@ -27,15 +27,9 @@ from typing import Any, Iterator, Optional, Sequence
 from rlkit.config.run import RunConfig
 from rlkit.errors import CheckpointError, RunFolderError, SkippedStepsError
 from rlkit.stages.skipped_steps import skipped_so_far
+from rlkit.tracking.checkpoint import checkpoint_folder
 from rlkit.tracking.lock import is_disk_error, run_folder_lock, unwritable
 from rlkit.tracking.records import RunRecorder
-
-
-def checkpoint_folder(config: RunConfig, run_dir: Optional[str | Path] = None) -> Path:
-    """Where the run's periodic checkpoints go: ``checkpointing.checkpoint_dir`` or ``<run_dir>/checkpoints``."""
-    if config.checkpointing.checkpoint_dir:
-        return Path(config.checkpointing.checkpoint_dir)
-    return Path(run_dir or Path(config.logger.log_dir) / config.name) / "checkpoints"
 
 
 def run_experiment(config: RunConfig, session: Any = None, progress: bool = True,
@@ -105,16 +99,19 @@ def _run(config: RunConfig, session: Any, progress: bool, run_dir: Path, resume:
                 warnings.warn(f"{moved.name.split('.')[0]} is newer than the checkpoint this run resumes from; "
                               f"kept as {moved}", stacklevel=2)
         setup_s = time.perf_counter() - t0
-        def stopped_in(stage: str, stop: KeyboardInterrupt, warm: dict[str, Any], history: list[Any]) -> None:
-            """A stop outside the RL steps (SFT, an evaluation): the summary says where, then the stop goes on."""
-            _write_summary(run_dir, _summary(config, warm, None, history, resumed_step, setup_s, 0.0,
-                                             time.perf_counter() - t0), f"{_stop_name()} during {stage}: {stop}")
+
+        def stopped_early(stop: KeyboardInterrupt, warm: dict[str, Any], history: list[Any], where: str = "",
+                          rl_s: float = 0.0) -> None:
+            """A stop: the summary (no final evaluation) says where, then the stop goes on."""
+            reason = f"{_stop_name()}{f' during {where}' if where else ''}: {stop}"
+            _write_summary(run_dir, _summary(config, warm, None, history, resumed_step, setup_s, rl_s,
+                                             time.perf_counter() - t0), reason)
 
         if start is None:
             try:
                 warm_start = _warm_start(session, config, progress)
             except KeyboardInterrupt as stop:
-                stopped_in("the warm start (SFT, then the evaluation before RL)", stop, NO_WARM_START, [])
+                stopped_early(stop, NO_WARM_START, [], "the warm start (SFT, then the evaluation before RL)")
                 raise
             if ckpt_cfg.enabled:
                 save_periodic(session, ckpt_dir, ckpt_cfg.keep_last, _extra(session, warm_start))
@@ -131,16 +128,14 @@ def _run(config: RunConfig, session: Any, progress: bool, run_dir: Path, resume:
         except (SkippedStepsError, KeyboardInterrupt) as error:  # KeyboardInterrupt: a stop, after a whole step
             stopped = error
         rl_s = time.perf_counter() - t_rl
-        if isinstance(stopped, KeyboardInterrupt):  # a stop ends the run now: no final evaluation
-            _write_summary(run_dir, _summary(config, warm_start, None, session.history if start else
-                                             session.history[steps_before:], resumed_step, setup_s, rl_s,
-                                             time.perf_counter() - t0), f"{_stop_name()}: {stopped}")
-            raise stopped
         history = session.history if start else session.history[steps_before:]
+        if isinstance(stopped, KeyboardInterrupt):  # a stop ends the run now: no final evaluation
+            stopped_early(stopped, warm_start, history, rl_s=rl_s)
+            raise stopped
         try:
             after = session.evaluate()  # logged at the last step, as the warm start's evaluation is at step 0
         except KeyboardInterrupt as stop:
-            stopped_in("the final evaluation", stop, warm_start, history)
+            stopped_early(stop, warm_start, history, "the final evaluation")
             raise
         summary = _summary(config, warm_start, after, history, resumed_step, setup_s, rl_s, time.perf_counter() - t0)
         _write_summary(run_dir, summary, None if stopped is None else str(stopped))

@@ -21,6 +21,7 @@ optimizer moments (``Branch.nbytes``).
 
 from __future__ import annotations
 
+import copy
 import string
 import time
 from dataclasses import dataclass, field
@@ -69,16 +70,10 @@ def _copy(session: Any, parked: Parked) -> Parked:
     run.load_state_dict(parked.run_state.state_dict())
     source = rollout_source(parked.config, session._sample, session._score, run, -1,
                             lambda: session.config.updates_per_step)
-    policy = PolicyState(parked.policy.weights, parked.policy.optimizer, parked.policy.scheduler,
-                         parked.policy.version)
-    return Parked(_clone(policy), run, source, parked.config, parked.loss_fn, parked.rng)
-
-
-def _clone(state: PolicyState) -> PolicyState:
-    import copy
-
-    return PolicyState({k: v.clone() for k, v in state.weights.items()}, copy.deepcopy(state.optimizer),
-                       copy.deepcopy(state.scheduler), state.version)
+    p = parked.policy
+    policy = PolicyState({k: v.clone() for k, v in p.weights.items()}, copy.deepcopy(p.optimizer),
+                         copy.deepcopy(p.scheduler), p.version)
+    return Parked(policy, run, source, parked.config, parked.loss_fn, parked.rng)
 
 
 @dataclass

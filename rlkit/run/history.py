@@ -124,14 +124,10 @@ def weights_at(history: RolloutHistory, config: Any, step: Optional[int] = None)
     """Which weights steps started from exist: a snapshot in memory ("snapshot", what ``replay`` uses) or a
     periodic checkpoint (its path: the checkpoint after step k holds the weights step k + 1 started from; load it
     with ``Session.load``). For ``step``: one of them or None; without one: {step: where} for every step."""
-    from pathlib import Path
+    from rlkit.tracking.checkpoint import STEP_DIR, checkpoint_folder, list_checkpoints
 
-    from rlkit.tracking.checkpoint import STEP_DIR, list_checkpoints
-
-    folder = (Path(config.checkpointing.checkpoint_dir) if config.checkpointing.checkpoint_dir else
-              Path(config.logger.log_dir) / config.name / "checkpoints")
-    found: dict[int, Any] = {int(STEP_DIR.match(p.name).group(1)) + 1: str(p) for p in list_checkpoints(folder)
-                             if STEP_DIR.match(p.name)} if folder.is_dir() else {}
+    found: dict[int, Any] = {int(STEP_DIR.match(p.name).group(1)) + 1: str(p)
+                             for p in list_checkpoints(checkpoint_folder(config))}
     found.update({s: "snapshot" for s in history.snapshots})
     return found.get(step) if step is not None else dict(sorted(found.items()))
 

@@ -232,6 +232,14 @@ def load_session(cls: Any, path: str | Path, config: Any = None, overrides: Sequ
 
 
 # ---- periodic checkpoints ------------------------------------------------------------------------------------
+def checkpoint_folder(config: Any, run_dir: Optional[str | Path] = None) -> Path:
+    """Where a run's periodic checkpoints go: ``checkpointing.checkpoint_dir``, else ``<run_dir>/checkpoints``
+    (the run folder defaults to ``<logger.log_dir>/<name>``)."""
+    if config.checkpointing.checkpoint_dir:
+        return Path(config.checkpointing.checkpoint_dir)
+    return Path(run_dir or Path(config.logger.log_dir) / config.name) / "checkpoints"
+
+
 def list_checkpoints(folder: str | Path) -> list[Path]:
     """Complete ``step_*`` checkpoints in ``folder``, oldest first."""
     folder = Path(folder)
