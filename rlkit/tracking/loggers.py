@@ -19,6 +19,22 @@ class Logger(Protocol):
     def finish(self) -> None: ...
 
 
+def read_jsonl(path: Path) -> list[tuple[str, dict[str, Any]]]:
+    """``(line, object)`` for each line of a JSONL log that holds an object with a ``"step"``; a line a killed
+    writer left half-written is skipped."""
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and "step" in obj:
+            out.append((line, obj))
+    return out
+
+
 def _jsonable(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)

@@ -19,29 +19,21 @@ renaming it leaves it as a hidden ``.<name>.new-<pid>-*`` file, which nothing re
 
 from __future__ import annotations
 
-import json
 import os
 import uuid
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Mapping, Optional
 
 from rlkit.tracking.checkpoint import fsync_path
+from rlkit.tracking.loggers import read_jsonl
 
 LOGS = ("metrics.jsonl", "tables.jsonl")
 
 
 def _lines_through(path: Path, step: int) -> str:
     """The lines of a JSONL log with ``"step" <= step``; a line a killed writer left half-written is dropped."""
-    if not path.is_file():
-        return ""
-    kept = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            if json.loads(line)["step"] <= step:
-                kept.append(line + "\n")
-        except (ValueError, KeyError, TypeError):
-            continue
-    return "".join(kept)
+    return "".join(line + "\n" for line, obj in read_jsonl(path)
+                   if isinstance(obj["step"], (int, float)) and obj["step"] <= step)
 
 
 def _write_beside(path: Path, text: str) -> Path:

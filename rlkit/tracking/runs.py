@@ -25,6 +25,8 @@ from typing import Any, Optional
 
 import yaml
 
+from rlkit.tracking.loggers import read_jsonl
+
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}  # what JSONLLogger writes for them
 
 
@@ -74,14 +76,14 @@ def open_run(path: str | Path) -> RunRecords:
     if not (folder / "metrics.jsonl").is_file() and not (folder / "summary.json").is_file():
         raise FileNotFoundError(f"{folder} holds no run records (metrics.jsonl, summary.json); a run folder is "
                                 "<logger.log_dir>/<name>, e.g. runs/quickstart, or what session.log_to() returned")
-    records = [{k: _number(v) for k, v in r.items()} for r in _jsonl(folder / "metrics.jsonl")]
+    records = [{k: _number(v) for k, v in r.items()} for _, r in read_jsonl(folder / "metrics.jsonl")]
     metrics = pd.DataFrame(records)
     if len(metrics):
         metrics = metrics.groupby("step", sort=True).last().reset_index()  # same step: one row, the latest value
     else:
         metrics = pd.DataFrame({"step": pd.Series(dtype="int64")})
     rows = [{"step": t["step"], "table": t["name"], **dict(zip(t["columns"], row))}
-            for t in _jsonl(folder / "tables.jsonl") for row in t["rows"]]
+            for _, t in read_jsonl(folder / "tables.jsonl") for row in t["rows"]]
     tables = pd.DataFrame(rows) if rows else pd.DataFrame({"step": pd.Series(dtype="int64"),
                                                            "table": pd.Series(dtype="object")})
     summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").is_file() else None
@@ -91,18 +93,3 @@ def open_run(path: str | Path) -> RunRecords:
 
 def _number(value: Any) -> Any:
     return _NON_FINITE.get(value, value) if isinstance(value, str) else value
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    """The objects of a JSONL file; a line a killed writer left half-written is skipped."""
-    if not path.is_file():
-        return []
-    out = []
-    for line in path.read_text(errors="replace").splitlines():
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict) and "step" in obj:
-            out.append(obj)
-    return out
