@@ -147,7 +147,7 @@ def map_columns(dataset: Dataset, prompt_key: str, answer_key: Optional[str], so
                                       if c is not None and c != t})
     dataset = _answers_as_loaded(dataset)
     text = getattr(dataset.features["prompt"], "dtype", None) in ("string", "large_string")
-    if text and not dataset.data.column("prompt").null_count:  # Arrow settles it unread (1M prompts: 7 s in Python)
+    if text and not dataset.data.column("prompt").null_count:  # Arrow settles it unread, no Python loop
         return dataset
     bad = next((i for i, prompt in enumerate(dataset["prompt"]) if not isinstance(prompt, str)), None)
     if bad is not None:

@@ -3,8 +3,8 @@
 An environment sees the conversation so far (OpenAI-style messages whose last one is the assistant's
 completion) and the dataset row behind each sample (which holds the ground truth), and answers with a
 reward, whether the episode is over, and, for unfinished samples, the next message to append. Single-turn
-tasks (every task shipped today) return ``done=True`` everywhere and no observations; the multi-turn shape is
-in the interface now so that tool-use environments later need no new stage code.
+tasks return ``done=True`` everywhere and no observations; multi-turn ones (the tool environments) answer an
+unfinished sample with its next message, and the multi-turn rollout needs no stage code of their own.
 
 Failures are contained per sample: a sample whose scoring raises gets reward 0 and one message in
 ``errors`` (naming its index and the exception), so one malformed completion never kills a training step.

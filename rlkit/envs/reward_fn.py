@@ -10,9 +10,8 @@ Why the robustness: a user's reward function sees whatever the policy writes, an
 - the function is first called on the whole batch; if it raises, the batch is halved and each half called,
   a half that raises is halved again, down to single samples: only the samples that fail alone get reward 0
   and an error message. Why halves, not one call per sample: a reward with a fixed cost per call (a model,
-  a remote judge, a sandbox) paid that cost ``B + 1`` times when one sample broke the batch (a 3 s reward, one
-  failure in 16 samples: 17 calls, 53 s). Halving costs at most ``1 + 2 k log2(B)`` calls for ``k`` failing
-  samples (one in 16: 9 calls), and a failure that does not come back (a flaky judge) 3 calls;
+  a remote judge, a sandbox) would pay it ``B + 1`` times when one sample breaks the batch; halving costs at
+  most ``1 + 2 k log2(B)`` calls for ``k`` failing samples, and a failure that does not come back 3 calls;
 - a value that is NaN, infinite or not a number gives that sample reward 0 and an error message;
 - a list of the wrong length, or a dict (whose length and iteration are its keys, not rewards), is a bug in
   the function, not in a sample, and raises ``RewardError``.

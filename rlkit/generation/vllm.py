@@ -149,9 +149,9 @@ class VllmGenerator:
         """``generate`` without decoding the completions: ``texts`` is None unless stop strings are set or the
         tokenizer is a Python-only one (:func:`decode_completions` fills them in, ~1 us per token).
 
-        Why: vLLM then skips its per-token detokenization and the decoded token it attaches to each logprob,
-        8-10% of a generate call's CPU on the quickstart's tiny model, and an engine in another process leaves
-        the decoding to its caller (async GRPO: the trainer's process, which waits on the engine anyway).
+        Why: vLLM then skips its per-token detokenization and the decoded token it attaches to each logprob
+        (figures: docs/measurements.md), and an engine in another process leaves the decoding to its caller
+        (async GRPO: the trainer's process, which waits on the engine anyway).
         Stop strings need the engine to decode: it looks for them in the text as it grows."""
         from vllm import SamplingParams
 
@@ -280,8 +280,8 @@ class VllmGenerator:
 def request_seed(seed: int, prompt_index: int, n: int) -> int:
     """The seed of prompt ``prompt_index``'s ``n``-sample request in a call seeded ``seed``.
 
-    vLLM samples child ``j`` of a request with ``seed + j``, so requests seeded ``seed + i`` (as rlkit did) share
-    streams across prompts: sample (i, j) and sample (i + 1, j - 1) drew the same random numbers. Each request
+    vLLM samples child ``j`` of a request with ``seed + j``, so requests seeded ``seed + i`` would share
+    streams across prompts: sample (i, j) and sample (i + 1, j - 1) would draw the same random numbers. Each request
     gets its own block of 2**16 seeds instead, placed by a hash of (call seed, prompt index): distinct streams
     for every (prompt, sample), for every step, dynamic-sampling round and turn (their call seeds differ), and
     reproducible from the call's seed. Two blocks coincide with probability ~2**-47 per pair of requests."""
