@@ -29,6 +29,7 @@ and harmless for others; a namespace package spread over several folders is not 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import site
@@ -85,7 +86,7 @@ def driver_modules() -> list[Path]:
             continue
         if source not in found:
             found.append(source)
-    return [p for p in found if p is not None]
+    return found
 
 
 def _resolve_module(entry: str) -> Path:
@@ -122,10 +123,8 @@ def package_versions() -> dict[str, str]:
     """Installed versions of the packages every node needs (absent ones are left out)."""
     versions = {"python": ".".join(map(str, sys.version_info[:3]))}
     for name in CHECKED_PACKAGES:
-        try:
+        with contextlib.suppress(metadata.PackageNotFoundError):
             versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
     return versions
 
 

@@ -3,13 +3,14 @@
 A rollout renders each prompt with the chat template and asks the engine for ``max_new_tokens`` more; the
 engine refuses a prompt longer than ``max_model_len - max_new_tokens`` (``PolicyConfig.max_prompt_tokens``).
 Found there, the failure comes after SFT and evaluation, and does not say which row. Here every prompt is
-rendered and tokenized exactly as the rollout stage does (``render_prompt_texts``), once, at load time
-(about 1 s per 20k short prompts on 2 cores), and over-long rows are dropped with a warning that counts them
-(``data.overlong_prompts=filter``) or refused with an error naming the first one (``=error``).
+rendered and tokenized exactly as the rollout stage does (``render_prompt_texts``), once, at load time, and
+over-long rows are dropped with a warning that counts them (``data.overlong_prompts=filter``) or refused with
+an error naming the first one (``=error``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from typing import Any, Literal, Mapping, Optional, Sequence
 
@@ -34,14 +35,12 @@ def max_token_chars(tokenizer: Any) -> int:
     A byte-level BPE entry is written one character per byte, and a text character is at least one byte, so
     no token covers more characters of a text than its entry has. Hence a text of more than
     ``max_tokens * max_token_chars`` characters is certainly longer than ``max_tokens`` tokens, which is known
-    without tokenizing it (one 50 MB prompt took 140 s and 18 GB to render and tokenize)."""
+    without tokenizing it (rendering and tokenizing a huge prompt costs minutes and gigabytes)."""
     cached = getattr(tokenizer, "_rlkit_max_token_chars", None)
     if cached is None:
         cached = max((len(token) for token in tokenizer.get_vocab()), default=1) or 1
-        try:
+        with contextlib.suppress(AttributeError):  # a tokenizer that takes no attributes: computed again next time
             tokenizer._rlkit_max_token_chars = cached
-        except AttributeError:  # a tokenizer that takes no attributes: computed again next time (milliseconds)
-            pass
     return cached
 
 

@@ -9,13 +9,10 @@ starts a fresh one: the sample gets reward 0 and a counted error, and the step n
 calls it. math-verify's signal timeouts are switched off inside the workers, since the kill is the limit.
 
 The workers are fresh interpreters (``python -c <the source of _worker_main>``) that import math-verify
-only, not rlkit or torch: they start in about 0.4 s, never inherit a CUDA context or threads through
-``fork``, and never re-run the user's script the way ``multiprocessing``'s spawn does for unguarded scripts.
-
-Measured on a 2-core CPU box (math-verify 0.9, 200 checks of ``\frac{i}{2}`` against ``i/2``): one worker
-is ready 0.4 s after the first step starts it (two: 1.0 s, sharing the cores), a check takes 2-3 ms, and a
-timed-out sample costs ``timeout_seconds`` plus a 0.4 s replacement start, during which the other workers
-keep checking. ``num_workers=2`` (the default) is there so one stuck sample does not stall the batch.
+only, not rlkit or torch: they start fast, never inherit a CUDA context or threads through ``fork``, and
+never re-run the user's script the way ``multiprocessing``'s spawn does for unguarded scripts. A timed-out
+sample costs ``timeout_seconds`` plus a replacement's start, during which the other workers keep checking:
+``num_workers=2`` (the default) is there so one stuck sample does not stall the batch.
 
 Deliberate simplifications: only the last ``\boxed{...}`` counts (``\fbox`` and unbraced ``\boxed 5`` do not);
 a completion without one gets 0 with no error (a format failure is a normal outcome, not a fault); a worker
@@ -24,6 +21,7 @@ left computing when the parent is SIGKILLed runs until its check ends (it exits 
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import select
@@ -121,10 +119,8 @@ class _Worker:
         self.proc.kill()
         self.proc.wait()
         for stream in (self.proc.stdin, self.proc.stdout):
-            try:
+            with contextlib.suppress(OSError):
                 stream.close()
-            except OSError:
-                pass
 
 
 def _kill_all(workers: list[_Worker]) -> None:

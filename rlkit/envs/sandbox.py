@@ -40,6 +40,7 @@ per-call cost.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import shutil
@@ -236,15 +237,12 @@ def _teardown(proc: Optional[subprocess.Popen], cgroups, joiner: Optional[thread
               reason: str) -> str:
     """Kill what is left of the call, reap it, close the pipes, remove the cgroups; the final reason."""
     if proc is not None:
-        try:  # after a normal end the isolating process exits by itself, its namespace torn down
+        # after a normal end the isolating process exits by itself, its namespace torn down
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=1.0 if reason and not reason.startswith(("timeout", "killed: output")) else 0.0)
-        except subprocess.TimeoutExpired:
-            pass
         if proc.poll() is None:  # (once reaped, its pid may be another process's)
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)  # the isolating process: its death ends the namespace
-            except (ProcessLookupError, PermissionError):
-                pass
         try:
             code = proc.wait(timeout=5.0)
             if not reason:

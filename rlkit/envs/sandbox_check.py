@@ -14,6 +14,7 @@ the same way, e.g. an older version of the sandbox.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -106,11 +107,9 @@ def _pid_namespace_wrapper() -> list[str]:
     """The prefix that runs the victim in its own PID namespace (empty where none can be made)."""
     unshare = shutil.which("unshare")  # absolute: a victim's PATH may be empty on purpose
     for prefix in ([unshare, "--pid", "--fork", "--mount-proc"], [unshare, "-r", "--pid", "--fork", "--mount-proc"]):
-        try:
+        with contextlib.suppress(OSError, subprocess.SubprocessError):
             if unshare and subprocess.run(prefix + ["true"], capture_output=True, timeout=10).returncode == 0:
                 return prefix + [sys.executable, "-c", _INIT]
-        except (OSError, subprocess.SubprocessError):
-            pass
     return []
 
 

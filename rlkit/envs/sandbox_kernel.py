@@ -15,6 +15,7 @@ processes together and ``max_processes``; elsewhere the bounds are per process (
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
@@ -111,11 +112,9 @@ class CallCgroups:
         for path in self.paths:
             for name, test in (("memory.failcnt", lambda t: int(t) > 0),
                                ("memory.events", lambda t: " 0" not in t.split("oom_kill")[-1][:3])):
-                try:
+                with contextlib.suppress(OSError, ValueError):
                     if test(Path(path, name).read_text()):
                         return True
-                except (OSError, ValueError):
-                    pass
         return False
 
     def remove(self, deadline_s: float = 2.0) -> None:
@@ -154,10 +153,8 @@ def first_child(pid: int, deadline: float) -> Optional[int]:
 
 
 def _kill(pid: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _own_cgroup(controller: str) -> Optional[str]:
@@ -202,11 +199,9 @@ def cgroups_available() -> bool:
     """True when calls get their own memory and pids cgroups here (see the module docstring)."""
     for parent in {p for p in (_own_cgroup("memory"), _own_cgroup("pids"), _own_cgroup("")) if p}:
         for path in Path(parent).glob("rlkit-sandbox-*"):  # left by ended processes (an exit during a teardown)
-            try:
+            with contextlib.suppress(OSError):
                 if time.time() - path.stat().st_mtime > 60 and not (path / "cgroup.procs").read_text().strip():
                     path.rmdir()
-            except OSError:
-                pass
     cgroups = make_cgroups(64 * 2**20, 4)
     if cgroups is None:
         return False

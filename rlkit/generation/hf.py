@@ -77,9 +77,7 @@ class HFGenerator:
         for name, tensor in bucket:
             if name in params:
                 params[name].copy_(tensor)
-            elif name == "lm_head.weight" and self.model.config.tie_word_embeddings:
-                continue
-            else:
+            elif not (name == "lm_head.weight" and self.model.config.tie_word_embeddings):  # tied: nothing to load
                 raise KeyError(f"generator model has no parameter {name!r}")
 
     def reset_prefix_cache(self) -> None:
