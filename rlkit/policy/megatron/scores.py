@@ -17,14 +17,18 @@ def shifted_token_logprobs(logits: Tensor, input_ids: Tensor) -> Tensor:
     """logits [b, T, V/tp] (position t predicts token t+1), input_ids [b, T] -> logprobs [b, T].
 
     Output position t holds log p(input_ids[:, t] | input_ids[:, :t]); position 0 holds 0.
+
+    The logits are consumed: Megatron's ``vocab_parallel_cross_entropy`` works in place, turning its input into
+    the softmax its backward keeps. Contiguous fp32 logits (what the model returns) are handed over as they are,
+    every position with a target (the last one, which predicts nothing, gets id 0 and is dropped), so the
+    [b, T, V/tp] logits are not copied; bf16 or strided logits are copied once. Read nothing from ``logits``
+    after this call (the entropy is computed first).
     """
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
-    # vocab_parallel_cross_entropy modifies its input in place, so it gets its own copy (always: for one row of
-    # fp32 logits, [:, :-1] is already contiguous and .contiguous().float() would hand over the logits themselves)
-    nll = vocab_parallel_cross_entropy(logits[:, :-1].to(torch.float32, copy=True).contiguous(),
-                                       input_ids[:, 1:].contiguous())
-    return torch.nn.functional.pad(-nll, (1, 0))
+    targets = torch.nn.functional.pad(input_ids[:, 1:], (0, 1))  # [b, T]
+    nll = vocab_parallel_cross_entropy(logits.to(torch.float32).contiguous(), targets.contiguous())
+    return torch.nn.functional.pad(-nll[:, :-1], (1, 0))
 
 
 ENTROPY_CHUNK_BYTES = 256 * 2**20  # fp32 working copies of the logits the entropy holds at once

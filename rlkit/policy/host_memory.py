@@ -1,0 +1,37 @@
+"""Freed host memory goes back to the operating system: glibc's malloc with a fixed mmap threshold.
+
+Why: on the CPU every tensor lives in host memory, allocated by glibc's ``malloc``. Blocks of at least the mmap
+threshold are mapped on their own and unmapped when freed; smaller ones come from the heap, whose free pages stay
+in the process. glibc raises that threshold each time a mapped block is freed, up to 32 MiB, so after the first
+train step the MiB-sized pieces of activations are carved from the heap, and what they leave behind stays
+resident, between steps too. Setting the threshold explicitly turns the raising off (``mallopt(3)``), so blocks of
+:data:`MMAP_THRESHOLD_BYTES` or more are unmapped when freed. The price is CPU: each such block is fresh pages from
+the kernel, zeroed on first touch (the figures at the Qwen3-0.6B shape: docs/measurements.md).
+
+To choose otherwise, set glibc's own variable before Python starts, e.g. ``MALLOC_MMAP_THRESHOLD_=4194304`` (bytes),
+or ``33554432`` for glibc's ceiling; rlkit then leaves the threshold as set.
+A no-op where the C library is not glibc; a preloaded allocator (tcmalloc, jemalloc) is not affected.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import os
+
+M_MMAP_THRESHOLD = -3  # glibc's <malloc.h> parameter number
+MMAP_THRESHOLD_BYTES = 1 << 20  # blocks this large or larger are mapped on their own, and unmapped when freed
+
+
+@functools.cache
+def return_freed_memory_to_os() -> bool:
+    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD_BYTES` for this process (once); True when glibc
+    accepted it, False under another C library or where ``MALLOC_MMAP_THRESHOLD_`` chose the threshold already."""
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    except OSError:
+        return False
+    return hasattr(libc, "gnu_get_libc_version") and libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
