@@ -8,14 +8,25 @@ from pathlib import Path
 import warnings
 from typing import Any, Callable, Mapping, Optional, Sequence
 
+from rlkit import rng
 from rlkit.algorithms import RLLoss
 from rlkit.config.changes import Change, changes_needed, refusals
+from rlkit.config.components import ColocatedConfig
 from rlkit.config.loading import load_config, parse_overrides
 from rlkit.config.run import RunConfig
+from rlkit.data import load_prompt_dataset
+from rlkit.envs import RewardFunctionEnvironment, make_environment
+from rlkit.envs.judge import RewardComponent, WeightedRewards
+from rlkit.envs.registry import load_reward_fn, reward_fn_path
+from rlkit.errors import CheckpointError, ConfigError
 from rlkit.generation.base import Generator
+from rlkit.models import make_model, read_hf_config
+from rlkit.run.state import RunState
 from rlkit.stages.conversations import rollout_tools
 from rlkit.stages.settings import RolloutSettings
-from rlkit.weight_sync import WeightSync
+from rlkit.startup import generator_engine, policy_engine
+from rlkit.weight_sync import (BroadcastReceiver, BroadcastWeightSync, ColocatedWeightSync, RanksBroadcastWeightSync,
+                               WeightSync)
 
 
 @dataclass
@@ -47,9 +58,7 @@ def build_components(config: RunConfig, start: Any, env: Any = None, loss_fn: Op
     ``env`` and ``loss_fn``, when given, are used instead of the config's."""
     from transformers import AutoTokenizer
 
-    from rlkit.data import load_prompt_dataset
     from rlkit.models.vocabulary import check_tokenizer_fits
-    from rlkit.startup import generator_engine, policy_engine
 
     with start.part("model folder"):
         ensure_model(config)
@@ -99,8 +108,6 @@ def start_endpoint(components: Components, config: RunConfig, sampling: Any) -> 
 
 def ensure_model(config: RunConfig) -> Path:
     """The model folder; created from ``policy.model_preset`` when it does not exist yet."""
-    from rlkit.models import make_model, read_hf_config
-
     path = Path(config.policy.model_name)
     if not (path / "config.json").is_file() and config.policy.model_preset is not None:
         make_model(path, config.policy.model_preset, config.policy.model_family, seed=config.seed,
@@ -132,9 +139,6 @@ def build_generation(config: RunConfig) -> tuple[Generator, WeightSync]:
     actor (``policy.generation.colocated.enabled=false``, and unset with async GRPO) gets them by broadcast,
     from a sync that talks to that actor and no other: sent by this process, or by the policy's rank 0 when
     the policy runs in Ray workers."""
-    from rlkit.config.components import ColocatedConfig
-    from rlkit.weight_sync import BroadcastReceiver, BroadcastWeightSync, ColocatedWeightSync, RanksBroadcastWeightSync
-
     p, colocated = config.policy, config.generation_colocated
     g = p.generation.model_copy(update={"colocated": ColocatedConfig(enabled=colocated)})
     engine = dict(max_model_len=p.max_model_len, seed=config.seed)
@@ -159,12 +163,7 @@ def build_generation(config: RunConfig) -> tuple[Generator, WeightSync]:
 
 def build_environment(config: RunConfig):
     """``env.reward_fn`` (a function of yours by import path) wrapped as an environment, else ``env.name``'s."""
-    from rlkit.envs import RewardFunctionEnvironment, make_environment
-    from rlkit.envs.registry import load_reward_fn
-
     if config.env.rewards:
-        from rlkit.envs.judge import RewardComponent, WeightedRewards
-
         return WeightedRewards([RewardComponent(load_reward_fn(c.fn) if c.fn else make_environment(c.env), c.weight,
                                                 c.name or c.env or c.fn.partition(":")[2])
                                 for c in config.env.rewards])
@@ -179,9 +178,6 @@ def environment_record(env: Any, config_env: Any) -> dict[str, Any]:
     """What a checkpoint keeps of a session's environment (``config_env``: the one the config built, if any) so that
     :func:`saved_environment` can build it again: that the config built it (``env.name``, ``env.reward_fn``), else
     its reward function's import path when it has one, and its repr for the error when it has none."""
-    from rlkit.envs import RewardFunctionEnvironment
-    from rlkit.envs.registry import reward_fn_path
-
     if env is not None and env is config_env:
         return {"from_config": True}
     fn = reward_fn_path(env.fn) if isinstance(env, RewardFunctionEnvironment) else None
@@ -192,15 +188,10 @@ def saved_environment(state: Mapping[str, Any], path: str | Path) -> Any:
     """The environment a checkpoint's session used (its ``state.json``'s ``extra.environment``), built again; None
     for the config's (also for a checkpoint that does not say); CheckpointError with the fix for one of yours that
     cannot be imported again."""
-    from rlkit.errors import CheckpointError
-
     record = state.get("extra", {}).get("environment")
     if not record or record.get("from_config"):
         return None
     if record.get("reward_fn"):
-        from rlkit.envs import RewardFunctionEnvironment
-        from rlkit.envs.registry import load_reward_fn
-
         return RewardFunctionEnvironment(load_reward_fn(record["reward_fn"]))
     raise CheckpointError(
         f"{state['folder']} was saved by a session with an environment of yours, {record.get('repr')}, which a "
@@ -214,8 +205,6 @@ def check_sft_columns(config: RunConfig, dataset: Any) -> None:
     loss on the answer and EOS only: :mod:`rlkit.data.sft`). Refuse, naming the columns the data has and the fix,
     when the column is not there: checked once the data is loaded (a file's or dataset's columns are not known
     before), ahead of the engines."""
-    from rlkit.errors import ConfigError
-
     key, columns = config.sft.response_key, list(dataset["train"].column_names)
     if key in columns:
         return
@@ -246,8 +235,6 @@ def _new_run(session: Any, old: RunConfig, keys: list[str]) -> None:
     """``reset()``: the model folder's weights in the policy (also its reference), then in the generator; a new
     optimizer and schedule; a fresh run state and rollout source; the RNGs seeded as at construction."""
     from rlkit.policy.architecture import load_hf_state
-    from rlkit import rng
-    from rlkit.run.state import RunState
 
     new, policy = session.config, session.policy
     policy.load_hf_state(load_hf_state(new.policy.model_name))
@@ -307,8 +294,6 @@ def rebuild(session: Any, overrides: Sequence[str] | Mapping[str, Any] | RunConf
     """``session.configure()`` and ``reset()``: take the config ``overrides`` gives and rebuild what its changes
     (and ``always``) need, in :data:`REBUILDS`' order; a change ``where`` refuses raises ConfigError first, and
     nothing is changed. Returns each key's need."""
-    from rlkit.errors import ConfigError
-
     if not isinstance(overrides, RunConfig):
         overrides = parse_overrides(overrides)
         overrides.update(loss_companions(session.config, overrides))

@@ -20,6 +20,10 @@ import json
 import os
 import sys
 
+from rlkit.config.loading import load_config
+from rlkit.errors import RLKitError
+from rlkit.models import make_model
+from rlkit.models.factory import count_parameters
 from rlkit.models.families import FAMILY_NAMES as MODEL_FAMILIES  # the one table of families
 
 
@@ -31,7 +35,6 @@ def _offline_defaults() -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rlkit.config.loading import load_config
     from rlkit.experiment import run_experiment, sigterm_as_interrupt
 
     config = load_config(args.config, args.overrides)
@@ -44,7 +47,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from rlkit.config.loading import load_config
     from rlkit.session import Session
     from rlkit.tracking.export import export_hf_folder
 
@@ -69,9 +71,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_make_model(args: argparse.Namespace) -> int:
-    from rlkit.models import make_model
-    from rlkit.models.factory import count_parameters
-
     path = make_model(args.folder, args.preset, args.family, seed=args.seed, tokenizer=args.tokenizer,
                       tie_word_embeddings=args.tie)
     print(f"{path}: {args.family} preset {args.preset!r}, {args.tokenizer} tokenizer, "
@@ -86,7 +85,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from rlkit.config.loading import load_config
     from rlkit.config.memory_plan import plan_memory
 
     plan = plan_memory(load_config(args.config, args.overrides))
@@ -165,8 +163,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     _offline_defaults()
     args = build_parser().parse_args(argv)
-    from rlkit.errors import RLKitError
-
     from rlkit.experiment import stop_signal
 
     try:

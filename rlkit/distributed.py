@@ -19,6 +19,8 @@ import os
 import warnings
 from typing import Iterable, Optional
 
+import torch.distributed as dist
+
 RAY_START_ATTEMPTS = 3  # a loaded machine can miss the raylet's fixed start-up deadline; retry
 
 
@@ -93,8 +95,6 @@ def node_ip() -> str:
 def host_store(world_size: int, timeout_s: float = 600.0):
     """The rendezvous store of a ``world_size``-rank group, hosted by this process (rank 0) on a port the OS
     picks while binding it; returns the store and ``(host, port)`` for the other ranks."""
-    import torch.distributed as dist
-
     host = node_ip()
     store = dist.TCPStore(host, 0, world_size, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
                           wait_for_workers=False)
@@ -103,15 +103,11 @@ def host_store(world_size: int, timeout_s: float = 600.0):
 
 def join_store(host: str, port: int, world_size: int, timeout_s: float = 600.0):
     """A client of the rendezvous store that rank 0 hosts at ``host:port`` (see :func:`host_store`)."""
-    import torch.distributed as dist
-
     return dist.TCPStore(host, port, world_size, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
 
 
 def pair_group_on(store, rank: int, backend: str = "gloo", timeout_s: float = 600.0):
     """A two-rank process group over ``store``, separate from the default group; blocks until both joined."""
-    import torch.distributed as dist
-
     if backend == "nccl":  # GPU machines: the same calls, NCCL transport
         return dist.ProcessGroupNCCL(store, rank, 2)
     return dist.ProcessGroupGloo(store, rank, 2, datetime.timedelta(seconds=timeout_s))
@@ -130,8 +126,6 @@ def pair_group(host: str, port: int, rank: int, backend: str = "gloo", timeout_s
 def start_broadcast(group, tensor, root: int = 0):
     """Start broadcasting ``tensor`` from ``root`` over ``group`` (in place on the receivers); returns the
     work handle, whose ``wait()`` blocks until this rank's part is done."""
-    import torch.distributed as dist
-
     opts = dist.BroadcastOptions()
     opts.rootRank = root
     return group.broadcast([tensor], opts)

@@ -24,10 +24,12 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
+from rlkit.config.loading import load_config
 from rlkit.config.run import RunConfig
 from rlkit.errors import CheckpointError, RunFolderError, SkippedStepsError
 from rlkit.stages.skipped_steps import skipped_so_far
-from rlkit.tracking.checkpoint import checkpoint_folder
+from rlkit.tracking.checkpoint import (checkpoint_folder, chosen_checkpoint, list_checkpoints, read_checkpoint_state,
+                                       resumable_checkpoint, save_periodic, set_aside_newer)
 from rlkit.tracking.lock import is_disk_error, run_folder_lock, unwritable
 from rlkit.tracking.records import RunRecorder
 
@@ -73,7 +75,6 @@ def run_experiment(config: RunConfig, session: Any = None, progress: bool = True
 def _run(config: RunConfig, session: Any, progress: bool, run_dir: Path, resume: bool,
          resume_from: Optional[str | int | Path], allow_changes: Sequence[str]) -> dict[str, Any]:
     from rlkit.session import Session
-    from rlkit.tracking.checkpoint import read_checkpoint_state, save_periodic, set_aside_newer
 
     t0 = time.perf_counter()
     ckpt_cfg, ckpt_dir = config.checkpointing, checkpoint_folder(config, run_dir)
@@ -153,8 +154,6 @@ def _resume_point(config: RunConfig, ckpt_dir: Path, resume: bool,
                   resume_from: Optional[str | int | Path]) -> Optional[Path]:
     """The checkpoint the run continues from (None: a fresh start), chosen before anything is built or written.
     A fresh start with checkpointing over a folder that already holds checkpoints is refused."""
-    from rlkit.tracking.checkpoint import chosen_checkpoint, list_checkpoints, resumable_checkpoint
-
     if resume_from is not None:
         return chosen_checkpoint(ckpt_dir, resume_from)
     if resume:
@@ -234,8 +233,6 @@ def check_resume_changes(checkpoint: Path, config: RunConfig, allow_changes: Seq
     """Refuse to resume ``checkpoint`` under ``config`` when a setting changed that ``allow_changes`` does not name
     (a key or a section); warn listing the allowed ones. Why: a resume with another group size, loss, learning
     rate or dataset continues a different experiment under the old one's name and curves, silently."""
-    from rlkit.config.loading import load_config
-
     saved = load_config(str(checkpoint / "config.yaml"))
     allowed = tuple(k.strip() for k in allow_changes if k.strip()) + ALWAYS_ALLOWED
     named = lambda key: any(key == a or key.startswith(a + ".") for a in allowed)  # noqa: E731

@@ -16,18 +16,21 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from rlkit import stages
-from rlkit.builders import (build_components, companions_note, environment_record, needs_reference, rebuild,
-                            saved_environment, start_endpoint)
+from rlkit.builders import (build_components, check_sft_columns, companions_note, environment_record, loss_companions,
+                            needs_reference, rebuild, saved_environment, start_endpoint)
 from rlkit.config.changes import Change, changes_summary
 from rlkit.config.loading import load_config
 from rlkit.config.run import RunConfig
-from rlkit.errors import SessionClosedError
+from rlkit.data import PromptSampler
+from rlkit.errors import SessionClosedError, StageOrderError
 from rlkit.generation.base import SamplingSettings
 from rlkit.run import loop
+from rlkit.run.history import weights_at
 from rlkit.run.sources import RolloutSource, rollout_source, step_seed, warn_if_off_policy
 from rlkit.run.state import RunState
 from rlkit.stages.metrics import StepMetrics
 from rlkit.stages.step_clock import StepClock
+from rlkit.startup import StartupReport
 from rlkit.trajectories import Trajectories
 
 
@@ -48,8 +51,6 @@ class Session:
         shows the third-party notices a quiet start holds back (:mod:`rlkit.quiet`); ``session.startup`` is
         what the start cost (seconds per part) and the warnings it showed. ``log_dir`` or ``wandb`` records the
         session from the start, as :meth:`log_to` does."""
-        from rlkit.startup import StartupReport
-
         from rlkit.config.memory_plan import refuse_unless_fits
 
         self.config = config
@@ -92,8 +93,6 @@ class Session:
         (``["grpo.num_generations_per_prompt=8"]`` or ``{"grpo.num_generations_per_prompt": 8}``); ``kwargs``
         go to the constructor (``env=``, ``loss_fn=``, ``verbose=True``). The config's warnings join the
         start-up's in the session card."""
-        from rlkit.startup import StartupReport
-
         loading = StartupReport()
         with loading.config_loading():
             config = load_config(source, overrides)
@@ -172,8 +171,6 @@ class Session:
         if batch is not None:
             return batch
         if self.batch is None:
-            from rlkit.errors import StageOrderError
-
             raise StageOrderError(f"no rollout yet: call session.rollout() before session.{stage}()")
         return self.batch
 
@@ -335,9 +332,6 @@ class Session:
         generator stays stale; ``step()`` and ``evaluate()`` refit first.
         """
         self._refuse_if_closed("sft")
-        from rlkit.builders import check_sft_columns
-        from rlkit.data import PromptSampler
-
         check_sft_columns(self.config, self.dataset)
         settings = self.settings.sft if num_steps is None else stages.SFTSettings.from_config(self.config, num_steps)
         sampler = PromptSampler(self.dataset["train"], settings.sft.batch_size, seed=self.config.seed + 1)
@@ -370,8 +364,6 @@ class Session:
     def weights_at(self, step: Optional[int] = None) -> Any:
         """Which weights past steps started from exist: snapshots (replay's) and checkpoints
         (:func:`rlkit.run.history.weights_at`)."""
-        from rlkit.run.history import weights_at
-
         return weights_at(self.store, self.config, step)
 
     def fork(self, n: Optional[int] = None) -> Any:
@@ -396,8 +388,6 @@ class Session:
 
     def _companions(self, loss: Any) -> dict[str, Any]:
         """The ``loss_fn.*`` settings (prefix removed) a switch to policy loss ``loss`` brings (builders.loss_companions)."""
-        from rlkit.builders import loss_companions
-
         if not isinstance(loss, str):
             return {}
         return {k.removeprefix("loss_fn."): v for k, v in loss_companions(self.config, {"loss_fn.policy_loss": loss}).items()}

@@ -51,6 +51,7 @@ from typing import Any, Mapping, Optional, Sequence
 from rlkit.config.changes import Change, changes_needed
 from rlkit.config.loading import load_config, parse_overrides, parse_value
 from rlkit.config.run import RunConfig
+from rlkit.envs import Environment, RewardFunctionEnvironment
 from rlkit.errors import ConfigError
 
 
@@ -319,8 +320,6 @@ def run_sweep(config: str | Path | Mapping[str, Any] | RunConfig, grid: Grid,
 
 def _environment(env: Any) -> Any:
     """``run_sweep``'s ``env``: an environment as it is, a reward function wrapped as one."""
-    from rlkit.envs import Environment, RewardFunctionEnvironment
-
     if env is None or isinstance(env, Environment):
         return env
     if callable(env):

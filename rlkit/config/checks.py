@@ -9,11 +9,18 @@ from __future__ import annotations
 import os
 import re
 import warnings
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
+import torch
+
 from rlkit.errors import ModelError
-from rlkit.models.folder import num_experts_of
+from rlkit.models import PRESETS
+from rlkit.models.factory import architecture_name, check_head_dim, head_dim_of, hf_config
+from rlkit.models.families import DENSE_FAMILIES, MOE_FAMILIES
+from rlkit.models.folder import check_weight_files, num_experts_of, read_json_object
+from rlkit.models.tokenizer import tokenizer_vocab_size
 
 
 def parallel_layout_problems(megatron_cfg: Any, model_config: Mapping[str, Any], world_size: int = 1) -> list[str]:
@@ -111,8 +118,6 @@ def cross_section_problems(sections: Mapping[str, Any]) -> list[str]:
 def precision_problems(policy: Any) -> list[str]:
     """Precision settings the machine or the engine cannot honour. The generator runs on this machine when
     there is no Ray cluster (``policy.ray_address``), so without CUDA here it runs on the CPU."""
-    import torch
-
     vllm = policy.generation.vllm_cfg
     key = "policy.generation.vllm_cfg.precision"
     out = []
@@ -132,8 +137,6 @@ def distributed_optimizer_problems(policy: Any) -> list[str]:
     (``optimizer/optimizer.py:473,481,485``). On a GPU it is refused too, for now: rlkit's step (clipping, the
     learning-rate schedule, checkpoints of the optimizer state) is written for one AdamW over whole tensors
     and has not been ported to sharded state. Megatron's DistributedDataParallel runs everywhere (gloo too)."""
-    import torch
-
     if not policy.megatron_cfg.optimizer.use_distributed_optimizer:
         return []
     key = "policy.megatron_cfg.optimizer.use_distributed_optimizer=true"
@@ -174,8 +177,6 @@ def _async_problems(grpo: Any, loss_fn: Any) -> list[str]:
 
 def _model_problems(policy: Any) -> list[str]:
     """Checks against the model: the existing folder's config.json, or the one ``policy.model_preset`` will make."""
-    from rlkit.models.folder import check_weight_files, read_json_object
-
     path = Path(policy.model_name) / "config.json"
     preset_config, problems = _preset_config(policy)
     if problems:
@@ -209,10 +210,6 @@ def _head_dim_problems(policy: Any, model_config: Mapping[str, Any]) -> list[str
     """vLLM's CPU attention kernels take a few head sizes only; other sizes fail at the first generate, after
     the policy is built. The engine runs on this machine's CPU when there is no GPU here and no Ray cluster
     (``policy.ray_address``) whose machines this check cannot see."""
-    import torch
-
-    from rlkit.models.factory import check_head_dim, head_dim_of
-
     if policy.generation.backend != "vllm" or policy.ray_address is not None or torch.cuda.is_available():
         return []
     try:
@@ -226,20 +223,12 @@ def _preset_config(policy: Any) -> tuple[dict | None, list[str]]:
     """The HF config ``policy.model_preset`` makes (None without a preset), or the problems with the preset."""
     if policy.model_preset is None:
         return None, []
-    from rlkit.models import PRESETS
-    from rlkit.models.factory import architecture_name, hf_config
-    from rlkit.models.families import DENSE_FAMILIES, MOE_FAMILIES
-
     if policy.model_preset not in PRESETS:
         return None, [f"policy.model_preset={policy.model_preset!r}: unknown; choose one of {sorted(PRESETS)}"]
     spec = PRESETS[policy.model_preset]
     if (spec.num_experts > 0) != (policy.model_family in MOE_FAMILIES):
         return None, [f"policy.model_family={policy.model_family!r}: preset {policy.model_preset!r} needs one of "
                       f"the families {', '.join(MOE_FAMILIES if spec.num_experts else DENSE_FAMILIES)}"]
-    from dataclasses import replace
-
-    from rlkit.models.tokenizer import tokenizer_vocab_size
-
     spec = replace(spec, vocab_size=max(spec.vocab_size, tokenizer_vocab_size(policy.model_tokenizer)))  # as made
     made = hf_config(spec, policy.model_family)
     config = dict(made.to_dict(), architectures=[architecture_name(made)])

@@ -6,11 +6,14 @@ Key names follow NeMo-RL where it has one (``policy.megatron_cfg.tensor_model_pa
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, ClassVar, Literal, Mapping, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from rlkit.config.checks import distributed_optimizer_problems, expert_packing_problems, parallel_layout_problems
 from rlkit.models.families import ModelFamily
+from rlkit.models.folder import num_experts_of
 from rlkit.models.tokenizer import TokenizerKind
 
 
@@ -91,8 +94,6 @@ class BackendSection(Section):
 
     def model_problems(self, policy: "PolicyConfig", model_config: Mapping[str, Any], world_size: int) -> list[str]:
         """What this backend cannot do on this model (its HF config) with ``world_size`` ranks."""
-        from rlkit.models.folder import num_experts_of
-
         if not num_experts_of(model_config):
             return []
         return [f"policy.{self.name}_cfg.enabled: {policy.model_name!r} is a Mixture-of-Experts model, which the "
@@ -153,13 +154,9 @@ class MegatronConfig(BackendSection):
         return self.pipeline_model_parallel_size > 1
 
     def problems(self, policy: "PolicyConfig") -> list[str]:
-        from rlkit.config.checks import distributed_optimizer_problems, expert_packing_problems
-
         return distributed_optimizer_problems(policy) + expert_packing_problems(policy) + self.recompute_problems()
 
     def model_problems(self, policy: "PolicyConfig", model_config: Mapping[str, Any], world_size: int) -> list[str]:
-        from rlkit.config.checks import parallel_layout_problems
-
         return parallel_layout_problems(self, model_config, world_size)
 
 
@@ -233,8 +230,6 @@ class LoraConfig(Section):
 
     def problems(self, policy: "PolicyConfig") -> list[str]:
         """Settings no backend can run, each with its dotted key and the fix."""
-        import difflib
-
         if not self.enabled:
             return []
         out = []

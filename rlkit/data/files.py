@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from datasets import Dataset
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from rlkit.errors import DataError
 
@@ -55,9 +57,6 @@ def read_prompt_file(path: str, key: str) -> PromptFile:
 
 
 def _read_parquet(path: str, key: str) -> Dataset:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     try:
         rows = pq.ParquetFile(path).metadata.num_rows
     except (pa.ArrowException, OSError) as exc:

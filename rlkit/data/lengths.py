@@ -14,6 +14,8 @@ import contextlib
 import warnings
 from typing import Any, Literal, Mapping, Optional, Sequence
 
+import pyarrow.compute as pc
+
 from rlkit.data.chat import render_prompts
 from rlkit.errors import DataError
 
@@ -92,8 +94,6 @@ def empty_rows(prompts: Any, labels: Sequence[str], source: str) -> list[int]:
     """Indices of the rows whose prompt has text, after warning how many empty (or whitespace-only) prompts were
     dropped: an empty prompt asks the model nothing, and its samples would only add noise to their group.
     ``prompts``: an Arrow string array (checked in Arrow: 1M prompts in milliseconds)."""
-    import pyarrow.compute as pc
-
     blank = pc.equal(pc.utf8_trim_whitespace(prompts), "")
     empty = pc.indices_nonzero(pc.fill_null(blank, True)).to_pylist()
     if not empty:

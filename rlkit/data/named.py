@@ -23,12 +23,13 @@ change, the problem is still reported, as a dataset that did not load.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
 from typing import Any, Literal, Optional, Sequence
 
-from datasets import Dataset, DatasetDict
+from datasets import Dataset, DatasetDict, load_dataset, load_from_disk
 
 from rlkit.data.files import PromptFile
 from rlkit.errors import DataError
@@ -78,8 +79,6 @@ def _load(name: str, config: Optional[str], wanted: dict[str, str]) -> tuple[dic
 
     ``load_dataset`` is asked for one split at a time: asked for all of them, one empty split file fails the
     whole load ("Instruction 'test' corresponds to no data"), even when that split is not used."""
-    from datasets import load_dataset, load_from_disk
-
     folder = Path(name).expanduser()
     splits, problems = {}, []
     try:
@@ -164,8 +163,6 @@ def _answers_as_loaded(dataset: Dataset) -> Dataset:
     written but unquoted, and decodes that text back as JSON, so the string ``"007"`` comes back as the number 7
     (and ``"1e3"`` as 1000.0). Answers are compared as text by every environment, so the text is what counts:
     a value stored quoted (a string that needs quoting) is unquoted, every other one is kept as written."""
-    import json
-
     if "answer" not in dataset.column_names or type(dataset.features["answer"]).__name__ != "Json":
         return dataset
     stored = [value for chunk in dataset.data.column("answer").chunks for value in chunk.storage.to_pylist()]

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Literal, Mapping, Optional, Sequence, Union, get_args
 
 from datasets import Dataset, DatasetDict
+from pydantic import TypeAdapter, ValidationError
 
 from rlkit.data.files import JSON_SUFFIXES, PARQUET_SUFFIXES, PromptFile, read_prompt_file
 from rlkit.data.lengths import OverlongPrompts, empty_rows, overlong_rows
@@ -132,8 +133,6 @@ class DataParams:
     def from_mapping(cls, values: Mapping[str, Any]) -> "DataParams":
         """``values`` validated as the run config's ``data`` section: unknown keys (with the nearest known key)
         and wrong types are reported together, by dotted key."""
-        from pydantic import TypeAdapter, ValidationError
-
         try:
             return TypeAdapter(cls).validate_python(dict(values))
         except ValidationError as e:

@@ -14,9 +14,11 @@ the same way, e.g. an older version of the sandbox.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
+import select
 import shutil
 import socket
 import subprocess
@@ -238,8 +240,6 @@ def _run_victim(todo: list[Attack], host: _Host, wrapper: list[str], module: str
 
 def _lines(proc: subprocess.Popen):
     """The victim's stdout lines; None when a line takes longer than the per-attack bound (a hang)."""
-    import select
-
     while True:
         if not select.select([proc.stdout], [], [], _VICTIM_TIMEOUT_S)[0]:
             yield None
@@ -270,8 +270,6 @@ def format_table(rows: list[dict]) -> str:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``rlkit sandbox-check [--sandbox MODE] [--module M]``: exit 0 when every attack run is held."""
-    import argparse
-
     parser = argparse.ArgumentParser(prog="rlkit sandbox-check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sandbox", default="auto", choices=("auto", "bwrap", "unshare", "unsafe-process"))
     parser.add_argument("--module", default="rlkit.envs.sandbox", help="the run_python to check (module or .py)")

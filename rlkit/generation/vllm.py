@@ -41,6 +41,7 @@ import re
 from pathlib import Path
 from typing import Callable, Iterable
 
+from tokenizers.decoders import DecodeStream
 import torch
 
 from rlkit.config.components import GenerationConfig
@@ -303,7 +304,6 @@ def decode_completions(generation: Generation, tokenizer) -> Generation:
     (tests/generation/test_vllm_decode.py)."""
     if generation.texts is not None:
         return generation
-    from tokenizers.decoders import DecodeStream
 
     backend, g = tokenizer.backend_tokenizer, generation.group_size
     texts = []

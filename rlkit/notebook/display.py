@@ -12,6 +12,8 @@ import dataclasses
 import functools
 from typing import Any, Optional, Union
 
+import torch
+
 from rlkit.notebook.html import CELL, MUTED, STYLE, diverging, esc, fmt, key_values, legend, metrics_table, \
     sequential, table, token_span
 
@@ -70,8 +72,6 @@ def start_warnings(s: Any) -> list[str]:
 
 @functools.lru_cache(maxsize=1)
 def _cuda() -> bool:
-    import torch
-
     return torch.cuda.is_available()
 
 
@@ -219,8 +219,6 @@ def shown_rows(rows: Any, batch_size: int) -> list[int]:
 def token_view(batch: Any, color: Union[str, Any] = "advantages", tokenizer: Any = None, rows: Any = 8,
                label: Optional[str] = None) -> TokenView:
     """See :meth:`rlkit.trajectories.Trajectories.show`."""
-    import torch
-
     tok = batch_tokenizer(batch, tokenizer)
     mask = batch.loss_mask
     if color == "mismatch":  # (a tensor compared with a string is False)

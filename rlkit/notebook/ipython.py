@@ -12,6 +12,7 @@ say), and one line saying how to see the rest. ``%xmode verbose`` shows the full
 
 from __future__ import annotations
 
+import sys
 import traceback
 from typing import Any
 
@@ -20,8 +21,6 @@ HINT = "(rlkit leaves out its internal traceback here; %xmode verbose shows it)"
 
 def ipython_shell() -> Any:
     """The running IPython shell, or None outside IPython (which is not imported just to ask)."""
-    import sys
-
     if "IPython" not in sys.modules:
         return None
     from IPython import get_ipython

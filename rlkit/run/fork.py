@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+import pandas as pd
+
 from rlkit import rng
 from rlkit.policy.snapshots import PolicyState, capture_state, load_state
 from rlkit.run.sources import RolloutSource, rollout_source
@@ -174,8 +176,6 @@ def fork(session: Any, n: Optional[int] = None) -> Any:
 def compare_branches(session: Any, num_prompts: Optional[int] = None, greedy: Optional[bool] = None) -> Any:
     """Held-out accuracy of every branch (``session.evaluate`` on each, the same prompts), as a DataFrame with
     the branch's step and policy version; the branch active before stays active."""
-    import pandas as pd
-
     forks = forks_of(session)
     was = forks.active
     rows = []

@@ -17,6 +17,8 @@ import warnings
 from contextlib import nullcontext
 from typing import Any, Callable, ContextManager, Optional
 
+from tqdm.auto import tqdm
+
 from rlkit import stages
 from rlkit.algorithms import RLLoss
 from rlkit.errors import RunInterrupted
@@ -147,7 +149,6 @@ def run(session: Any, steps: Optional[int] = None, progress: bool = True,
     finished steps are in ``session.history`` (the return value is lost with the interrupt), and the next
     ``run()`` or ``step()`` carries on from there."""
     session._refuse_if_closed("run")
-    from tqdm.auto import tqdm
 
     from rlkit.stages.skipped_steps import SKIPPED, refused_update, skipped_in_a_row, too_many_skipped
 

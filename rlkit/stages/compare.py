@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+import pandas as pd
 from torch import Tensor
 
 from rlkit.policy.base import LossFn, Policy
@@ -27,8 +28,6 @@ from rlkit.trajectories import Trajectories
 def token_frame(batch: Trajectories, values: Mapping[str, Tensor], **constant: Any) -> Any:
     """A tidy DataFrame, one row per completion token: ``constant`` columns, ``sample``, ``position``, ``token``
     (the decoded token where the batch has a tokenizer, else its id) and one column per map of ``values`` [B, T]."""
-    import pandas as pd
-
     rows, cols = batch.loss_mask.nonzero(as_tuple=True)
     ids = batch.input_ids[rows, cols].tolist()
     tok = batch.tokenizer
@@ -50,22 +49,16 @@ class LossComparison:
     def table(self) -> Any:
         """Tidy DataFrame: one row per (loss, completion token), columns ``loss_fn``, ``sample``, ``position``,
         ``token``, ``loss`` (the token's contribution), ``ratio``, ``clipped``, ``advantage``, ``kl``, ... ."""
-        import pandas as pd
-
         return pd.concat([token_frame(self.batch, t.values, loss_fn=name) for name, t in self.losses.items()],
                          ignore_index=True)
 
     def summary(self) -> Any:
         """One row per loss: its metrics and gradient norm."""
-        import pandas as pd
-
         return pd.DataFrame([{"loss_fn": name, **t.metrics, "grad_norm": self.grad_norms.get(name, float("nan"))}
                              for name, t in self.losses.items()]).set_index("loss_fn")
 
     def cosine_matrix(self) -> Any:
         """The gradient cosines as a symmetric DataFrame (1 on the diagonal)."""
-        import pandas as pd
-
         names = list(self.losses)
         get = lambda a, b: 1.0 if a == b else self.cosines.get((a, b), self.cosines.get((b, a), float("nan")))  # noqa: E731
         return pd.DataFrame([[get(a, b) for b in names] for a in names], index=names, columns=names)

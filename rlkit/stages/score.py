@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 import warnings
 
+from rlkit.algorithms import overlong_reward_shaping
 from rlkit.envs import Environment
 from rlkit.envs.base import error_sample_index
 from rlkit.errors import RewardError
@@ -36,8 +37,6 @@ def score(batch: Trajectories, env: Environment, settings: ScoreSettings = Score
     check_reward_failures(result.errors, batch, env, settings.max_failure_fraction)
     rewards = result.rewards.float().clone()
     if settings.overlong_buffer_length is not None:
-        from rlkit.algorithms import overlong_reward_shaping
-
         rewards = rewards + overlong_reward_shaping(batch.completion_lengths, settings.max_new_tokens,
                                                     settings.overlong_buffer_length, settings.overlong_penalty)
     info = dict(batch.info, **{"timing/score": time.perf_counter() - t0, "reward_errors": len(result.errors)})

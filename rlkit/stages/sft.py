@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 import torch
+from tqdm.auto import tqdm
 
 from rlkit.config.components import OptimizerConfig, SchedulerConfig
 from rlkit.data import PromptSampler, build_sft_batch
@@ -55,8 +56,6 @@ def sft_batch_as_trajectories(tokenizer: Any, rows: list[dict[str, Any]], respon
 def sft(policy: Policy, tokenizer: Any, sampler: PromptSampler, settings: SFTSettings,
         progress: bool = False) -> SFTResult:
     """``settings.sft.num_steps`` steps on the answers of ``sampler``'s batches, with a progress bar if asked."""
-    from tqdm.auto import tqdm
-
     t0 = time.perf_counter()
     cfg = settings.sft
     policy.reset_optimizer(OptimizerConfig(lr=cfg.lr), SchedulerConfig(warmup_steps=cfg.warmup_steps))

@@ -49,6 +49,8 @@ import psutil
 from safetensors.torch import load_file, save_file
 
 from rlkit import rng
+from rlkit.config.loading import config_to_yaml, load_config
+from rlkit.config.run import RunConfig
 from rlkit.errors import CheckpointError
 
 FORMAT = "rlkit-checkpoint"
@@ -123,8 +125,6 @@ def save_session(session: Any, path: str | Path, extra: Optional[Mapping[str, An
     Take it between steps or between stages; ``extra`` (JSON-able) is stored and returned by
     :func:`read_checkpoint_state` (the experiment runner keeps its before-RL accuracy there).
     """
-    from rlkit.config.loading import config_to_yaml
-
     policy = session.policy
     if policy is None:
         raise CheckpointError("this session is closed: nothing to save")
@@ -214,9 +214,6 @@ def load_session(cls: Any, path: str | Path, config: Any = None, overrides: Sequ
     """A ``cls`` session built from the checkpoint's config (or ``config``, e.g. to extend a run; plus
     ``overrides``) with the checkpoint's state restored and the generator refit. ``kwargs`` go to ``cls``
     (e.g. ``env=``, ``loss_fn=``)."""
-    from rlkit.config.loading import load_config
-    from rlkit.config.run import RunConfig
-
     folder = Path(read_checkpoint_state(path)["folder"])
     if config is None:
         config = load_config(str(folder / "config.yaml"), overrides)

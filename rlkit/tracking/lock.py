@@ -13,6 +13,7 @@ is to delete the file once that run is known to be over); on a network file syst
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import socket
@@ -113,8 +114,6 @@ DISK_ERRNOS = {"ENOSPC": "the disk is full", "EDQUOT": "the disk quota is used u
 
 def unwritable(error: OSError, where: str | Path) -> RunFolderError:
     """``error`` (a write under ``where`` that failed) as one clear message naming the path and the fix."""
-    import errno
-
     name = errno.errorcode.get(error.errno or 0, "")
     reason = DISK_ERRNOS.get(name, f"{type(error).__name__}: {error.strerror or error}")
     path = error.filename or where
@@ -128,6 +127,4 @@ def unwritable(error: OSError, where: str | Path) -> RunFolderError:
 
 
 def is_disk_error(error: BaseException) -> bool:
-    import errno
-
     return isinstance(error, OSError) and errno.errorcode.get(error.errno or 0, "") in DISK_ERRNOS

@@ -24,8 +24,9 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Mapping, Optional
 
+from rlkit.config.loading import config_to_yaml
 from rlkit.tracking.checkpoint import fsync_path
-from rlkit.tracking.loggers import read_jsonl
+from rlkit.tracking.loggers import build_logger, read_jsonl
 
 LOGS = ("metrics.jsonl", "tables.jsonl")
 
@@ -78,8 +79,6 @@ class RunRecorder:
     """
 
     def __init__(self, run_dir: str | Path, config: Any, resumed_step: Optional[int] = None):
-        from rlkit.config.loading import config_to_yaml
-
         self.run_dir = Path(run_dir)
         start_records(self.run_dir, config_to_yaml(config), resumed_step)
         self.logger, self.logger_cfg, self._built = None, None, None
@@ -88,8 +87,6 @@ class RunRecorder:
     def follow(self, config: Any) -> None:
         """Loggers for ``config.logger``: rebuilt when a key they are built from changed (which loggers, wandb's
         project, mode and group); ``sample_table_period`` is read at each step."""
-        from rlkit.tracking.loggers import build_logger
-
         built = {k: v for k, v in config.logger.model_dump().items() if k.startswith(("jsonl_", "wandb_"))}
         if self.logger is None or built != self._built:
             self.finish()

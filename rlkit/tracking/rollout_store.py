@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from datasets import Dataset, Features, Sequence, Value
+import pyarrow.parquet as pq
 import torch
 
 from rlkit.trajectories import Trajectories
@@ -68,8 +70,6 @@ def batch_table(batch: Trajectories, facts: StepFacts) -> dict[str, list]:
 
 
 def _features():
-    from datasets import Features, Sequence, Value
-
     floats = Sequence(Value("float32"))
     return Features({
         "step": Value("int64"), "sample": Value("int64"), "prompt": Value("string"), "completion": Value("string"),
@@ -128,8 +128,6 @@ class RolloutFiles:
         written when ``max_rows`` or ``max_bytes`` is 0."""
         if max_rows == 0 or max_bytes == 0:
             return None
-        import pyarrow.parquet as pq
-        from datasets import Dataset
 
         path = step_file(self.run_dir, facts.step)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -149,8 +147,6 @@ class RolloutFiles:
 
     def _known_sizes(self) -> dict[int, tuple[int, int]]:
         if self._sizes is None:
-            import pyarrow.parquet as pq
-
             self._sizes = {s: (pq.read_metadata(step_file(self.run_dir, s)).num_rows,
                                step_file(self.run_dir, s).stat().st_size) for s in stored_steps(self.run_dir)}
         return self._sizes
@@ -164,7 +160,5 @@ def read_step(run_dir: str | Path, step: int) -> Any:
         where = f"steps {kept[0]}..{kept[-1]}" if kept else "no steps"
         raise KeyError(f"{run_dir} holds no batch of step {step} ({where} are kept: history.disk_max_rows and "
                        "history.disk_max_bytes bound the folder, the oldest going first)")
-    import pyarrow.parquet as pq
-    from datasets import Dataset
 
     return Dataset(pq.read_table(str(path)))

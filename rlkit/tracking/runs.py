@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import pandas as pd
 import yaml
 
 from rlkit.tracking.loggers import read_jsonl
@@ -55,8 +56,6 @@ class RunRecords:
     def rollouts(self, steps: Optional[list[int]] = None) -> Any:
         """The stored batches as one table (DataFrame, one row per sample, per-token columns as lists): every
         kept step, or ``steps``."""
-        import pandas as pd
-
         from rlkit.tracking.rollout_store import read_step, stored_steps
 
         frames = [read_step(self.folder, s).to_pandas() for s in (steps or stored_steps(self.folder))]
@@ -70,8 +69,6 @@ class RunRecords:
 
 def open_run(path: str | Path) -> RunRecords:
     """The records of the run folder ``path`` (see the module docstring); FileNotFoundError if it holds none."""
-    import pandas as pd
-
     folder = Path(path)
     if not (folder / "metrics.jsonl").is_file() and not (folder / "summary.json").is_file():
         raise FileNotFoundError(f"{folder} holds no run records (metrics.jsonl, summary.json); a run folder is "
