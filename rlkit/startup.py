@@ -16,16 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional
 
 from rlkit.quiet import Held, quiet_engine_start, sorted_warnings
-
-
-def warning_text(w: warnings.WarningMessage) -> str:
-    """``UserWarning: message`` as the session card lists it."""
-    return f"{w.category.__name__}: {w.message}"
 
 
 @dataclass
@@ -82,7 +76,7 @@ class StartupReport:
 
     def _keep(self, held: Held) -> None:
         self.held_back += held.dropped
-        self.warnings += [warning_text(w) for w in held.shown]
+        self.warnings += [f"{w.category.__name__}: {w.message}" for w in held.shown]  # as the session card lists them
 
     def breakdown(self) -> str:
         """``12.3 s: model folder 0.1 s, tokenizer 0.1 s, ...``"""

@@ -125,7 +125,8 @@ class CallCgroups:
             while True:
                 try:
                     for pid in Path(path, "cgroup.procs").read_text().split():
-                        _kill(int(pid))
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(int(pid), signal.SIGKILL)
                     os.rmdir(path)
                     break
                 except FileNotFoundError:
@@ -150,11 +151,6 @@ def first_child(pid: int, deadline: float) -> Optional[int]:
             return int(children[0])
         time.sleep(0.0005)
     return None
-
-
-def _kill(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
 
 
 def _own_cgroup(controller: str) -> Optional[str]:

@@ -29,7 +29,7 @@ from torch import Tensor
 from rlkit.algorithms import LossParams, RLLoss, RunningBaseline
 from rlkit.policy.base import LossFn
 from rlkit.policy.per_token import TokenLoss, evaluate_loss_per_token
-from rlkit.policy.snapshots import Gradient, gradient, weights_swapped_in
+from rlkit.policy.snapshots import gradient, weights_swapped_in
 from rlkit.rng import capture, restore
 from rlkit import stages
 from rlkit.stages.compare import token_frame
@@ -110,14 +110,11 @@ def replay(session: Any, step: int, loss: Any = None, estimator: Any = None, **o
     finally:
         restore(*rng)
     values = record.metrics.values
-    return ReplayReport(step, stages.loss_description(loss_fn), batch, tokens, replayed.norm, _cos(replayed, taken),
+    return ReplayReport(step, stages.loss_description(loss_fn), batch, tokens, replayed.norm,
+                        1.0 if same else replayed.cosine(taken),
                         {"loss": taken.metrics["loss"], "grad_norm": taken.norm},
                         {"loss": values.get("train/loss", float("nan")),
                          "grad_norm": values.get("train/grad_norm", float("nan"))})
-
-
-def _cos(a: Gradient, b: Gradient) -> float:
-    return 1.0 if a is b else a.cosine(b)
 
 
 def named_losses(session: Any, losses: Any) -> dict[str, LossFn]:

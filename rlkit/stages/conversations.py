@@ -196,7 +196,8 @@ def _env_step(env: Environment, live: list[_Conversation], games: list[_Conversa
         room = budget - len(conversation.ids) - 1  # the messages and one generated token must fit
         chars = sum(len(m["content"]) for m in messages)
         fits_in_chars = chars <= room * max_token_chars(tokenizer)  # if not, too long without tokenizing it
-        message_ids = _message_tokens(tokenizer, conversation, messages, chat) if fits_in_chars else None
+        message_ids = (appended_message_ids(tokenizer, conversation.messages, messages, conversation.ids[-1],
+                                            chat.tools, chat.template_kwargs) if fits_in_chars else None)
         if message_ids is None or len(message_ids) > room:
             conversation.live, conversation.finish_reason = False, "length"
             too_long.append((chars, room))
@@ -251,13 +252,6 @@ def _check_message(env: Environment, message: Any, sample: int) -> None:
         "are rendered by the chat template, which takes text only. Fix: have "
         f"{type(env).__name__}.step return each next message as {{'role': 'user' or 'tool', 'content': <str>}} "
         "(e.g. json.dumps(value) for structured output)")
-
-
-def _message_tokens(tokenizer: Any, conversation: _Conversation, messages: list[dict[str, str]],
-                    chat: _ChatFormat = _ChatFormat()) -> list[int]:
-    """The tokens that follow the assistant's last turn (:func:`rlkit.data.chat.appended_message_ids`)."""
-    return appended_message_ids(tokenizer, conversation.messages, messages, conversation.ids[-1], chat.tools,
-                                chat.template_kwargs)
 
 
 def _as_trajectories(games: list[_Conversation], texts: list[str], rows: Sequence[dict], g: int, policy_version: int,
