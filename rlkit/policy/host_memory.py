@@ -1,15 +1,16 @@
 """Freed host memory goes back to the operating system: glibc's malloc with a fixed mmap threshold.
 
 Why: on the CPU every tensor lives in host memory, allocated by glibc's ``malloc``. Blocks of at least the mmap
-threshold are mapped on their own and unmapped when freed; smaller ones come from the heap, whose free pages stay
+threshold are mapped on their own and unmapped when freed; smaller ones come from the heap, whose freed pages stay
 in the process. glibc raises that threshold each time a mapped block is freed, up to 32 MiB, so after the first
-train step the MiB-sized pieces of activations are carved from the heap, and what they leave behind stays
-resident, between steps too. Setting the threshold explicitly turns the raising off (``mallopt(3)``), so blocks of
-:data:`MMAP_THRESHOLD_BYTES` or more are unmapped when freed. The price is CPU: each such block is fresh pages from
-the kernel, zeroed on first touch (the figures at the Qwen3-0.6B shape: docs/measurements.md).
+train step the MiB-sized pieces of a step's activations come from the heap, and the pages they leave behind stay
+resident, between steps too. Setting the threshold explicitly turns the raising off (``mallopt(3)``), so blocks
+of :data:`MMAP_THRESHOLD_BYTES` or more are unmapped when freed.
 
-To choose otherwise, set glibc's own variable before Python starts, e.g. ``MALLOC_MMAP_THRESHOLD_=4194304`` (bytes),
-or ``33554432`` for glibc's ceiling; rlkit then leaves the threshold as set.
+The price is CPU: each such block is fresh pages from the kernel, zeroed on first touch, so it is a choice
+(``policy.return_freed_host_memory``, off by default) for runs that memory limits; the figures at the tiny and the
+Qwen3-0.6B shapes are in docs/measurements.md. glibc's own ``MALLOC_MMAP_THRESHOLD_`` (bytes, set before Python
+starts) does the same for a whole process, and wins: rlkit then leaves the threshold as set.
 A no-op where the C library is not glibc; a preloaded allocator (tcmalloc, jemalloc) is not affected.
 """
 
