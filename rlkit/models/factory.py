@@ -13,6 +13,7 @@ sampled by a trained model and make the vocabulary divisible by any tensor-paral
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -190,8 +191,6 @@ def read_hf_config(folder: str | Path, check_weights: bool = True) -> dict:
 def count_parameters(folder: str | Path) -> int:
     """Number of parameters stored in a model folder's safetensors files (a tied head is stored, and counted,
     once), read from the files' headers without loading a tensor."""
-    import math
-
     from safetensors import safe_open
 
     total = 0

@@ -13,12 +13,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rlkit.errors import ModelError
+from rlkit.models.factory import read_hf_config
 
 
 def model_vocab_size(model_name: str | Path) -> Optional[int]:
     """``vocab_size`` of a model folder's config.json (a multimodal config's ``text_config``), None if it has none."""
-    from rlkit.models.factory import read_hf_config
-
     config = read_hf_config(model_name, check_weights=False)
     size = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
     return int(size) if size is not None else None

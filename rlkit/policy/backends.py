@@ -19,12 +19,12 @@ from __future__ import annotations
 from typing import Callable
 
 from rlkit.config.components import PolicyConfig
+from rlkit.models.factory import read_hf_config
 from rlkit.policy.in_process import InProcessPolicy
 
 
 def _megatron(cfg: PolicyConfig, seed: int) -> InProcessPolicy:
     """Megatron-Core; its Mixture-of-Experts subclass for an MoE model folder."""
-    from rlkit.models.factory import read_hf_config
     from rlkit.policy.megatron.moe import MegatronMoEPolicy, is_moe
     from rlkit.policy.megatron.policy import MegatronPolicy
 

@@ -22,6 +22,7 @@ from typing import Iterator, Mapping, Optional
 
 import torch
 from torch import Tensor
+from torch.distributed.tensor import distribute_tensor
 
 from rlkit.config.components import PolicyConfig
 from rlkit.errors import ModelError
@@ -80,8 +81,6 @@ class HFPolicy(AdapterReference, InProcessPolicy):
     # ---- weights ----------------------------------------------------------------------------------
     def _copy_hf_state(self, hf: Mapping[str, Tensor]) -> None:
         """Copy HF-named full tensors (a DTensor parameter keeps this rank's shard). Strict on names and shapes."""
-        from torch.distributed.tensor import distribute_tensor
-
         params = self._hf_params()
         missing = sorted(set(params) - set(hf))
         if missing:

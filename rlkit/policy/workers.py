@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
@@ -55,7 +56,9 @@ from rlkit.cluster import package_versions, version_mismatches, worker_env_vars
 from rlkit.cluster_model import folder_problem, model_folder_on_ranks, write_cached_folder
 from rlkit.cluster_placement import RankPlacement, place_ranks, rank_resources
 from rlkit.distributed import ensure_ray as start_ray
+from rlkit.distributed import host_store, join_store
 from rlkit.errors import ConfigError, RLKitError
+from rlkit.models.factory import read_hf_config
 from rlkit.policy.base import LossFn, TokenLogprobs, TrainStepResult
 from rlkit.policy.architecture import Architecture
 from rlkit.trajectories import Trajectories
@@ -117,16 +120,11 @@ class _PolicyWorker:
 
     def host_rendezvous(self, world_size: int) -> tuple[str, int]:
         """Rank 0: start the process group's rendezvous store (on a port the OS picks) and say where it is."""
-        from rlkit.distributed import host_store
-
         self._store, address = host_store(world_size)
         return address
 
     def build(self, cfg: PolicyConfig, seed: int, rank: int, world_size: int, master: tuple[str, int]) -> RankInfo:
         import ray
-        import torch.distributed as dist
-
-        from rlkit.distributed import join_store
 
         os.environ.update(RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK="0")
         store = self._store if rank == 0 else join_store(*master, world_size)
@@ -182,8 +180,6 @@ class RayPolicyGroup:
     returns_step_logprobs = False  # each rank's train step sees its slice of the rows only
 
     def __init__(self, cfg: PolicyConfig, world_size: int, seed: int = 0, ray_address: Optional[str] = None):
-        from rlkit.models.factory import read_hf_config
-
         # a relative folder means the driver's: each node's Ray may have been started in another directory
         cfg = cfg.model_copy(update={"model_name": str(Path(cfg.model_name).resolve())})
         self._cfg = cfg

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import threading
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -311,8 +312,6 @@ def _wait_watching(works: list, receiving: Any) -> None:
     """Wait for ``works`` while watching the actor's call: an actor that fails raises here instead of leaving
     this process blocked in a broadcast until the group's timeout. Waits on completion callbacks, not by
     polling (a polling loop takes CPU from the actor's reload on a busy machine)."""
-    import threading
-
     import ray
 
     watch = receiving.future()

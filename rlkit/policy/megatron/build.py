@@ -21,6 +21,7 @@ next linear layer (other parameter names than :mod:`.convert` maps) and is not b
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Mapping, Optional
 
 import torch
@@ -104,8 +105,6 @@ def block_spec(config, num_experts: int = 0):
     """The local (non-Transformer-Engine) layer spec, dense or MoE, with :class:`RMSNorm` for every norm and
     the core attention of :func:`rlkit.policy.megatron.attention.core_attention`, for the layers this
     pipeline stage builds."""
-    import dataclasses
-
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
@@ -129,8 +128,6 @@ def bf16_twin_of(master, arch: Architecture, config, num_experts: int = 0, lora=
     ``config`` is the master's; the copy is built from it with bf16 parameters, and with the master's adapters
     (``lora``: the enabled ``policy.lora_cfg``) when it has them; then the frozen base is held once, in bf16
     (the master's base parameters become the copy's)."""
-    import dataclasses
-
     from megatron.core.transformer.module import Float16Module
 
     from rlkit.policy.precision import Bf16Twin

@@ -26,6 +26,7 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
+from megatron.core.pipeline_parallel import get_forward_backward_func
 from torch import Tensor
 
 from rlkit.policy.base import TokenLogprobs
@@ -82,8 +83,6 @@ def run_schedule(model, microbatches: Sequence[Any], forward: Callable[[Any], Te
     microbatch order on the last stage, ``[]`` on the others. Gradients accumulate in ``.grad`` unless
     ``forward_only``.
     """
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-
     def forward_step(data_iterator, _model):
         micro = next(data_iterator)
 

@@ -37,10 +37,15 @@ from typing import Callable, Iterator, Mapping, Optional
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state as ps
+from megatron.core.distributed import finalize_model_grads
+from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+from megatron.core.transformer.module import param_is_not_shared
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 from torch import Tensor
 
 from rlkit.config.components import PolicyConfig
+from rlkit.errors import ModelError
 from rlkit.policy.in_process import InProcessPolicy
 from rlkit.policy.lora import AdapterReference, merged
 from rlkit.policy.megatron import convert, lora, parallel, pipeline
@@ -63,8 +68,6 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         self.cfg, self._seed = cfg, seed
         self.arch = self.architecture.from_hf_folder(cfg.model_name)
         if cfg.lora_cfg.enabled and getattr(self.arch, "num_experts", 0):
-            from rlkit.errors import ModelError
-
             raise ModelError("policy.lora_cfg: adapters on Megatron's Mixture-of-Experts models are not built yet "
                              "(the experts' linears); train this model with policy.lora_cfg.enabled=false")
         mc = cfg.megatron_cfg
@@ -263,8 +266,6 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         """Packed rows -> logits [1, L, V/tp]: Megatron's "thd" format (``PackedSeqParams``), whose
         ``cu_seqlens`` restart RoPE per row and which the core attention runs row by row
         (:mod:`rlkit.policy.megatron.attention`)."""
-        from megatron.core.packed_seq_params import PackedSeqParams
-
         cu = packed.cu_seqlens.to(self.device)
         params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=packed.max_seqlen,
                                  max_seqlen_kv=packed.max_seqlen)
@@ -280,9 +281,6 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
 
     # ---- training ---------------------------------------------------------------------------------
     def _grad_norm(self) -> float:
-        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
-        from megatron.core.transformer.module import param_is_not_shared
-
         sq = torch.zeros((), dtype=torch.float64, device=self.device)  # parameters every rank holds (TP shards summed)
         expert_sq = torch.zeros((), dtype=torch.float64, device=self.device)  # experts split by expert parallelism
         for p in self.model.parameters():
@@ -325,8 +323,6 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         router, Qwen3's q/k norms), a tied embedding over its first and last pipeline stages. Each optimizer
         parameter's ``.grad`` is then its fp32 ``main_grad`` (a view of DDP's buffer; at bf16 the compute
         copy's), so clipping, the optimizer and a notebook read per-parameter gradients as usual."""
-        from megatron.core.distributed import finalize_model_grads
-
         finalize_model_grads([self._forward_module])
         for param, computed in self._grad_pairs:
             grad = computed.main_grad
