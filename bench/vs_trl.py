@@ -4,7 +4,8 @@ peak RSS, rlkit / TRL.
 The same model folder, the same prompt/answer JSONL, group size, number of prompts, completion length and
 learning rate on both sides; the KL penalty off; one update per batch; fp32, or with ``--bf16`` rlkit's mixed
 precision (fp32 masters, bf16 compute copy and engine) against TRL's model loaded in bf16 (weights, gradients and
-AdamW moments all bf16: cheaper, and it loses updates below bf16's resolution); one torch thread each
+AdamW moments all bf16: cheaper, and it loses updates below bf16's resolution), and with ``--bf16 --pure-bf16``
+rlkit in the same pure bf16 (``policy.optimizer.main_params_dtype=bfloat16``); one torch thread each
 (``OMP_NUM_THREADS=1``). rlkit generates with vLLM in its process, TRL with transformers
 (its default without vLLM). A random model generates to the length limit on both sides, so the work per
 step is the same. CPU-seconds count every thread of the side's process over the steps after the warm-up, which
@@ -16,10 +17,11 @@ vocabulary 151,936, tied embeddings; random weights saved in bf16; the issue's 2
 tokens) and ``qwen3-0.6b-4l`` (the same with 4 layers). Models and data go to a temporary folder.
 
 ``--lora R`` runs rlkit alone with rank-R adapters on every linear layer (TRL's environment has no peft) and
-reports its peak RSS per base parameter, the figure issue 29 bounds.
+reports its peak RSS per base parameter, the figure issue 29 bounds. ``--extra key=value ...`` adds rlkit
+overrides (e.g. ``policy.train_micro_batch_size=1``).
 
 TRL runs in its own environment, bench/.venv-trl (``make bench-trl`` or scripts/setup-bench-trl.sh), never in
-rlkit's lock. Usage: python bench/vs_trl.py [--shape tiny] [--steps 6] [--warmup 2] [--bf16] [--lora R]
+rlkit's lock. Usage: python bench/vs_trl.py [--shape tiny] [--steps 6] [--warmup 2] [--bf16] [--lora R] [--extra K=V ...]
 Last line: ``rlkit/trl cpu_per_step=<x> peak_rss=<y>`` (with ``--lora``: ``rlkit lora bytes_per_param=<z>``).
 """
 
@@ -78,10 +80,11 @@ def rlkit_side(args) -> dict:
     import torch
 
     torch.set_num_threads(1)
+    import yaml
+
     import rlkit
 
     prompts, generations, new_tokens, lr = WORKLOADS[args.shape]
-    big = args.shape != "tiny"
     s = rlkit.Session.from_config("quickstart", {
         "policy.model_name": args.model, "policy.model_preset": None, "data.task": None, "data.path": args.data,
         "sft.enabled": False, "grpo.use_dynamic_sampling": False, "grpo.num_prompts_per_step": prompts,
@@ -90,8 +93,10 @@ def rlkit_side(args) -> dict:
         "policy.train_micro_batch_size": prompts * generations, "policy.logprob_batch_size": prompts * generations,
         "policy.precision": "bfloat16" if args.bf16 else "float32",
         "policy.generation.vllm_cfg.precision": "bfloat16" if args.bf16 else "float32",  # TRL generates with its model
-        "policy.generation.vllm_cfg.kv_cache_space_gib": 1.0 if big else 0.125,
-        **({"policy.lora_cfg.enabled": True, "policy.lora_cfg.dim": args.lora} if args.lora else {})})
+        "policy.generation.vllm_cfg.kv_cache_space_gib": "auto",  # what the 2 x 4 or 16 x 8 batch needs
+        **({"policy.optimizer.main_params_dtype": "bfloat16"} if args.pure_bf16 else {}),
+        **({"policy.lora_cfg.enabled": True, "policy.lora_cfg.dim": args.lora} if args.lora else {}),
+        **{key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in args.extra)}})
     marks = []
     for _ in range(args.warmup + args.steps):
         s.step()
@@ -119,7 +124,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--bf16", action="store_true", help="train in bf16 on both sides (rlkit: policy.precision)")
+    parser.add_argument("--pure-bf16", action="store_true", help="with --bf16: rlkit in pure bf16 as TRL (no masters)")
     parser.add_argument("--lora", type=int, default=0, help="rlkit alone, with adapters of this rank on every linear")
+    parser.add_argument("--extra", nargs="*", default=[], help="more rlkit overrides, key=value (rlkit alone)")
     parser.add_argument("--side", choices=["rlkit"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -133,12 +140,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model, data = make_workload(args.shape, Path(tmp))
         common = ["--steps", str(args.steps), "--warmup", str(args.warmup)] + (["--bf16"] if args.bf16 else [])
+        ours_only = ["--pure-bf16"] if args.pure_bf16 else []
         from rlkit.models.factory import count_parameters
 
         params = count_parameters(model)
         load = [os.getloadavg()[0]]
         ours = run_side([sys.executable, __file__, "--side", "rlkit", "--shape", args.shape, "--model", str(model),
-                         "--data", str(data), "--lora", str(args.lora), *common])
+                         "--data", str(data), "--lora", str(args.lora), *common, *ours_only, "--extra", *args.extra])
         load.append(os.getloadavg()[0])
         if args.lora:
             print(f"shape {args.shape} ({params / 1e6:.0f}M parameters; {prompts} x {generations}, {new_tokens} new "
@@ -151,8 +159,9 @@ def main() -> None:
                            "--prompts", str(prompts), "--generations", str(generations), "--max-new-tokens",
                            str(new_tokens), "--lr", str(lr), *common])
         load.append(os.getloadavg()[0])
+    precision = ("pure bf16" if args.pure_bf16 else "bf16 with fp32 masters") if args.bf16 else "fp32"
     print(f"shape {args.shape} ({prompts} prompts x {generations} samples, {new_tokens} new tokens, "
-          f"{'bf16' if args.bf16 else 'fp32'}), {args.steps} steps after {args.warmup} warm-up, 1 thread each; "
+          f"{precision}), {args.steps} steps after {args.warmup} warm-up, 1 thread each; "
           f"load average {min(load):.1f}-{max(load):.1f}")
     print(f"{'side':<8}{'CPU s/step':>12}{'wall s/step':>13}{'peak RSS MB':>13}")
     for r in (ours, theirs):

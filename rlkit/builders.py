@@ -13,6 +13,7 @@ from rlkit.algorithms import RLLoss
 from rlkit.config.changes import Change, changes_needed, refusals
 from rlkit.config.components import ColocatedConfig
 from rlkit.config.loading import load_config, parse_overrides
+from rlkit.config.memory_plan import GIB, kv_cache_bytes
 from rlkit.config.run import RunConfig
 from rlkit.data import load_prompt_dataset
 from rlkit.envs import RewardFunctionEnvironment, make_environment
@@ -140,7 +141,9 @@ def build_generation(config: RunConfig) -> tuple[Generator, WeightSync]:
     from a sync that talks to that actor and no other: sent by this process, or by the policy's rank 0 when
     the policy runs in Ray workers."""
     p, colocated = config.policy, config.generation_colocated
-    g = p.generation.model_copy(update={"colocated": ColocatedConfig(enabled=colocated)})
+    kv_gib = kv_cache_bytes(config, read_hf_config(p.model_name, check_weights=False)) / GIB  # "auto" resolved
+    g = p.generation.model_copy(update={"colocated": ColocatedConfig(enabled=colocated), "vllm_cfg":
+                                        p.generation.vllm_cfg.model_copy(update={"kv_cache_space_gib": kv_gib})})
     engine = dict(max_model_len=p.max_model_len, seed=config.seed)
     bucket_bytes = g.refit_bucket_size_mb * 1e6
     if g.backend == "hf":  # config validation allows it colocated only

@@ -127,6 +127,9 @@ def precision_problems(policy: Any) -> list[str]:
     elif vllm.precision == "fp8" and policy.ray_address is None and not torch.cuda.is_available():
         out.append(f"{key}=fp8: vLLM's online FP8 weight quantization needs a CUDA GPU (FP8 matmuls: NVIDIA Ada or "
                    "Hopper); this machine has none. Fix: use bfloat16 or float32 here, fp8 on a GPU machine")
+    if policy.optimizer.main_params_dtype == "bfloat16" and policy.precision != "bfloat16":
+        out.append("policy.optimizer.main_params_dtype=bfloat16: pure bf16 training needs bf16 compute. Fix: set "
+                   "policy.precision=bfloat16 too, or main_params_dtype=float32")
     return out
 
 

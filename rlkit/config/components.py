@@ -7,9 +7,9 @@ Key names follow NeMo-RL where it has one (``policy.megatron_cfg.tensor_model_pa
 from __future__ import annotations
 
 import difflib
-from typing import Any, ClassVar, Literal, Mapping, Optional
+from typing import Any, ClassVar, Literal, Mapping, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, model_validator
 
 from rlkit.config.checks import distributed_optimizer_problems, expert_packing_problems, parallel_layout_problems
 from rlkit.models.families import ModelFamily
@@ -39,6 +39,11 @@ class OptimizerConfig(Section):
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = Field(1e-8, gt=0)
+    # the weights AdamW updates (Megatron's OptimizerConfig name): float32 masters beside the bf16 compute weights,
+    # or at policy.precision=bfloat16 "bfloat16": pure bf16 training, as a model loaded in bf16 trains in TRL
+    # (no masters, bf16 gradients and AdamW moments: 8 bytes per parameter instead of 18; an update below bf16's
+    # resolution, 2^-8 of the weight, is lost)
+    main_params_dtype: Literal["float32", "bfloat16"] = "float32"
 
 
 class SchedulerConfig(Section):
@@ -54,7 +59,8 @@ class MegatronDDPConfig(Section):
     """Megatron-Core's ``DistributedDataParallel`` (NeMo-RL's ``policy.megatron_cfg.distributed_data_parallel_config``):
     gradients accumulate in contiguous buffers and are reduced bucket by bucket over the data-parallel group."""
 
-    grad_reduce_in_fp32: bool = True  # fp32 gradient buffers (and reduction) under policy.precision=bfloat16
+    # fp32 gradient buffers (and reduction) under policy.precision=bfloat16; bf16 with optimizer.main_params_dtype=bfloat16
+    grad_reduce_in_fp32: bool = True
     overlap_grad_reduce: bool = False  # start each bucket's reduce during the last microbatch's backward
     bucket_size: Optional[int] = Field(None, ge=1)  # parameters per bucket; None: Megatron's default
 
@@ -284,7 +290,9 @@ class SequencePackingConfig(Section):
 
 
 class VllmConfig(Section):
-    kv_cache_space_gib: float = Field(1.0, gt=0)  # vLLM's KV cache on CPU machines (allocated: RSS)
+    # vLLM's KV cache on CPU machines (allocated and zeroed: resident memory), in GiB; "auto": what the rollout
+    # batch needs at full length (rlkit.config.memory_plan.auto_kv_cache_bytes); larger batches (an eval) queue
+    kv_cache_space_gib: Union[Literal["auto"], PositiveFloat] = "auto"
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)  # GPU machines only
     enforce_eager: bool = True  # torch.compile adds 20-50 s of start-up on CPU for no speed
     enable_prefix_caching: bool = True
@@ -400,6 +408,11 @@ class PolicyConfig(Section):
         one); with several enabled, the first other than Megatron's, whose section is enabled by default."""
         enabled = [s for s in self.backends().values() if s.enabled]
         return next((s for s in enabled if s.name != "megatron"), self.megatron_cfg)
+
+    @property
+    def pure_bf16(self) -> bool:
+        """bf16 weights, gradients and optimizer state, no fp32 masters (``optimizer.main_params_dtype``)."""
+        return self.precision == "bfloat16" and self.optimizer.main_params_dtype == "bfloat16"
 
     @property
     def max_model_len(self) -> int:

@@ -7,10 +7,11 @@ stopped). The plan reads the model folder's ``config.json`` alone: the model is 
 
 The parts, for the busiest device (rank 0, which also hosts a colocated engine):
 
-- weights: the trained model's master weights (fp32), this device's shard (Megatron: / TP x PP; FSDP2: / ranks);
+- weights: the trained model's master weights (fp32; bf16 with ``policy.optimizer.main_params_dtype=bfloat16``), this device's shard (Megatron: / TP x PP; FSDP2: / ranks);
   with adapters the frozen base, fp32 (Megatron at bf16: held once, in bf16, as the compute copy);
 - bf16 twin: Megatron's bf16 compute copy at ``policy.precision=bfloat16`` (FSDP2: one gathered layer in bf16);
-- gradients (fp32) and optimizer state (AdamW: two fp32 moments) of what trains (all weights, or the adapters);
+- gradients and optimizer state (AdamW: two moments) of what trains (all weights, or the adapters), in the
+  masters' dtype;
 - reference: a copy of the weights while the loss reads a reference (KL penalty, KL in the reward), none with
   adapters (the base is the reference);
 - adapters: the LoRA matrices, fp32;
@@ -21,7 +22,7 @@ The parts, for the busiest device (rank 0, which also hosts a colocated engine):
 - weight snapshots: ``history.snapshots`` copies of what trains (the adapters; all weights only with
   ``history.full_weight_snapshots``), the states ``session.replay`` starts from (:mod:`rlkit.run.history`);
 - engine weights and KV cache: the generator's copy of the model in its precision, and its cache (the CPU:
-  ``vllm_cfg.kv_cache_space_gib``; CUDA: ``gpu_memory_utilization`` of the device, less its weights; on the
+  ``vllm_cfg.kv_cache_space_gib``, by default what the rollout batch needs, :func:`kv_cache_bytes`; CUDA: ``gpu_memory_utilization`` of the device, less its weights; on the
   CPU a tied head's prepacked kernel is a second copy of the embedding);
 - runtime: what the libraries themselves hold (torch, vLLM, Megatron, transformers: measured on the CPU, see
   ``bench/memory_plan.py``; the CUDA context on a GPU).
@@ -40,8 +41,10 @@ from typing import Any, Mapping, Optional
 
 from rlkit.config.run import RunConfig
 from rlkit.errors import ConfigError
+from rlkit.models.factory import head_dim_of
 
 GIB = 2**30
+CPU_KV_BLOCK_TOKENS = 128  # vLLM's KV-cache block on the CPU (vllm/platforms/cpu.py): a sequence takes whole blocks
 RUNTIME_CPU_BYTES = int(0.8 * GIB)  # torch + vLLM + Megatron + transformers imported, an engine started (bench/memory_plan.py)
 RUNTIME_CUDA_BYTES = int(0.75 * GIB)  # CUDA context and library workspaces per device
 SKIP_ENV = "RLKIT_SKIP_MEMORY_PLAN"  # set to 1 to start a config the plan refuses (you know better)
@@ -153,6 +156,9 @@ def switches(config: RunConfig, plan: MemoryPlan) -> list[str]:
     if p.precision == "float32" and p.generation.vllm_cfg.precision == "float32":
         out.append("policy.precision=bfloat16 and policy.generation.vllm_cfg.precision=bfloat16 (bf16 compute, "
                    "a bf16 engine copy)")
+    if not p.pure_bf16 and p.backend.name != "hf" and trained:
+        out.append("pure bf16 (policy.precision=bfloat16 policy.optimizer.main_params_dtype=bfloat16: weights, "
+                   "gradients and AdamW moments in bf16, no fp32 masters; loses updates below bf16's resolution)")
     if p.backend.name == "megatron":
         out.append(f"tensor parallelism (policy.megatron_cfg.tensor_model_parallel_size > 1 with "
                    f"policy.num_workers devices: weights, gradients and optimizer state split)")
@@ -207,22 +213,23 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
     else:
         tp, shard, layers_here = 1, (n if backend.name == "dtensor" else 1), shape.layers
     dp = max(1, n // shard) if backend.name == "megatron" else n
-    weights = shape.parameters * 4 // shard
+    item = 2 if p.pure_bf16 else 4  # bytes of a weight the optimizer updates (and of its gradient and moments)
+    weights = shape.parameters * item // shard
     lora = p.lora_cfg
     adapters = 0
     if lora.enabled:
         names = set(lora.target_modules) or set(shape.lora_fan)
         names -= set(lora.exclude_modules)
         adapters = sum(lora.dim * (i + o) for name, (i, o) in shape.lora_fan.items() if name in names)
-        adapters = adapters * shape.layers * 4 // shard
+        adapters = adapters * shape.layers * item // shard
     trained = adapters if lora.enabled else weights
     bf16 = p.precision == "bfloat16"
     parts = {"weights": weights, "bf16 twin": 0, "gradients": trained, "optimizer state": 2 * trained,
              "reference": weights if needs_reference(config) and not lora.enabled else 0, "adapters": adapters}
-    base_once = bf16 and lora.enabled and backend.name == "megatron"  # the frozen base held once, in bf16
+    base_once = bf16 and lora.enabled and backend.name == "megatron" and not p.pure_bf16  # base held once, in bf16
     if base_once:
         parts["weights"] = weights // 2
-    elif bf16:
+    elif bf16 and not p.pure_bf16:
         parts["bf16 twin"] = weights // 2 if backend.name == "megatron" else shape.largest_layer * 2
     rows = p.train_global_batch_size or config.grpo.num_prompts_per_step * config.grpo.num_generations_per_prompt
     micro = min(p.train_micro_batch_size, max(1, -(-rows // dp)))
@@ -234,27 +241,30 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
     history = config.history
     snapshots = history.snapshots if lora.enabled or history.full_weight_snapshots else 0
     parts["weight snapshots"] = snapshots * trained  # rlkit.run.history: the states replay starts from
+    dtype = "bf16" if p.pure_bf16 else "fp32"
     reasons = {"weights": f"{shape.parameters / 1e6:.0f}M parameters x "
-                          + ("2 B (frozen base, bf16, shared with the compute copy)" if base_once else "4 B (fp32 masters)")
+                          + ("2 B (frozen base, bf16, shared with the compute copy)" if base_once else
+                             "2 B (pure bf16)" if p.pure_bf16 else "4 B (fp32 masters)")
                           + (f" / {shard}" if shard > 1 else ""),
-               "bf16 twin": ("(the frozen base is the compute copy)" if base_once else "bf16 compute copy") if bf16
-                            else "(policy.precision=float32)",
-               "gradients": "fp32, of the adapters" if lora.enabled else "fp32, of every weight",
-               "optimizer state": "AdamW: 2 fp32 moments",
+               "bf16 twin": ("(the frozen base is the compute copy)" if base_once else "(pure bf16: none)"
+                             if p.pure_bf16 else "bf16 compute copy") if bf16 else "(policy.precision=float32)",
+               "gradients": f"{dtype}, of the adapters" if lora.enabled else f"{dtype}, of every weight",
+               "optimizer state": f"AdamW: 2 {dtype} moments",
                "reference": "a copy of the weights: the loss reads a reference" if parts["reference"] else
                             ("none: the base with adapters off" if lora.enabled else "none: no KL penalty"),
-               "adapters": f"LoRA rank {lora.dim}, fp32" if lora.enabled else "(no adapters)",
+               "adapters": f"LoRA rank {lora.dim}, {dtype}" if lora.enabled else "(no adapters)",
                "activations": f"micro batch {micro} x {t} tokens, {layers_here} layers"
                               + (", recomputed" if _recompute(config) else ""),
                "logits": f"fp32 [{max(micro, logprob_rows)}, {t}, {shape.vocab // tp}]: logits, scaled, log-softmax, gradient",
-               "optimizer step": "AdamW's temporaries (one fp32 copy of what trains)",
+               "optimizer step": f"AdamW's temporaries (one {dtype} copy of what trains)",
                "weight snapshots": (f"history.snapshots={snapshots} copies of what trains, for replay" if snapshots else
                                     "(none: history.full_weight_snapshots=false, adapters off)")}
-    engine_weights, kv = _engine_bytes(config, shape, device)
+    engine_weights, kv = _engine_bytes(config, hf_config, shape, device)
     parts["engine weights"], parts["KV cache"] = engine_weights, kv
     reasons["engine weights"] = f"{p.generation.backend} copy in {p.generation.vllm_cfg.precision if p.generation.backend == 'vllm' else 'float32'}"
-    reasons["KV cache"] = ("kv_cache_space_gib" if device.name == "cpu" else "gpu_memory_utilization less its weights") \
-        if p.generation.backend == "vllm" else "(transformers' generate: per call)"
+    kv_words = f"kv_cache_space_gib={p.generation.vllm_cfg.kv_cache_space_gib}" if device.name == "cpu" \
+        else "gpu_memory_utilization less its weights"
+    reasons["KV cache"] = kv_words if p.generation.backend == "vllm" else "(transformers' generate: per call)"
     parts["runtime"] = RUNTIME_CPU_BYTES if device.name == "cpu" else RUNTIME_CUDA_BYTES
     reasons["runtime"] = "libraries and engines' own state (measured)" if device.name == "cpu" else "CUDA context"
     return MemoryPlan(parts, reasons, device, n)
@@ -280,7 +290,31 @@ def _activation_bytes(shape: ModelShape, config: RunConfig, micro: int, layers: 
     return layer * layers
 
 
-def _engine_bytes(config: RunConfig, shape: ModelShape, device: Device) -> tuple[int, int]:
+def auto_kv_cache_bytes(hf_config: Mapping[str, Any], precision: str, max_model_len: int, sequences: int) -> int:
+    """A CPU engine's KV cache that holds ``sequences`` sequences of ``max_model_len`` tokens at once: per token
+    the keys and values of every layer (2 x layers x kv_heads x head_dim elements) in the engine's precision (fp32:
+    4 bytes; bf16, and fp8 whose cache stays bf16: 2), each sequence rounded up to whole blocks. More sequences
+    than that are queued by vLLM's scheduler, not refused."""
+    heads = hf_config.get("num_key_value_heads") or hf_config["num_attention_heads"]
+    per_token = 2 * hf_config["num_hidden_layers"] * heads * head_dim_of(hf_config) * (4 if precision == "float32" else 2)
+    return sequences * -(-max_model_len // CPU_KV_BLOCK_TOKENS) * CPU_KV_BLOCK_TOKENS * per_token
+
+
+def kv_cache_bytes(config: RunConfig, hf_config: Mapping[str, Any]) -> int:
+    """The CPU engine's KV cache for ``config``: ``vllm_cfg.kv_cache_space_gib`` GiB, or with ``"auto"`` what one
+    rollout batch (``grpo.num_prompts_per_step x grpo.num_generations_per_prompt`` sequences) needs at the engine's
+    full length (:func:`auto_kv_cache_bytes`). Why not a fixed default: the cache is allocated and zeroed at start,
+    so it is resident memory all run long (the former 1 GiB default was 7x what the 0.6B shape's 8 x 160-token
+    batch needs); a larger batch, such as an eval of 500 prompts, runs in waves of what fits."""
+    vllm_cfg = config.policy.generation.vllm_cfg
+    if vllm_cfg.kv_cache_space_gib != "auto":
+        return int(vllm_cfg.kv_cache_space_gib * GIB)
+    sequences = config.grpo.num_prompts_per_step * config.grpo.num_generations_per_prompt
+    return auto_kv_cache_bytes(hf_config, vllm_cfg.precision, config.policy.max_model_len, sequences)
+
+
+def _engine_bytes(config: RunConfig, hf_config: Mapping[str, Any], shape: ModelShape,
+                  device: Device) -> tuple[int, int]:
     """The generator's weights and KV cache on this device (a colocated engine; a separate one lives elsewhere)."""
     g = config.policy.generation
     if not config.generation_colocated:
@@ -291,7 +325,7 @@ def _engine_bytes(config: RunConfig, shape: ModelShape, device: Device) -> tuple
     weights = shape.parameters * per_param
     if device.name == "cpu":  # a tied head gets its own prepacked kernel beside the embedding it shares
         weights += shape.vocab * shape.hidden * per_param if shape.tied else 0
-        return weights, int(g.vllm_cfg.kv_cache_space_gib * GIB)
+        return weights, kv_cache_bytes(config, hf_config)
     return weights, max(0, int(g.vllm_cfg.gpu_memory_utilization * device.capacity) - weights)
 
 

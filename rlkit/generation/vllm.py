@@ -9,8 +9,8 @@ hand-off achieves between processes. (Through a separate engine-core process the
 
 Settings measured to work on CPU machines (see the project's STACK notes): eager mode (compiling
 adds 20-50 s of start-up and no speed), a fixed KV-cache size (``kv_cache_memory_bytes`` from
-``vllm_cfg.kv_cache_space_gib``, fractions of a GiB too: the cache is allocated and zeroed, so it is resident
-memory; the automatic size reads NUMA meminfo and has failed), and ``OMP_NUM_THREADS`` set (else the engine
+``vllm_cfg.kv_cache_space_gib``, fractions of a GiB too, by default what a rollout batch needs: the cache is
+allocated and zeroed, so it is resident memory; vLLM's automatic size reads NUMA meminfo and has failed), and ``OMP_NUM_THREADS`` set (else the engine
 drops torch to one thread).
 
 Weights are refit through vLLM's public ``collective_rpc("reload_weights", ...)`` in buckets of whole fused
@@ -45,6 +45,7 @@ from tokenizers.decoders import DecodeStream
 import torch
 
 from rlkit.config.components import GenerationConfig
+from rlkit.config.memory_plan import GIB, auto_kv_cache_bytes
 from rlkit.errors import defer_keyboard_interrupt
 from rlkit.generation.base import Generation, SamplingSettings
 from rlkit.models.factory import check_head_dim, head_dim_of, read_hf_config
@@ -87,6 +88,7 @@ def _cpu_engine_environment() -> None:
     os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
 
 
+DIRECT_ENGINE_SEQUENCES = 32  # what an "auto" KV cache holds at full length in an engine built outside a session
 ENGINE_PRECISION: dict[str, dict[str, str]] = {  # vllm_cfg.precision -> LLM(...) arguments
     "float32": {"dtype": "float32"},
     "bfloat16": {"dtype": "bfloat16"},
@@ -135,7 +137,9 @@ class VllmGenerator:
         if not on_cpu:
             kwargs["gpu_memory_utilization"] = cfg.vllm_cfg.gpu_memory_utilization
         else:  # exact, below 1 GiB too (VLLM_CPU_KVCACHE_SPACE counts whole GiB); it is allocated and zeroed: RSS
-            kwargs["kv_cache_memory_bytes"] = int(cfg.vllm_cfg.kv_cache_space_gib * 2**30)
+            gib = cfg.vllm_cfg.kv_cache_space_gib  # (a session resolves "auto" from its rollout batch)
+            kwargs["kv_cache_memory_bytes"] = int(gib * GIB) if gib != "auto" else auto_kv_cache_bytes(
+                config, self.precision, max_model_len, sequences=DIRECT_ENGINE_SEQUENCES)
         self.llm = LLM(**kwargs)
         self.llm.llm_engine.step = _whole_steps(self.llm.llm_engine.step)
         self.tokenizer = self.llm.get_tokenizer()

@@ -13,7 +13,8 @@ switched off, because the loss is already a global-batch value), reduce-scattere
 Precision (``policy.precision``): float32, or bfloat16 through FSDP2's ``MixedPrecisionPolicy``: the sharded
 parameters stay fp32 (the master weights AdamW updates, with fp32 state), each unit gathers them in bf16
 for forward and backward, gradients are reduce-scattered in fp32, and logits are cast to fp32 before the
-log-softmax.
+log-softmax. Pure bf16 (``policy.optimizer.main_params_dtype=bfloat16``): the model is loaded in bf16 and its
+sharded bf16 parameters, gradients and AdamW state are all there is.
 
 Deliberate simplifications: one data-parallel mesh dimension (no tensor or context parallelism), each
 decoder layer one FSDP unit, the full vocabulary's log-softmax per microbatch, dense models only.
@@ -44,7 +45,7 @@ class DTensorPolicy(HFPolicy):
         self.mesh = init_device_mesh(self.device.type, (self.dp_size,), mesh_dim_names=("dp",))
         torch.manual_seed(seed)
         model = self._with_adapters(load_causal_lm(cfg, self.device, cfg.dtensor_cfg.activation_checkpointing))
-        mixed = fsdp_mixed_precision(cfg.precision)
+        mixed = fsdp_mixed_precision(cfg.precision, cfg.pure_bf16)
         for layer in model.model.layers:
             fully_shard(layer, mesh=self.mesh, mp_policy=mixed)
         # The root too reshards after each forward: otherwise its parameters stay unsharded plain tensors after

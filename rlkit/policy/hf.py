@@ -38,14 +38,15 @@ _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
 
 def load_causal_lm(cfg: PolicyConfig, device: torch.device, checkpointing: bool = False) -> torch.nn.Module:
-    """transformers' fp32 model of ``cfg.model_name`` on ``device``; with sequence packing its attention is
+    """transformers' model of ``cfg.model_name`` on ``device``, fp32 (bf16 when ``cfg.pure_bf16``); with sequence packing its attention is
     rlkit's registered per-row attention (:mod:`rlkit.policy.packed_attention`), else SDPA. With
     ``checkpointing`` (the backend section's ``activation_checkpointing``) each decoder layer keeps only its input in training and recomputes the rest in
     backward (transformers' own checkpointing, non-reentrant: it composes with FSDP2 and frozen base weights)."""
     from transformers import AutoModelForCausalLM
 
     attention = packed_attention.register() if cfg.sequence_packing.enabled else "sdpa"
-    model = AutoModelForCausalLM.from_pretrained(cfg.model_name, dtype=torch.float32, attn_implementation=attention)
+    model = AutoModelForCausalLM.from_pretrained(cfg.model_name, attn_implementation=attention,
+                                                 dtype=torch.bfloat16 if cfg.pure_bf16 else torch.float32)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model.to(device)

@@ -27,13 +27,13 @@ import torch
 Precision = Literal["float32", "bfloat16"]
 
 
-def fsdp_mixed_precision(precision: Precision):
+def fsdp_mixed_precision(precision: Precision, pure_bf16: bool = False):
     """FSDP2's policy for ``policy.precision``: for bf16, parameters gathered in bf16 for compute (the sharded
-    fp32 ones are the master weights the optimizer updates) and gradients reduced in fp32; for fp32, FSDP's
-    default (no casts)."""
+    fp32 ones are the master weights the optimizer updates) and gradients reduced in fp32; for fp32, and for
+    ``pure_bf16`` (the sharded parameters are bf16 themselves, ``policy.pure_bf16``), FSDP's default (no casts)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    if precision == "float32":
+    if precision == "float32" or pure_bf16:
         return MixedPrecisionPolicy()
     return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
 

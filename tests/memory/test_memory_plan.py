@@ -51,11 +51,25 @@ def test_kl_recompute_bf16_tp_and_adapters_change_their_parts(folder):
             "policy.megatron_cfg.recompute_num_layers=1"]
     recomputed = plan_memory(config(folder, *full), HF, CPU).parts
     assert recomputed["activations"] == base["activations"] // 2 + 2 * 16 * 8 * 4 * 2  # one layer + each input
+    pure = plan_memory(config(folder, "policy.precision=bfloat16", "policy.optimizer.main_params_dtype=bfloat16"),
+                       HF, CPU).parts
+    assert pure["weights"] == base["weights"] // 2 and pure["bf16 twin"] == 0  # no masters, no second copy
+    assert pure["gradients"] == pure["weights"] and pure["optimizer state"] == 2 * pure["weights"]
     lora = plan_memory(config(folder, "policy.lora_cfg.enabled=true", "policy.lora_cfg.dim=2",
                               "policy.megatron_cfg.enabled=false", "policy.hf_cfg.enabled=true"), HF, CPU).parts
     # rank 2 on q, k, v, o, gate, up, down: 2 x (in + out) each, 2 layers, fp32
     adapters = 2 * ((8 + 8) + (8 + 4) * 2 + (8 + 8) + (8 + 16) * 2 + (16 + 8)) * 2 * 4
     assert lora["adapters"] == adapters and lora["gradients"] == adapters and lora["optimizer state"] == 2 * adapters
+
+
+def test_auto_kv_cache_holds_one_rollout_batch_at_full_length(folder):
+    # the quickstart's 16 x 8 = 128 sequences of 16 tokens, each one 128-token block; per token K and V of 2 layers
+    # x 1 KV head x 4 dims: 2 x 2 x 1 x 4 elements, 4 bytes in fp32 and 2 in bf16
+    auto = ["policy.generation.vllm_cfg.kv_cache_space_gib=auto"]
+    assert plan_memory(config(folder, *auto), HF, CPU).parts["KV cache"] == 128 * 128 * 16 * 4
+    bf16 = config(folder, *auto, "policy.generation.vllm_cfg.precision=bfloat16", "grpo.num_prompts_per_step=4",
+                  "policy.max_total_sequence_length=200")
+    assert plan_memory(bf16, HF, CPU).parts["KV cache"] == 4 * 8 * 256 * 16 * 2  # 200 tokens take 2 blocks
 
 
 def test_a_config_that_cannot_fit_is_refused_with_the_table_and_the_switches(folder):
@@ -67,7 +81,7 @@ def test_a_config_that_cannot_fit_is_refused_with_the_table_and_the_switches(fol
     text = str(refused.value)
     assert "memory plan per device" in text and "DOES NOT FIT" in text and "runtime" in text
     assert "policy.lora_cfg.enabled=true" in text and "policy.precision=bfloat16" in text
-    assert "tensor_model_parallel_size" in text
+    assert "tensor_model_parallel_size" in text and "main_params_dtype=bfloat16" in text
 
 
 def test_rlkit_plan_prints_the_table(folder, capsys):
@@ -95,6 +109,10 @@ def test_weight_snapshots_cost_what_trains_per_snapshot(folder):
     assert base["weight snapshots"] == 0  # full-weight snapshots are off by default
     full = plan_memory(config(folder, "history.full_weight_snapshots=true", "history.snapshots=3"), HF, CPU).parts
     assert full["weight snapshots"] == 3 * base["weights"]
+    pure = plan_memory(config(folder, "policy.precision=bfloat16", "policy.optimizer.main_params_dtype=bfloat16"),
+                       HF, CPU).parts
+    assert pure["weights"] == base["weights"] // 2 and pure["bf16 twin"] == 0  # no masters, no second copy
+    assert pure["gradients"] == pure["weights"] and pure["optimizer state"] == 2 * pure["weights"]
     lora = plan_memory(config(folder, "policy.lora_cfg.enabled=true", "policy.lora_cfg.dim=2",
                               "policy.megatron_cfg.enabled=false", "policy.hf_cfg.enabled=true"), HF, CPU).parts
     assert lora["weight snapshots"] == 4 * lora["adapters"]  # adapters: always kept, history.snapshots=4

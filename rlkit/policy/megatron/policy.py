@@ -18,7 +18,8 @@ CPU (gloo) alike; after the reduce each parameter's ``.grad`` is its ``main_grad
 Precision (``policy.precision``): float32, or bfloat16 with fp32 master weights: ``self.model`` is then the
 fp32 master (what the optimizer, checkpoints and refit see) and a bf16 copy run through Megatron's
 ``Float16Module`` inside DDP does forward and backward, its gradients accumulated in DDP's fp32 buffers
-(:mod:`rlkit.policy.precision`).
+(:mod:`rlkit.policy.precision`). With ``policy.optimizer.main_params_dtype=bfloat16`` (pure bf16) ``self.model`` is
+itself bf16 and runs through ``Float16Module`` (fp32 logits), with bf16 gradient buffers and AdamW state.
 
 Deliberate simplifications: plain ``torch.optim.AdamW`` over the fp32 weights (Megatron's mixed-precision and
 distributed optimizers allocate with ``device="cuda"`` and check ``torch.cuda`` tensor types: they cannot run
@@ -40,7 +41,7 @@ from megatron.core import parallel_state as ps
 from megatron.core.distributed import finalize_model_grads
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
-from megatron.core.transformer.module import param_is_not_shared
+from megatron.core.transformer.module import Float16Module, param_is_not_shared
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 from torch import Tensor
 
@@ -84,12 +85,16 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         self.load_hf_state(load_hf_state(cfg.model_name))
         self._forward_module = self.model
         self._grad_pairs = [(p, p) for p in self.model.parameters() if p.requires_grad]  # (optimizer's, DDP's)
-        if cfg.precision == "bfloat16":
+        ddp_cfg = mc.distributed_data_parallel_config
+        if cfg.pure_bf16:  # the bf16 model is what trains: no masters, bf16 gradient buffers
+            self._forward_module = Float16Module(self.model.config, self.model)
+            ddp_cfg = ddp_cfg.model_copy(update={"grad_reduce_in_fp32": False})
+        elif cfg.precision == "bfloat16":
             self._twin, self._forward_module = bf16_twin_of(self.model, self.arch, self.model.config,
                                                             getattr(self.arch, "num_experts", 0),
                                                             self._lora_cfg(), seed)
             self._grad_pairs = [(fp32, bf16) for fp32, bf16 in self._twin.pairs if fp32.requires_grad]
-        self._forward_module = data_parallel_wrapper(self._forward_module, mc.distributed_data_parallel_config)
+        self._forward_module = data_parallel_wrapper(self._forward_module, ddp_cfg)
         if self.pp_size > 1:  # Megatron's schedule runs the microbatches
             self._pipeline = pipeline.PipelineSchedule(self._forward_module, self._stage_forward, self._padded_length)
         self._no_sync = None  # Megatron's no_sync() context, held over all but the last microbatch
@@ -97,6 +102,7 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
 
     def _build_model(self):
         config = transformer_config(self.arch, self.tp_size, self.layout.sequence_parallel, self.pp_size,
+                                    torch.bfloat16 if self.cfg.pure_bf16 else torch.float32,
                                     recompute=self.cfg.megatron_cfg.recompute_settings())
         model = build_gpt_model(self.arch, config)
         if self._lora_cfg() is not None:
