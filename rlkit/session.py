@@ -20,17 +20,25 @@ from rlkit.builders import (build_components, check_sft_columns, companions_note
                             needs_reference, rebuild, saved_environment, start_endpoint)
 from rlkit.config.changes import Change, changes_summary
 from rlkit.config.loading import load_config
+from rlkit.config.memory_plan import plan_memory, refuse_unless_fits
 from rlkit.config.run import RunConfig
 from rlkit.data import PromptSampler
 from rlkit.errors import SessionClosedError, StageOrderError
 from rlkit.generation.base import SamplingSettings
+from rlkit.notebook.dashboard import Dashboard
+from rlkit.notebook.display import session_html, session_summary
 from rlkit.run import loop
+from rlkit.run.fork import compare_branches, fork, forks_of
 from rlkit.run.history import weights_at
+from rlkit.run.replay import named_losses, replay
 from rlkit.run.sources import RolloutSource, rollout_source, step_seed, warn_if_off_policy
 from rlkit.run.state import RunState
+from rlkit.stages.compare import compare_losses
 from rlkit.stages.metrics import StepMetrics
 from rlkit.stages.step_clock import StepClock
 from rlkit.startup import StartupReport
+from rlkit.tracking.checkpoint import export_hf, load_session, read_checkpoint_state, save_session
+from rlkit.tracking.records import RunRecorder
 from rlkit.trajectories import Trajectories
 
 
@@ -51,8 +59,6 @@ class Session:
         shows the third-party notices a quiet start holds back (:mod:`rlkit.quiet`); ``session.startup`` is
         what the start cost (seconds per part) and the warnings it showed. ``log_dir`` or ``wandb`` records the
         session from the start, as :meth:`log_to` does."""
-        from rlkit.config.memory_plan import refuse_unless_fits
-
         self.config = config
         refuse_unless_fits(config)  # a config that cannot fit is refused before anything loads, with the plan
         self.startup = StartupReport(verbose=verbose)
@@ -304,8 +310,6 @@ class Session:
 
     def memory_plan(self):
         """The bytes this session's config needs per device and per part (:mod:`rlkit.config.memory_plan`)."""
-        from rlkit.config.memory_plan import plan_memory
-
         return plan_memory(self.config)
 
     def evaluate(self, num_prompts: Optional[int] = None, greedy: Optional[bool] = None) -> stages.EvalResult:
@@ -348,17 +352,12 @@ class Session:
         name brings its preset's companion settings, as in ``configure``), advantage ``estimator`` or ``loss_fn.*``
         ``overrides``: loss, per-token maps, gradient norm and its cosine to the gradient taken. The live session
         is not changed (:func:`rlkit.run.replay.replay`)."""
-        from rlkit.run.replay import replay
-
         return replay(self, step, loss, estimator, **{**self._companions(loss), **overrides})
 
     def compare_losses(self, batch: Optional[Trajectories] = None,
                        losses: Mapping[str, Any] | Sequence[str] = ("ppo_clip", "gspo", "cispo")) -> Any:
         """Several losses on one batch (default: the latest) at the current weights, per token and by gradient
         (:func:`rlkit.stages.compare.compare_losses`); ``losses``: policy loss names, or name -> name or loss."""
-        from rlkit.run.replay import named_losses
-        from rlkit.stages.compare import compare_losses
-
         return compare_losses(self._latest(batch, "compare_losses"), self.policy, named_losses(self, losses))
 
     def weights_at(self, step: Optional[int] = None) -> Any:
@@ -369,21 +368,15 @@ class Session:
     def fork(self, n: Optional[int] = None) -> Any:
         """In-memory branches sharing the engines, each with its own weights, optimizer, run state, config and RNG
         (:mod:`rlkit.run.fork`): ``b = session.fork()``, ``a, b = session.fork(2)``; ``b.run(30)`` swaps b in."""
-        from rlkit.run.fork import fork
-
         return fork(self, n)
 
     @property
     def branches(self) -> dict[str, Any]:
         """The branches by name ("main": the session's state before the first fork); one is active."""
-        from rlkit.run.fork import forks_of
-
         return dict(forks_of(self).branches)
 
     def compare_branches(self, num_prompts: Optional[int] = None, greedy: Optional[bool] = None) -> Any:
         """Held-out accuracy of every branch on the same prompts, as a DataFrame (:func:`rlkit.run.fork.compare_branches`)."""
-        from rlkit.run.fork import compare_branches
-
         return compare_branches(self, num_prompts, greedy)
 
     def _companions(self, loss: Any) -> dict[str, Any]:
@@ -397,16 +390,12 @@ class Session:
         """A live widget (plots of reward, KL, entropy, clipping, lengths, stage times; latest samples;
         a stop button) that updates during ``run()``. Falls back to text without ipywidgets."""
         self._refuse_if_closed("dashboard")
-        from rlkit.notebook.dashboard import Dashboard
-
         return Dashboard(self)
 
     def save(self, path: str | Path) -> Path:
         """Write a checkpoint (weights, optimizer, scheduler, RNG, data position, step, config, which environment)
         atomically."""
         self._refuse_if_closed("save")
-        from rlkit.tracking.checkpoint import save_session
-
         return save_session(self, path, {"environment": self.environment_record()})
 
     def environment_record(self) -> dict[str, Any]:
@@ -422,8 +411,6 @@ class Session:
         or a reward function of yours imported again by its path; one that cannot be built again (a function
         defined in a notebook) is refused with the fix, ``Session.load(path, env=...)``. ``env`` replaces it;
         ``kwargs`` go to :func:`rlkit.tracking.checkpoint.load_session` (``config=``, ``overrides=``, ``loss_fn=``)."""
-        from rlkit.tracking.checkpoint import load_session, read_checkpoint_state
-
         if env is None:
             env = saved_environment(read_checkpoint_state(path), path)
         return load_session(cls, path, env=env, **kwargs)
@@ -432,8 +419,6 @@ class Session:
         """The policy's current weights (merged) as an HF model folder that transformers and vLLM load, with the
         model folder's config and tokenizer files, written atomically (:func:`rlkit.tracking.checkpoint.export_hf`)."""
         self._refuse_if_closed("export_hf")
-        from rlkit.tracking.checkpoint import export_hf
-
         return export_hf(self, path)
 
     # ---- records ---------------------------------------------------------------------------------
@@ -456,8 +441,6 @@ class Session:
         if overrides:
             rebuild(self, overrides, "log_to()", refused={Change.ROLLOUTS, Change.LOSS, Change.OPTIMIZER,
                                                           Change.RUN, Change.SESSION})
-        from rlkit.tracking.records import RunRecorder
-
         self.stop_logging()
         folder = Path(run_dir) if run_dir is not None else Path(self.config.logger.log_dir) / self.config.name
         self.records = RunRecorder(folder, self.config)
@@ -516,13 +499,9 @@ class Session:
         self.close()
 
     def __repr__(self) -> str:
-        from rlkit.notebook.display import session_summary
-
         return session_summary(self)
 
     def _repr_html_(self) -> str:
-        from rlkit.notebook.display import session_html
-
         return session_html(self)
 
 
