@@ -21,7 +21,10 @@ from rlkit.envs.judge import RewardComponent, WeightedRewards
 from rlkit.envs.registry import load_reward_fn, reward_fn_path
 from rlkit.errors import CheckpointError, ConfigError
 from rlkit.generation.base import Generator
+from rlkit.generation.openai_server import OpenAIEndpoint
 from rlkit.models import make_model, read_hf_config
+from rlkit.models.vocabulary import check_tokenizer_fits
+from rlkit.policy.architecture import load_hf_state
 from rlkit.run.state import RunState
 from rlkit.stages.conversations import rollout_tools
 from rlkit.stages.settings import RolloutSettings
@@ -57,9 +60,7 @@ class Components:
 def build_components(config: RunConfig, start: Any, env: Any = None, loss_fn: Optional[Callable] = None) -> Components:
     """Every component of ``config``, each timed as a part of ``start`` (a :class:`rlkit.startup.StartupReport`);
     ``env`` and ``loss_fn``, when given, are used instead of the config's."""
-    from transformers import AutoTokenizer
-
-    from rlkit.models.vocabulary import check_tokenizer_fits
+    from transformers import AutoTokenizer  # imported on first use: it loads a thousand modules
 
     with start.part("model folder"):
         ensure_model(config)
@@ -98,8 +99,6 @@ def build_loss(config: RunConfig) -> RLLoss:
 def start_endpoint(components: Components, config: RunConfig, sampling: Any) -> Any:
     """The session's OpenAI-compatible endpoint over its generator (:mod:`rlkit.generation.openai_server`), started
     on 127.0.0.1 on the first call; the engine's length and ``data.chat_template_kwargs`` come from ``config``."""
-    from rlkit.generation.openai_server import OpenAIEndpoint
-
     if components.endpoint is None:
         components.endpoint = OpenAIEndpoint(components.generator, components.tokenizer, sampling,
                                              max_model_len=config.policy.max_model_len,
@@ -237,8 +236,6 @@ def _new_loss(session: Any, old: RunConfig, keys: list[str]) -> None:
 def _new_run(session: Any, old: RunConfig, keys: list[str]) -> None:
     """``reset()``: the model folder's weights in the policy (also its reference), then in the generator; a new
     optimizer and schedule; a fresh run state and rollout source; the RNGs seeded as at construction."""
-    from rlkit.policy.architecture import load_hf_state
-
     new, policy = session.config, session.policy
     policy.load_hf_state(load_hf_state(new.policy.model_name))
     policy.reset_optimizer(new.policy.optimizer, new.policy.scheduler)

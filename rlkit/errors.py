@@ -7,6 +7,8 @@ import signal
 import threading
 from typing import Any
 
+from rlkit.notebook.ipython import render_error
+
 
 class RLKitError(Exception):
     """Base class of every error rlkit raises on purpose."""
@@ -14,8 +16,6 @@ class RLKitError(Exception):
     def _render_traceback_(self) -> list[str]:
         """IPython's hook: show the message, not rlkit's internal traceback (``%xmode verbose`` shows it);
         see :mod:`rlkit.notebook.ipython`."""
-        from rlkit.notebook.ipython import render_error
-
         return render_error(self)
 
 
@@ -86,8 +86,6 @@ class RunInterrupted(KeyboardInterrupt):
     through vLLM and oneDNN (``%xmode verbose`` shows the traceback)."""
 
     def _render_traceback_(self) -> list[str]:
-        from rlkit.notebook.ipython import render_error
-
         return render_error(self, hint=False)
 
 

@@ -27,6 +27,7 @@ from typing import Any, Iterator, Optional, Sequence
 from rlkit.config.loading import load_config
 from rlkit.config.run import RunConfig
 from rlkit.errors import CheckpointError, RunFolderError, SkippedStepsError
+from rlkit.session import Session
 from rlkit.stages.skipped_steps import skipped_so_far
 from rlkit.tracking.checkpoint import (checkpoint_folder, chosen_checkpoint, list_checkpoints, read_checkpoint_state,
                                        resumable_checkpoint, save_periodic, set_aside_newer)
@@ -74,8 +75,6 @@ def run_experiment(config: RunConfig, session: Any = None, progress: bool = True
 
 def _run(config: RunConfig, session: Any, progress: bool, run_dir: Path, resume: bool,
          resume_from: Optional[str | int | Path], allow_changes: Sequence[str]) -> dict[str, Any]:
-    from rlkit.session import Session
-
     t0 = time.perf_counter()
     ckpt_cfg, ckpt_dir = config.checkpointing, checkpoint_folder(config, run_dir)
     start = _resume_point(config, ckpt_dir, resume, resume_from)

@@ -53,6 +53,8 @@ from rlkit.config.loading import load_config, parse_overrides, parse_value
 from rlkit.config.run import RunConfig
 from rlkit.envs import Environment, RewardFunctionEnvironment
 from rlkit.errors import ConfigError
+from rlkit.experiment import run_experiment
+from rlkit.session import Session
 
 
 # ---- grid ---------------------------------------------------------------------------------------------------
@@ -262,9 +264,6 @@ def run_sweep(config: str | Path | Mapping[str, Any] | RunConfig, grid: Grid,
     one group per sweep; pass ``logger.wandb_enabled=false`` in ``base_overrides`` to turn it off. ``env``: an
     environment, or a reward function (``f(prompts, completions, **columns)``), that scores every run instead
     of the config's."""
-    from rlkit.experiment import run_experiment
-    from rlkit.session import Session
-
     source = config.model_dump(mode="json") if isinstance(config, RunConfig) else config
     base = load_config(source, base_overrides)
     grid = {k: list(v) for k, v in grid.items()}

@@ -22,6 +22,8 @@ import torch
 from torch import Tensor
 
 from rlkit.errors import StageOrderError
+from rlkit.notebook.conversation import conversation_view
+from rlkit.notebook.display import token_view, trajectories_html, trajectories_summary
 
 
 @dataclass(frozen=True)
@@ -141,28 +143,20 @@ class Trajectories:
         or a list of sample indices such as ``[3, 17]``) coloured by ``color``: "advantages", "mismatch"
         (|generator - trainer logprob|), "entropy" or any [B, T] tensor (named ``label``). ``tokenizer`` decodes
         the ids (default: the tokenizer the batch was made with; a batch built by hand must be given one)."""
-        from rlkit.notebook.display import token_view
-
         return token_view(self, color, tokenizer, rows, label)
 
     def show_conversation(self, index: int = 0, tokenizer: Any = None) -> Any:
         """Every token of sample ``index`` (prompt, turns, environment messages), the trained ones highlighted
         (:mod:`rlkit.notebook.conversation`); ``tokenizer`` as in :meth:`show`."""
-        from rlkit.notebook.conversation import conversation_view
-
         return conversation_view(self, index, tokenizer)
 
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "tokenizer"}
 
     def __repr__(self) -> str:
-        from rlkit.notebook.display import trajectories_summary
-
         return trajectories_summary(self)
 
     def _repr_html_(self) -> str:
-        from rlkit.notebook.display import trajectories_html
-
         return trajectories_html(self)
 
 

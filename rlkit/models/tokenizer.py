@@ -22,6 +22,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from rlkit.errors import ModelError
+from rlkit.models.bpe import BPE_VOCAB_SIZE, save_bpe_tokenizer
 
 SPECIAL_TOKENS = ("<|pad|>", "<|bos|>", "<|end|>", "<|unk|>", "<|system|>", "<|user|>", "<|assistant|>")
 CHARACTERS = tuple(string.digits + string.ascii_letters + string.punctuation + " \n")
@@ -70,8 +71,6 @@ TokenizerKind = Literal["char", "bpe"]
 
 def tokenizer_vocab_size(kind: TokenizerKind) -> int:
     """Rows a model's embedding needs for ``kind`` (a multiple of 128, like the presets' vocabularies)."""
-    from rlkit.models.bpe import BPE_VOCAB_SIZE
-
     sizes = {"char": 128, "bpe": BPE_VOCAB_SIZE}
     if kind not in sizes:
         raise ModelError(f"unknown tokenizer {kind!r}; choose 'char' (one token per character, the quickstart's) "
@@ -84,7 +83,5 @@ def save_tokenizer(folder: str | Path, kind: TokenizerKind = "char") -> PreTrain
     replaces ``generation_config.json`` to list both of its EOS ids)."""
     tokenizer_vocab_size(kind)  # an unknown kind is refused before anything is written
     if kind == "bpe":
-        from rlkit.models.bpe import save_bpe_tokenizer
-
         return save_bpe_tokenizer(folder)
     return save_char_tokenizer(folder)

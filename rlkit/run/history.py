@@ -26,8 +26,11 @@ from torch import Tensor
 
 from rlkit.algorithms import AdvantageParams
 from rlkit.policy.base import LossFn
+from rlkit.policy.snapshots import capture_weights
 from rlkit.stages.metrics import StepMetrics
 from rlkit.stages.settings import TrainSettings
+from rlkit.tracking.checkpoint import STEP_DIR, checkpoint_folder, list_checkpoints
+from rlkit.tracking.rollout_store import RolloutFiles, StepFacts
 from rlkit.trajectories import Trajectories
 
 
@@ -124,8 +127,6 @@ def weights_at(history: RolloutHistory, config: Any, step: Optional[int] = None)
     """Which weights steps started from exist: a snapshot in memory ("snapshot", what ``replay`` uses) or a
     periodic checkpoint (its path: the checkpoint after step k holds the weights step k + 1 started from; load it
     with ``Session.load``). For ``step``: one of them or None; without one: {step: where} for every step."""
-    from rlkit.tracking.checkpoint import STEP_DIR, checkpoint_folder, list_checkpoints
-
     found: dict[int, Any] = {int(STEP_DIR.match(p.name).group(1)) + 1: str(p)
                              for p in list_checkpoints(checkpoint_folder(config))}
     found.update({s: "snapshot" for s in history.snapshots})
@@ -139,8 +140,6 @@ def before_train(session: Any) -> None:
     cfg = session.config.history
     wanted = cfg.snapshots and (cfg.full_weight_snapshots or session.config.policy.lora_cfg.enabled)
     if wanted and getattr(session.policy, "model", None) is not None:
-        from rlkit.policy.snapshots import capture_weights
-
         session.run_state.store.add_snapshot(session.step_count + 1, capture_weights(session.policy), cfg.snapshots)
 
 
@@ -154,8 +153,6 @@ def after_train(session: Any, batch: Trajectories, metrics: StepMetrics, version
     session.run_state.store.add(record, cfg.max_steps, cfg.max_bytes)
     records = getattr(session, "records", None)
     if records is not None:
-        from rlkit.tracking.rollout_store import RolloutFiles, StepFacts
-
         store = session.run_state.store
         if store.files is None or store.files.run_dir != records.run_dir:
             store.files = RolloutFiles(records.run_dir)

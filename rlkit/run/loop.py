@@ -25,6 +25,7 @@ from rlkit.errors import RunInterrupted
 from rlkit.run import history
 from rlkit.stages.metrics import StepMetrics, step_metrics
 from rlkit.stages.reuse import warn_if_reused
+from rlkit.stages.skipped_steps import SKIPPED, refused_update, skipped_in_a_row, skipped_step_metrics, too_many_skipped
 from rlkit.stages.step_clock import StepClock
 from rlkit.trajectories import Trajectories
 
@@ -150,8 +151,6 @@ def run(session: Any, steps: Optional[int] = None, progress: bool = True,
     ``run()`` or ``step()`` carries on from there."""
     session._refuse_if_closed("run")
 
-    from rlkit.stages.skipped_steps import SKIPPED, refused_update, skipped_in_a_row, too_many_skipped
-
     total = session.config.grpo.max_num_steps if steps is None else steps
     session.run_state.stop_requested = False
     done = []
@@ -228,8 +227,6 @@ def _skip_step(session: Any, error: BaseException, version_before: int, t0: floa
     """Record the step whose update the policy refused as a skipped step: its prompts are consumed, its
     metrics are its batch's rollout metrics and ``train/skipped_steps``; the generator is told the step is
     over (refit only if an earlier optimizer step of this RL step was applied)."""
-    from rlkit.stages.skipped_steps import skipped_step_metrics
-
     metrics = skipped_step_metrics(session.step_count + 1, session.policy.version, session.batch,
                                    version_before, time.perf_counter() - t0, session.history)
     session.run_state.end_step(metrics)

@@ -22,6 +22,7 @@ from torch import Tensor
 
 from rlkit.policy.base import LossFn, Policy
 from rlkit.policy.per_token import TokenLoss, evaluate_loss_per_token, trainer_logprobs
+from rlkit.policy.snapshots import gradient
 from rlkit.trajectories import Trajectories
 
 
@@ -93,8 +94,6 @@ def compare_losses(batch: Trajectories, policy: Policy, losses: Mapping[str, Los
     tokens = {name: evaluate_loss_per_token(policy, batch, fn, logprobs) for name, fn in losses.items()}
     if not gradients or getattr(policy, "model", None) is None:
         return LossComparison(batch, tokens)
-    from rlkit.policy.snapshots import gradient
-
     grads = {name: gradient(policy, batch, fn) for name, fn in losses.items()}
     names = list(grads)
     cosines = {(a, b): grads[a].cosine(grads[b]) for i, a in enumerate(names) for b in names[i + 1:]}

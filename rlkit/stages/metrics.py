@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
+from rlkit.notebook.display import metrics_html, metrics_summary
 from rlkit.trajectories import Trajectories
 
 
@@ -33,13 +34,9 @@ class StepMetrics:
         return self.values.get(key, default)
 
     def __repr__(self) -> str:
-        from rlkit.notebook.display import metrics_summary
-
         return metrics_summary(self)
 
     def _repr_html_(self) -> str:
-        from rlkit.notebook.display import metrics_html
-
         return metrics_html(self)
 
 

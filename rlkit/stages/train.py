@@ -13,6 +13,7 @@ from typing import Optional
 
 import torch
 
+from rlkit.notebook.display import report_html
 from rlkit.policy.base import LossFn, Policy, TrainStepResult
 from rlkit.stages.settings import TrainSettings
 from rlkit.trajectories import Trajectories
@@ -37,8 +38,6 @@ class TrainResult:
         return f"TrainResult({len(self.steps)} step(s) of {self.loss_fn or '?'}, {shown}, {self.seconds:.2f}s)"
 
     def _repr_html_(self) -> str:
-        from rlkit.notebook.display import report_html
-
         return report_html(f"train: {len(self.steps)} optimizer step(s), {self.seconds:.2f} s", self.loss_fn,
                            self.metrics)
 
@@ -57,8 +56,6 @@ class LossReport:
                 + ", ".join(f"{k}={v:.4g}" for k, v in self.metrics.items()) + ")")
 
     def _repr_html_(self) -> str:
-        from rlkit.notebook.display import report_html
-
         return report_html(f"loss at policy version {self.policy_version} (no step taken)", self.loss_fn,
                            self.metrics)
 

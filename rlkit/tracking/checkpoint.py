@@ -52,6 +52,8 @@ from rlkit import rng
 from rlkit.config.loading import config_to_yaml, load_config
 from rlkit.config.run import RunConfig
 from rlkit.errors import CheckpointError
+from rlkit.policy.state import read_policy_meta
+from rlkit.tracking.export import export_hf_folder
 
 FORMAT = "rlkit-checkpoint"
 POLICY_DIR = "policy"
@@ -333,8 +335,6 @@ def save_periodic(session: Any, folder: str | Path, keep_last: int,
 def export_hf(session: Any, path: str | Path) -> Path:
     """The policy's current weights as an HF model folder (transformers and vLLM load it), atomically; with
     adapters, merged, and the PEFT adapter folder in ``adapter/`` (:func:`rlkit.tracking.export.export_hf_folder`)."""
-    from rlkit.tracking.export import export_hf_folder
-
     if session.policy is None:
         raise CheckpointError("this session is closed: nothing to export")
     source = session.config.policy.model_name
@@ -355,7 +355,5 @@ class CheckpointInfo:
     def read(cls, path: str | Path) -> "CheckpointInfo":
         state = read_checkpoint_state(path)
         folder = Path(state["folder"])
-        from rlkit.policy.state import read_policy_meta
-
         return cls(folder, state["run_state"]["step"], read_policy_meta(folder / POLICY_DIR)["policy_version"],
                    sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()))

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, ContextManager, Mapping, Optional
 
 from rlkit.config.loading import config_to_yaml
+from rlkit.notebook.display import SAMPLE_COLUMNS, sample_rows
 from rlkit.tracking.checkpoint import fsync_path
 from rlkit.tracking.loggers import build_logger, read_jsonl
 
@@ -101,8 +102,6 @@ class RunRecorder:
         """A step's ``metrics`` (StepMetrics), and at the table period the first ``logger.sample_table_rows``
         samples of ``batch`` (all of them when it is null); ``timed`` puts each on the step clock (``logging``,
         ``tables``)."""
-        from rlkit.notebook.display import SAMPLE_COLUMNS, sample_rows
-
         with timed("logging"):
             self.logger.log(metrics.values, step=metrics.step)
         period = self.logger_cfg.sample_table_period

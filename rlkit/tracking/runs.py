@@ -27,6 +27,7 @@ import pandas as pd
 import yaml
 
 from rlkit.tracking.loggers import read_jsonl
+from rlkit.tracking.rollout_store import read_step, stored_steps, table_batch
 
 _NON_FINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf}  # what JSONLLogger writes for them
 
@@ -49,15 +50,11 @@ class RunRecords:
     def batch(self, step: int, tokenizer: Any = None) -> Any:
         """The batch step ``step`` trained on (a :class:`rlkit.trajectories.Trajectories`), as the run stored it
         in ``rollouts/`` (:mod:`rlkit.tracking.rollout_store`); ``tokenizer`` lets its token views decode."""
-        from rlkit.tracking.rollout_store import read_step, table_batch
-
         return table_batch(read_step(self.folder, step), tokenizer)
 
     def rollouts(self, steps: Optional[list[int]] = None) -> Any:
         """The stored batches as one table (DataFrame, one row per sample, per-token columns as lists): every
         kept step, or ``steps``."""
-        from rlkit.tracking.rollout_store import read_step, stored_steps
-
         frames = [read_step(self.folder, s).to_pandas() for s in (steps or stored_steps(self.folder))]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame({"step": pd.Series(dtype="int64")})
 
