@@ -40,6 +40,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from transformers.utils import logging as hf_logging
+
 # (category, module regex, message regex): harmless on the machines rlkit runs on
 KNOWN_WARNINGS: tuple[tuple[type[Warning], str, str], ...] = (
     (UserWarning, r"megatron\.", r"(Transformer Engine and )?Apex (is|are) not installed"),  # CPU: torch kernels
@@ -180,8 +182,6 @@ def _known_fd_lines_dropped(held: Held) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _no_transformers_progress_bars() -> Iterator[None]:
-    from transformers.utils import logging as hf_logging
-
     was_enabled = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
     try:

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import torch
+import transformers as tf
+from safetensors import safe_open
 
 from rlkit.errors import ModelError
 from rlkit.models.families import BY_NAME, FAMILY_NAMES, MOE_FAMILIES, SUPPORTED_ARCHITECTURES, ModelFamily, family_of
@@ -83,8 +85,6 @@ def check_head_dim(head_dim: int) -> None:
 def hf_config(spec: TinyModelSpec, family: ModelFamily):
     """A transformers config object for ``spec`` in ``family`` (MoE families route without a load-balancing
     loss, the setting recommended for RL; Qwen2-MoE's shared expert is twice an expert's width)."""
-    import transformers as tf
-
     fields = asdict(spec)
     experts, top_k = fields.pop("num_experts"), fields.pop("num_experts_per_tok")
     if family not in BY_NAME:
@@ -191,8 +191,6 @@ def read_hf_config(folder: str | Path, check_weights: bool = True) -> dict:
 def count_parameters(folder: str | Path) -> int:
     """Number of parameters stored in a model folder's safetensors files (a tied head is stored, and counted,
     once), read from the files' headers without loading a tensor."""
-    from safetensors import safe_open
-
     total = 0
     for file in Path(folder).glob("*.safetensors"):
         with safe_open(str(file), framework="pt") as f:

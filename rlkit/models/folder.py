@@ -15,6 +15,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from safetensors import SafetensorError, safe_open
+
 from rlkit.errors import ModelError
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -39,8 +41,6 @@ def read_json_object(path: Path, what: str) -> dict[str, Any]:
 def check_weight_files(folder: str | Path) -> None:
     """Every ``*.safetensors`` file in ``folder`` has a readable header that covers the file, and the shard
     index (when there is one) names only files that exist."""
-    from safetensors import SafetensorError, safe_open
-
     folder = Path(folder)
     for file in sorted(folder.glob("*.safetensors")):
         try:

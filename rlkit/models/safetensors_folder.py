@@ -14,6 +14,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import Tensor
 
 from rlkit.models.folder import INDEX_FILE
@@ -28,8 +30,6 @@ class SafetensorsFolder(Mapping[str, Tensor]):
     without reading any data."""
 
     def __init__(self, folder: str | Path):
-        from safetensors import safe_open
-
         self.folder = Path(folder)
         self._file_of: dict[str, Path] = {}
         self._meta: dict[str, Tensor] = {}
@@ -41,8 +41,6 @@ class SafetensorsFolder(Mapping[str, Tensor]):
                     self._meta[name] = torch.empty(piece.get_shape(), dtype=_DTYPES[piece.get_dtype()], device="meta")
 
     def __getitem__(self, name: str) -> Tensor:
-        from safetensors import safe_open
-
         with safe_open(str(self._file_of[name]), framework="pt") as f:
             return f.get_tensor(name)
 
@@ -71,8 +69,6 @@ def write_like(groups: Iterable[list[tuple[str, Tensor]]], source: str | Path, o
     """Write the HF-named tensors of ``groups`` into ``output`` in the shard layout of the ``source`` folder
     (the same file for each tensor, its index copied when there is one). A file is written as soon as all its
     tensors have arrived. The names must be exactly the source's. Returns the files written."""
-    from safetensors.torch import save_file
-
     layout = SafetensorsFolder(source).file_of()
     waiting: dict[str, set[str]] = {}
     for name, file in layout.items():
