@@ -103,7 +103,7 @@ def _run(config: RunConfig, session: Any, progress: bool, run_dir: Path, resume:
         def stopped_early(stop: KeyboardInterrupt, warm: dict[str, Any], history: list[Any], where: str = "",
                           rl_s: float = 0.0) -> None:
             """A stop: the summary (no final evaluation) says where, then the stop goes on."""
-            reason = f"{_stop_name()}{f' during {where}' if where else ''}: {stop}"
+            reason = f"{_STOP['signal'] or 'interrupted (Ctrl-C)'}{f' during {where}' if where else ''}: {stop}"
             _write_summary(run_dir, _summary(config, warm, None, history, resumed_step, setup_s, rl_s,
                                              time.perf_counter() - t0), reason)
 
@@ -253,10 +253,6 @@ def check_resume_changes(checkpoint: Path, config: RunConfig, allow_changes: Seq
 
 # ---- SIGTERM ------------------------------------------------------------------------------------------------
 _STOP = {"signal": None}
-
-
-def _stop_name() -> str:
-    return _STOP["signal"] or "interrupted (Ctrl-C)"
 
 
 @contextlib.contextmanager
