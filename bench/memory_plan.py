@@ -130,7 +130,9 @@ def h200_plans() -> str:
         out = []
         for name, hf in QWEN3.items():
             for workers, extra in ((1, []), (8, ["policy.num_workers=8", "policy.megatron_cfg.tensor_model_parallel_size=8"])):
-                for label, more in (("full, bf16", ["policy.precision=bfloat16", "policy.generation.vllm_cfg.precision=bfloat16"]),
+                bf16 = ["policy.precision=bfloat16", "policy.generation.vllm_cfg.precision=bfloat16"]
+                for label, more in (("full, bf16", bf16),
+                                    ("full, pure bf16", [*bf16, "policy.optimizer.main_params_dtype=bfloat16"]),
                                     ("LoRA r16, bf16", ["policy.precision=bfloat16", "policy.generation.vllm_cfg.precision=bfloat16",
                                                          "policy.lora_cfg.enabled=true", "policy.lora_cfg.dim=16"])):
                     cfg = load_config("math_qwen3", [f"policy.model_name={folder}", *extra, *more])

@@ -304,7 +304,7 @@ def kv_cache_bytes(config: RunConfig, hf_config: Mapping[str, Any]) -> int:
     """The CPU engine's KV cache for ``config``: ``vllm_cfg.kv_cache_space_gib`` GiB, or with ``"auto"`` what one
     rollout batch (``grpo.num_prompts_per_step x grpo.num_generations_per_prompt`` sequences) needs at the engine's
     full length (:func:`auto_kv_cache_bytes`). Why not a fixed default: the cache is allocated and zeroed at start,
-    so it is resident memory all run long (the former 1 GiB default was 7x what the 0.6B shape's 8 x 160-token
+    so it is resident memory all run long (the former 1 GiB default was 4.6x what the 0.6B shape's 8 x 160-token
     batch needs); a larger batch, such as an eval of 500 prompts, runs in waves of what fits."""
     vllm_cfg = config.policy.generation.vllm_cfg
     if vllm_cfg.kv_cache_space_gib != "auto":
