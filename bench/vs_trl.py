@@ -2,8 +2,10 @@
 peak RSS, rlkit / TRL.
 
 The same model folder, the same prompt/answer JSONL, group size, number of prompts, completion length and
-learning rate on both sides; the KL penalty off; one update per batch; fp32, or with ``--bf16`` rlkit's mixed
-precision (fp32 masters, bf16 compute copy and engine) against TRL's model loaded in bf16 (weights, gradients and
+learning rate on both sides; the KL penalty off; one update per batch; activations recomputed in backward on
+both sides (TRL's GRPOConfig default ``gradient_checkpointing=True``; rlkit's Megatron full recompute, one layer
+at a time; since 2026-12-03 evening, before which rlkit kept every activation); fp32, or with ``--bf16`` rlkit's
+mixed precision (fp32 masters, bf16 compute copy and engine) against TRL's model loaded in bf16 (weights, gradients and
 AdamW moments all bf16: cheaper, and it loses updates below bf16's resolution), and with ``--bf16 --pure-bf16``
 rlkit in the same pure bf16 (``policy.optimizer.main_params_dtype=bfloat16``); one torch thread each
 (``OMP_NUM_THREADS=1``). rlkit generates with vLLM in its process, TRL with transformers
@@ -21,7 +23,8 @@ reports its peak RSS per base parameter, the figure issue 29 bounds. ``--extra k
 overrides (e.g. ``policy.train_micro_batch_size=1``).
 
 TRL runs in its own environment, bench/.venv-trl (``make bench-trl`` or scripts/setup-bench-trl.sh), never in
-rlkit's lock. Usage: python bench/vs_trl.py [--shape tiny] [--steps 6] [--warmup 2] [--bf16] [--lora R] [--extra K=V ...]
+rlkit's lock. Usage: python bench/vs_trl.py [--shape tiny] [--steps 6] [--warmup 2] [--bf16 [--pure-bf16]]
+[--lora R] [--extra K=V ...]
 Last line: ``rlkit/trl cpu_per_step=<x> peak_rss=<y>`` (with ``--lora``: ``rlkit lora bytes_per_param=<z>``).
 """
 
@@ -95,6 +98,9 @@ def rlkit_side(args) -> dict:
         "policy.generation.vllm_cfg.precision": "bfloat16" if args.bf16 else "float32",  # TRL generates with its model
         "policy.generation.vllm_cfg.kv_cache_space_gib": "auto",  # what the 2 x 4 or 16 x 8 batch needs
         **({"policy.optimizer.main_params_dtype": "bfloat16"} if args.pure_bf16 else {}),
+        # TRL's GRPOConfig checkpoints activations by default (gradient_checkpointing=True): the same here
+        "policy.megatron_cfg.recompute_granularity": "full", "policy.megatron_cfg.recompute_method": "uniform",
+        "policy.megatron_cfg.recompute_num_layers": 1,
         **({"policy.lora_cfg.enabled": True, "policy.lora_cfg.dim": args.lora} if args.lora else {}),
         **{key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in args.extra)}})
     marks = []

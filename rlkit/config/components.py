@@ -59,7 +59,8 @@ class MegatronDDPConfig(Section):
     """Megatron-Core's ``DistributedDataParallel`` (NeMo-RL's ``policy.megatron_cfg.distributed_data_parallel_config``):
     gradients accumulate in contiguous buffers and are reduced bucket by bucket over the data-parallel group."""
 
-    # fp32 gradient buffers (and reduction) under policy.precision=bfloat16; bf16 with optimizer.main_params_dtype=bfloat16
+    # fp32 gradient buffers (and reduction) under policy.precision=bfloat16 (bf16 ones under pure bf16,
+    # policy.optimizer.main_params_dtype=bfloat16)
     grad_reduce_in_fp32: bool = True
     overlap_grad_reduce: bool = False  # start each bucket's reduce during the last microbatch's backward
     bucket_size: Optional[int] = Field(None, ge=1)  # parameters per bucket; None: Megatron's default

@@ -7,7 +7,8 @@ stopped). The plan reads the model folder's ``config.json`` alone: the model is 
 
 The parts, for the busiest device (rank 0, which also hosts a colocated engine):
 
-- weights: the trained model's master weights (fp32; bf16 with ``policy.optimizer.main_params_dtype=bfloat16``), this device's shard (Megatron: / TP x PP; FSDP2: / ranks);
+- weights: the trained model's master weights (fp32; bf16 with ``policy.optimizer.main_params_dtype=bfloat16``),
+  this device's shard (Megatron: / TP x PP; FSDP2: / ranks);
   with adapters the frozen base, fp32 (Megatron at bf16: held once, in bf16, as the compute copy);
 - bf16 twin: Megatron's bf16 compute copy at ``policy.precision=bfloat16`` (FSDP2: one gathered layer in bf16);
 - gradients and optimizer state (AdamW: two moments) of what trains (all weights, or the adapters), in the
@@ -22,8 +23,9 @@ The parts, for the busiest device (rank 0, which also hosts a colocated engine):
 - weight snapshots: ``history.snapshots`` copies of what trains (the adapters; all weights only with
   ``history.full_weight_snapshots``), the states ``session.replay`` starts from (:mod:`rlkit.run.history`);
 - engine weights and KV cache: the generator's copy of the model in its precision, and its cache (the CPU:
-  ``vllm_cfg.kv_cache_space_gib``, by default what the rollout batch needs, :func:`kv_cache_bytes`; CUDA: ``gpu_memory_utilization`` of the device, less its weights; on the
-  CPU a tied head's prepacked kernel is a second copy of the embedding);
+  ``vllm_cfg.kv_cache_space_gib``, by default what the rollout batch needs, :func:`kv_cache_bytes`; CUDA:
+  ``gpu_memory_utilization`` of the device, less its weights; on the CPU a tied head's prepacked kernel is a
+  second copy of the embedding);
 - runtime: what the libraries themselves hold (torch, vLLM, Megatron, transformers: measured on the CPU, see
   ``bench/memory_plan.py``; the CUDA context on a GPU).
 
@@ -296,7 +298,8 @@ def auto_kv_cache_bytes(hf_config: Mapping[str, Any], precision: str, max_model_
     4 bytes; bf16, and fp8 whose cache stays bf16: 2), each sequence rounded up to whole blocks. More sequences
     than that are queued by vLLM's scheduler, not refused."""
     heads = hf_config.get("num_key_value_heads") or hf_config["num_attention_heads"]
-    per_token = 2 * hf_config["num_hidden_layers"] * heads * head_dim_of(hf_config) * (4 if precision == "float32" else 2)
+    item = 4 if precision == "float32" else 2
+    per_token = 2 * hf_config["num_hidden_layers"] * heads * head_dim_of(hf_config) * item
     return sequences * -(-max_model_len // CPU_KV_BLOCK_TOKENS) * CPU_KV_BLOCK_TOKENS * per_token
 
 

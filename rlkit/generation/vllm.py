@@ -10,8 +10,8 @@ hand-off achieves between processes. (Through a separate engine-core process the
 Settings measured to work on CPU machines (see the project's STACK notes): eager mode (compiling
 adds 20-50 s of start-up and no speed), a fixed KV-cache size (``kv_cache_memory_bytes`` from
 ``vllm_cfg.kv_cache_space_gib``, fractions of a GiB too, by default what a rollout batch needs: the cache is
-allocated and zeroed, so it is resident memory; vLLM's automatic size reads NUMA meminfo and has failed), and ``OMP_NUM_THREADS`` set (else the engine
-drops torch to one thread).
+allocated and zeroed, so it is resident memory; vLLM's automatic size reads NUMA meminfo and has failed), and
+``OMP_NUM_THREADS`` set (else the engine drops torch to one thread).
 
 Weights are refit through vLLM's public ``collective_rpc("reload_weights", ...)`` in buckets of whole fused
 groups, then the prefix cache is reset: without that reset, later samples reuse attention state computed
