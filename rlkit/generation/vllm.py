@@ -52,19 +52,29 @@ from rlkit.models.factory import check_head_dim, head_dim_of, read_hf_config
 from rlkit.quiet import quieted
 
 
-class _RotaryCacheReloadNotice(logging.Filter):
-    """Drops vLLM's "RotaryEmbedding: Failed to load weights" warning, logged at every refit: the rotary
-    cos/sin cache is computed, never a checkpoint weight, so there is nothing to load. Other layers' load
-    failures still show."""
+class _ExpectedReloadNotices(logging.Filter):
+    """Drops vLLM's "<layer>: Failed to load weights" warnings, logged at every refit, for layers that have
+    nothing to load: ``RotaryEmbedding`` (its cos/sin cache is computed, never a checkpoint weight) and, once a
+    tied-embedding model is loaded, ``ParallelLMHead`` (a tied head has no tensor of its own: it shares the
+    embedding's, and :func:`redispatch_cpu_tied_layers` rebuilds its kernel). Other layers' failures still show."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = {"RotaryEmbedding"}
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.getMessage() != "RotaryEmbedding: Failed to load weights"
+        layer, _, rest = record.getMessage().partition(": ")
+        return not (rest == "Failed to load weights" and layer in self.layers)
 
 
-def _quiet_rotary_reload_notice() -> None:
+def _quiet_reload_notices(tied_head: bool = False) -> None:
     layerwise = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
-    if not any(isinstance(f, _RotaryCacheReloadNotice) for f in layerwise.filters):
-        layerwise.addFilter(_RotaryCacheReloadNotice())
+    notices = next((f for f in layerwise.filters if isinstance(f, _ExpectedReloadNotices)), None)
+    if notices is None:
+        notices = _ExpectedReloadNotices()
+        layerwise.addFilter(notices)
+    if tied_head:
+        notices.layers.add("ParallelLMHead")
 
 
 def _whole_steps(step: Callable[[], list]) -> Callable[[], list]:
@@ -145,7 +155,7 @@ class VllmGenerator:
         self.tokenizer = self.llm.get_tokenizer()
         # decode_completions needs the tokenizers library's decoder; a Python-only tokenizer is left to vLLM
         self.caller_decodes = hasattr(self.tokenizer, "backend_tokenizer")
-        _quiet_rotary_reload_notice()
+        _quiet_reload_notices(tied_head=bool(config.get("tie_word_embeddings")))
 
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingSettings) -> Generation:
         return decode_completions(self.sample(prompt_token_ids, n, sampling), self.tokenizer)

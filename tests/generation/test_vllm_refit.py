@@ -129,23 +129,27 @@ def test_head_dim_is_checked_before_vllm_starts(model_factory, tmp_path):
         VllmGenerator(bad, GenerationConfig(), max_model_len=64)
 
 
-def test_only_the_rotary_cache_reload_notice_is_silenced():
+def test_only_the_reload_notices_of_layers_with_nothing_to_load_are_silenced():
     """vLLM warns "RotaryEmbedding: Failed to load weights" at every refit (its cos/sin cache is computed, not
-    loaded); the generator drops that line and nothing else from the reload logger."""
+    loaded), and "ParallelLMHead: ..." on a tied-embedding model (the head shares the embedding's tensor); the
+    generator drops those lines, the head's only once a tied model is loaded, and nothing else."""
     import logging
 
-    from rlkit.generation.vllm import _quiet_rotary_reload_notice
+    from rlkit.generation.vllm import _ExpectedReloadNotices, _quiet_reload_notices
 
-    _quiet_rotary_reload_notice()
-    _quiet_rotary_reload_notice()  # idempotent: one filter
     layerwise = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
-    assert len(layerwise.filters) == 1
 
     def record(layer):
         return logging.LogRecord(layerwise.name, logging.WARNING, __file__, 1, "%s: Failed to load weights", (layer,), None)
 
-    assert not layerwise.filter(record("RotaryEmbedding"))
-    assert layerwise.filter(record("QKVParallelLinear"))  # a real load failure still shows
+    untied = _ExpectedReloadNotices()  # what an engine on an untied model installs
+    assert not untied.filter(record("RotaryEmbedding"))
+    assert untied.filter(record("QKVParallelLinear"))  # a real load failure still shows
+    assert untied.filter(record("ParallelLMHead"))  # an untied head's failure is real
+    _quiet_reload_notices()
+    _quiet_reload_notices(tied_head=True)  # idempotent: one filter, which now drops a tied head's notice too
+    assert len(layerwise.filters) == 1
+    assert not layerwise.filter(record("ParallelLMHead")) and layerwise.filter(record("QKVParallelLinear"))
 
 
 def test_refit_hands_the_policys_tensors_to_the_engine_in_this_process(engines, monkeypatch):
