@@ -42,6 +42,18 @@ def float64_reference_logprobs(model_path, batch) -> torch.Tensor:
     return torch.nn.functional.pad(token, (1, 0)).float() * batch.attention_mask
 
 
+def weights_around_steps(policy, steps: int) -> tuple[dict, dict]:
+    """The policy's HF weights before and after ``steps`` train steps on one random batch; the policy is closed."""
+    batch = random_batch(b=8, t=24)
+    try:
+        before = policy.hf_state_dict()
+        for _ in range(steps):
+            policy.train_step(batch, pg_token_mean_loss)
+        return before, policy.hf_state_dict()
+    finally:
+        policy.close()
+
+
 def step_and_scores(model_path, backend: str, precision: str, batch):
     policy = make_policy(model_path, backend, precision)
     try:
@@ -83,15 +95,7 @@ def test_updates_below_bf16_resolution_accumulate_in_the_fp32_master_weights(mod
     """Five AdamW steps of lr=1e-4 move the fp32 master weights by up to 5e-4 each, to values bf16 cannot
     hold: weights kept in bf16 would show no such values (and lose most of these updates: near 1.0, the
     norm weights' scale, bf16 values are 2^-8 apart)."""
-    batch = random_batch(b=8, t=24)
-    policy = make_policy(model_path, backend, "bfloat16", lr=1e-4)
-    try:
-        before = policy.hf_state_dict()
-        for _ in range(5):
-            policy.train_step(batch, pg_token_mean_loss)
-        after = policy.hf_state_dict()
-    finally:
-        policy.close()
+    before, after = weights_around_steps(make_policy(model_path, backend, "bfloat16", lr=1e-4), steps=5)
     moved = torch.cat([(after[k] - before[k]).flatten() for k in before]).abs()
     assert 4.5e-4 < moved.max() <= 5e-4 * 1.01, moved.max()  # five Adam steps of lr in one direction
     values = torch.cat([t.flatten() for t in after.values()])

@@ -13,7 +13,7 @@ import torch
 
 from rlkit.config.components import OptimizerConfig, PolicyConfig
 from tests.helpers import pg_token_mean_loss, random_batch
-from tests.policy.test_precision import BACKENDS
+from tests.policy.test_precision import BACKENDS, weights_around_steps
 
 
 @pytest.fixture(scope="module")
@@ -75,17 +75,9 @@ def test_pure_bf16_loses_the_updates_below_its_resolution_that_masters_keep(mode
     """Five AdamW steps of lr 1e-5 (each weight moves 1e-5 per step): the norm weights sit at 1.0, where bf16's
     neighbours are 2^-7 apart, so pure bf16 leaves them exactly where they were, while mixed precision's fp32
     masters have moved them by ~5e-5."""
-    batch = random_batch(b=8, t=24)
     moved = {}
     for dtype in ("bfloat16", "float32"):
-        policy = make_policy(model_path, backend, "bfloat16", dtype, lr=1e-5)
-        try:
-            before = policy.hf_state_dict()
-            for _ in range(5):
-                policy.train_step(batch, pg_token_mean_loss)
-            after = policy.hf_state_dict()
-        finally:
-            policy.close()
+        before, after = weights_around_steps(make_policy(model_path, backend, "bfloat16", dtype, lr=1e-5), steps=5)
         norms = [k for k in before if k.endswith("layernorm.weight")]
         moved[dtype] = max((after[k].float() - before[k].float()).abs().max().item() for k in norms)
     assert moved["bfloat16"] == 0.0 and 4e-5 < moved["float32"] <= 5e-5 * 1.01, moved
