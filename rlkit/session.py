@@ -174,11 +174,9 @@ class Session:
         return self.generator_version != self.policy.version
 
     def _latest(self, batch: Optional[Trajectories], stage: str) -> Trajectories:
-        if batch is not None:
-            return batch
-        if self.batch is None:
+        if batch is None and self.batch is None:
             raise StageOrderError(f"no rollout yet: call session.rollout() before session.{stage}()")
-        return self.batch
+        return batch if batch is not None else self.batch
 
     def _keep(self, batch: Trajectories) -> Trajectories:
         self.run_state.batch = batch
@@ -228,8 +226,7 @@ class Session:
         scores its candidates to choose among them) is kept as it is: scoring again would cost an environment
         pass and, with a random reward, undo the choice; ``stages.score(batch, session.env)`` rescores."""
         self._refuse_if_closed("score")
-        batch = self._latest(batch, "score")
-        return self._keep(batch if batch.rewards is not None else self._score(batch))
+        return self._keep(self._score(self._latest(batch, "score")))  # _score keeps a scored batch as it is
 
     def advantages(self, batch: Optional[Trajectories] = None) -> Trajectories:
         """Per-token advantages ``[B, T]`` from the rewards by ``grpo.advantage_estimator`` (group mean and
@@ -498,10 +495,4 @@ class Session:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __repr__(self) -> str:
-        return session_summary(self)
-
-    def _repr_html_(self) -> str:
-        return session_html(self)
-
-
+    __repr__, _repr_html_ = session_summary, session_html  # rlkit.notebook.display: the text and the card

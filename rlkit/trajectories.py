@@ -153,11 +153,7 @@ class Trajectories:
     def __getstate__(self) -> dict[str, Any]:
         return {k: v for k, v in self.__dict__.items() if k != "tokenizer"}
 
-    def __repr__(self) -> str:
-        return trajectories_summary(self)
-
-    def _repr_html_(self) -> str:
-        return trajectories_html(self)
+    __repr__, _repr_html_ = trajectories_summary, trajectories_html
 
 
 @dataclass(frozen=True)

@@ -338,4 +338,3 @@ class _TextView:
 
     def _repr_html_(self) -> str:
         return f"<pre class='rlkit-dashboard-text'>{esc(self.text)}</pre>"
-

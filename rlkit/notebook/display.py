@@ -2,8 +2,8 @@
 
 They read attributes only: no forward pass, no I/O, nothing that waits on an engine. (Cheap reductions of
 tensors a batch already holds, like one mean over ``[B]`` rewards, are formatting, not compute.)
-The owning classes delegate to these functions with one-line ``__repr__`` / ``_repr_html_`` methods, so all
-notebook presentation lives in this package.
+The owning classes take these functions as their ``__repr__`` / ``_repr_html_`` methods, so all notebook
+presentation lives in this package.
 """
 
 from __future__ import annotations
@@ -348,4 +348,3 @@ def config_html(section: Any) -> str:
 __all__ = ["TokenView", "config_html", "config_leaves", "config_summary", "metrics_html", "metrics_summary",
            "report_html", "sample_rows", "session_facts", "session_html", "session_summary", "token_view", "trajectories_html",
            "trajectories_summary"]
-

@@ -76,4 +76,3 @@ class RunState:
         self.history = [StepMetrics(m["step"], m["policy_version"], m["values"]) for m in state["history"]]
         self.batch = self.last_train = self.last_refit = self.last_eval = self.last_sft = None
         self.stop_requested = False
-

@@ -33,11 +33,7 @@ class StepMetrics:
         """The metric ``key``, or ``default`` when this step did not record it."""
         return self.values.get(key, default)
 
-    def __repr__(self) -> str:
-        return metrics_summary(self)
-
-    def _repr_html_(self) -> str:
-        return metrics_html(self)
+    __repr__, _repr_html_ = metrics_summary, metrics_html
 
 
 def rollout_metrics(batch: Trajectories) -> dict[str, float]:
