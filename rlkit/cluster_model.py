@@ -46,10 +46,6 @@ def folder_fingerprint(folder: str | Path) -> str:
     return h.hexdigest()[:16]
 
 
-def folder_megabytes(folder: str | Path) -> float:
-    return sum(p.stat().st_size for p in _files(Path(folder))) / 1e6
-
-
 def folder_files(folder: str | Path) -> dict[str, bytes]:
     """Every file of ``folder`` by relative name (what the object store carries to the nodes)."""
     folder = Path(folder)
@@ -106,7 +102,7 @@ def model_folder_on_ranks(folder: Path, workers: Sequence[Any], nodes: Sequence[
     lacking = [r for r, p in enumerate(problems) if p is not None]
     if not lacking:
         return paths
-    size_mb = folder_megabytes(folder)
+    size_mb = sum(p.stat().st_size for p in _files(Path(folder))) / 1e6
     if size_mb > ship_max_mb:
         lines = "; ".join(f"rank {r} on {nodes[r]} sees {problems[r]} at {folder}" for r in lacking)
         raise ModelError(f"the model folder {folder} is not on every node: {lines}. Put it on a file system every "

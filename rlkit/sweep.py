@@ -122,11 +122,9 @@ def _axes(grid: Grid) -> tuple[list[tuple[str, ...]], list[list[tuple]]]:
     values; ConfigError for a paired entry whose values do not match its keys."""
     keys, points, problems = [], [], []
     for key, values in grid.items():
-        group = key if isinstance(key, tuple) else (key,)
-        if isinstance(key, tuple):
-            vals = [tuple(v) if isinstance(v, (tuple, list)) else v for v in values]
-        else:
-            vals = [(v,) for v in values]
+        paired = isinstance(key, tuple)
+        group = key if paired else (key,)
+        vals = [tuple(v) if isinstance(v, (tuple, list)) else v for v in values] if paired else [(v,) for v in values]
         bad = [v for v in vals if not isinstance(v, tuple) or len(v) != len(group)]
         if bad:
             problems.append(f"grid group {group}: each value must be a tuple of {len(group)} values, one per key; "

@@ -234,8 +234,7 @@ def _preset_config(policy: Any) -> tuple[dict | None, list[str]]:
                       f"the families {', '.join(MOE_FAMILIES if spec.num_experts else DENSE_FAMILIES)}"]
     spec = replace(spec, vocab_size=max(spec.vocab_size, tokenizer_vocab_size(policy.model_tokenizer)))  # as made
     made = hf_config(spec, policy.model_family)
-    config = dict(made.to_dict(), architectures=[architecture_name(made)])
-    return config, []
+    return dict(made.to_dict(), architectures=[architecture_name(made)]), []
 
 
 def _shape(model_config: Mapping[str, Any]) -> tuple:

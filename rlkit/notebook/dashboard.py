@@ -281,8 +281,7 @@ class Dashboard:
         else:
             self._handle.display(_TextView(self.text()))
 
-    def __repr__(self) -> str:
-        return self.text()
+    __repr__ = text
 
 
 def _all_zero(series: dict[str, list[float]]) -> bool:

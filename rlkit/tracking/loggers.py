@@ -36,9 +36,7 @@ def read_jsonl(path: Path) -> list[tuple[str, dict[str, Any]]]:
 
 
 def _jsonable(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    return value
+    return str(value) if isinstance(value, float) and not math.isfinite(value) else value
 
 
 class JSONLLogger:

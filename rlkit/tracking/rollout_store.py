@@ -92,14 +92,13 @@ def table_batch(table: Any, tokenizer: Any = None) -> Trajectories:
 
     rows = tuple(json.loads(r) for r in col["row"][::g]) if col["row"][0] is not None else ()
     meta = tuple(json.loads(m) for m in col["env_metadata"]) if col["env_metadata"][0] is not None else ()
-    rewards = None if col["reward"][0] is None else torch.tensor(col["reward"], dtype=torch.float32)
     return Trajectories(
         prompts=tuple(col["prompt"]), completions=tuple(col["completion"]),
         input_ids=torch.tensor(col["input_ids"], dtype=torch.int64),
         attention_mask=torch.tensor(col["attention_mask"], dtype=torch.bool),
         loss_mask=torch.tensor(col["loss_mask"], dtype=torch.bool),
         generator_logprobs=floats("generator_logprobs"), finish_reasons=tuple(col["finish_reason"]),
-        group_size=g, policy_version=int(col["generator_version"][0]), rows=rows, rewards=rewards,
+        group_size=g, policy_version=int(col["generator_version"][0]), rows=rows, rewards=floats("reward"),
         turn_rewards=floats("turn_rewards"), env_metadata=meta, advantages=floats("advantages"),
         prev_logprobs=floats("prev_logprobs"), ref_logprobs=floats("ref_logprobs"), entropy=floats("entropy"),
         rollout_step=int(col["step"][0]) - 1, tokenizer=tokenizer)
