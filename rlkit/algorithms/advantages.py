@@ -97,10 +97,8 @@ def _check_shapes(rewards: Tensor, mask: Tensor, group_size: int) -> None:
     if rewards.ndim != 1 or mask.ndim != 2 or mask.shape[0] != rewards.shape[0]:
         raise ValueError(f"expected rewards [B] and mask [B, T]; got {tuple(rewards.shape)} and {tuple(mask.shape)}")
     if group_size < 1 or rewards.shape[0] % group_size:
-        raise ValueError(
-            f"batch of {rewards.shape[0]} rewards does not split into groups of {group_size}: "
-            "B must be num_prompts * group_size with each prompt's samples contiguous"
-        )
+        raise ValueError(f"batch of {rewards.shape[0]} rewards does not split into groups of {group_size}: "
+                         "B must be num_prompts * group_size with each prompt's samples contiguous")
 
 
 def _grouped(rewards: Tensor, group_size: int) -> Tensor:  # [N, G] float
@@ -262,9 +260,8 @@ def reinforce_baseline(
     This estimator mutates ``state`` (the one exception to purity here), so re-running it moves the baseline.
     """
     if state is None:
-        raise ValueError(
-            "reinforce_baseline keeps a running mean across steps: pass state=RunningBaseline() and reuse it"
-        )
+        raise ValueError("reinforce_baseline keeps a running mean across steps: pass state=RunningBaseline() and "
+                         "reuse it")
     r = _grouped(rewards, group_size).reshape(-1)
     batch_mean = r.mean().item()
     baseline = batch_mean if state.value is None else state.value

@@ -66,10 +66,8 @@ def seq_mean_token_mean(values: Tensor, mask: Tensor, counts: LossCounts, consta
 def seq_sum_constant(values: Tensor, mask: Tensor, counts: LossCounts, constant: Optional[float] = None) -> Tensor:
     """``sum_{i,t} m_it x_it / (counts.num_sequences * constant)`` (Dr. GRPO's length-unbiased sum)."""
     if constant is None or constant <= 0:
-        raise ValueError(
-            "seq_sum_constant needs a positive constant (Dr. GRPO uses the max generation length): "
-            "set seq_sum_constant=<max_new_tokens>"
-        )
+        raise ValueError("seq_sum_constant needs a positive constant (Dr. GRPO uses the max generation length): "
+                         "set seq_sum_constant=<max_new_tokens>")
     return _masked(values, mask).sum() / (max(counts.num_sequences, 1) * constant)
 
 

@@ -132,11 +132,9 @@ class RLLoss(CodeRepr):
         old = batch.prev_logprobs if batch.prev_logprobs is not None else logprobs.detach()  # [b, T]
         ref = batch.ref_logprobs
         if p.reference_policy_kl_penalty != 0 and ref is None:
-            raise StageOrderError(
-                f"reference_policy_kl_penalty={p.reference_policy_kl_penalty} needs ref_logprobs, but this batch "
-                "has none: run logprobs() with the reference policy (it does when loss_fn.needs_reference), "
-                "or set reference_policy_kl_penalty=0"
-            )
+            raise StageOrderError(f"reference_policy_kl_penalty={p.reference_policy_kl_penalty} needs ref_logprobs, "
+                                  "but this batch has none: run logprobs() with the reference policy (it does when "
+                                  "loss_fn.needs_reference), or set reference_policy_kl_penalty=0")
 
         def agg(values: Tensor) -> Tensor:
             return self._aggregate(values, mask, counts, p.seq_sum_constant)

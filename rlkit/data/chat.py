@@ -26,11 +26,9 @@ def render_prompt_texts(tokenizer: Any, prompts: list[str], system_prompt: Optio
                         template_kwargs: Optional[Mapping[str, Any]] = None) -> list[str]:
     """Each prompt as a user turn (after an optional system turn) rendered by the chat template."""
     if not getattr(tokenizer, "chat_template", None):
-        raise ModelError(
-            f"the tokenizer {type(tokenizer).__name__} has no chat template, so prompts cannot be rendered as "
-            "chat turns; set tokenizer.chat_template to a Jinja template, or use a model folder made by "
-            "`rlkit make-model` (its tokenizer ships one)"
-        )
+        raise ModelError(f"the tokenizer {type(tokenizer).__name__} has no chat template, so prompts cannot be "
+                         "rendered as chat turns; set tokenizer.chat_template to a Jinja template, or use a model "
+                         "folder made by `rlkit make-model` (its tokenizer ships one)")
     head = [{"role": "system", "content": system_prompt}] if system_prompt is not None else []
     return [apply_template(tokenizer, head + [{"role": "user", "content": p}], True, tools, template_kwargs)
             for p in prompts]

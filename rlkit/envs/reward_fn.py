@@ -116,26 +116,21 @@ class RewardFunctionEnvironment(Environment):
         out = self.fn(prompts, completions, **columns)
         if isinstance(out, (Mapping, AbstractSet)):
             keys = list(out)[:4]
-            raise RewardError(
-                f"reward function {self.name!r} returned a {type(out).__name__} ({'keys' if isinstance(out, Mapping) else 'items'} "
-                f"{keys}{'...' if len(out) > 4 else ''}), expected a list of {expected} floats in the order of the "
-                "completions; a dict's length and iteration are its keys, which would be read as rewards. Fix: return "
-                "a list, e.g. [scores[c] for c in completions]"
-            )
+            kind = "keys" if isinstance(out, Mapping) else "items"
+            raise RewardError(f"reward function {self.name!r} returned a {type(out).__name__} ({kind} {keys}"
+                              f"{'...' if len(out) > 4 else ''}), expected a list of {expected} floats in the order "
+                              "of the completions; a dict's length and iteration are its keys, which would be read as "
+                              "rewards. Fix: return a list, e.g. [scores[c] for c in completions]")
         try:
             if isinstance(out, (str, bytes)):
                 raise TypeError
             received = len(out)
         except TypeError:
-            raise RewardError(
-                f"reward function {self.name!r} returned {type(out).__name__}, expected a list of {expected} "
-                "floats (one per completion)"
-            ) from None
+            raise RewardError(f"reward function {self.name!r} returned {type(out).__name__}, expected a list of "
+                              f"{expected} floats (one per completion)") from None
         if received != expected:
-            raise RewardError(
-                f"reward function {self.name!r} returned {received} rewards for {expected} completions; "
-                "it must return exactly one reward per completion"
-            )
+            raise RewardError(f"reward function {self.name!r} returned {received} rewards for {expected} completions; "
+                              "it must return exactly one reward per completion")
         return list(out)
 
     def __repr__(self) -> str:

@@ -75,11 +75,9 @@ def head_dim_of(model_config: Mapping[str, Any]) -> int:
 def check_head_dim(head_dim: int) -> None:
     """vLLM's CPU attention fails at the first generate on other head sizes; say so before it starts."""
     if head_dim not in VLLM_CPU_HEAD_DIMS:
-        raise ModelError(
-            f"head_dim={head_dim} is not supported by vLLM's CPU attention kernels "
-            f"(supported: {', '.join(map(str, VLLM_CPU_HEAD_DIMS))}). Fix: use a model whose head size "
-            "(hidden_size / num_attention_heads) is one of those, or set policy.generation.backend=hf"
-        )
+        raise ModelError(f"head_dim={head_dim} is not supported by vLLM's CPU attention kernels "
+                         f"(supported: {', '.join(map(str, VLLM_CPU_HEAD_DIMS))}). Fix: use a model whose head size "
+                         "(hidden_size / num_attention_heads) is one of those, or set policy.generation.backend=hf")
 
 
 def hf_config(spec: TinyModelSpec, family: ModelFamily):
@@ -170,10 +168,8 @@ def read_hf_config(folder: str | Path, check_weights: bool = True) -> dict:
     folder = Path(folder)
     path = folder / "config.json"
     if not folder.is_dir():
-        raise ModelError(
-            f"model folder {str(folder)!r} does not exist. Fix: create one with "
-            f"`rlkit make-model {folder}` or point policy.model_name at an HF model folder."
-        )
+        raise ModelError(f"model folder {str(folder)!r} does not exist. Fix: create one with "
+                         f"`rlkit make-model {folder}` or point policy.model_name at an HF model folder.")
     if not path.is_file():
         raise ModelError(f"{str(folder)!r} has no config.json, so it is not an HF model folder.")
     config = read_json_object(path, "model config")
@@ -181,10 +177,8 @@ def read_hf_config(folder: str | Path, check_weights: bool = True) -> dict:
         check_weight_files(folder)
     archs = config.get("architectures") or []
     if family_of(archs) is None:
-        raise ModelError(
-            f"architecture {archs} in {str(folder)!r} is not supported by rlkit's Megatron policy; "
-            f"supported: {sorted(SUPPORTED_ARCHITECTURES)}."
-        )
+        raise ModelError(f"architecture {archs} in {str(folder)!r} is not supported by rlkit's Megatron policy; "
+                         f"supported: {sorted(SUPPORTED_ARCHITECTURES)}.")
     return config
 
 

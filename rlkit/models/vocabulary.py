@@ -29,9 +29,8 @@ def check_tokenizer_fits(tokenizer: Any, model_name: str | Path) -> None:
     size = len(tokenizer)
     if vocab is None or size <= vocab:
         return
-    raise ModelError(
-        f"the tokenizer of {str(model_name)!r} has {size} tokens (ids 0-{size - 1}) but the model's vocabulary "
-        f"(config.json vocab_size) has {vocab} rows, so ids {vocab}-{size - 1} would index past its embedding. "
-        "Fix: use the tokenizer the model was made with; or, after adding tokens, resize the embeddings "
-        "(model.resize_token_embeddings(len(tokenizer))) and save the model and tokenizer together"
-    )
+    raise ModelError(f"the tokenizer of {str(model_name)!r} has {size} tokens (ids 0-{size - 1}) but the model's "
+                     f"vocabulary (config.json vocab_size) has {vocab} rows, so ids {vocab}-{size - 1} would index "
+                     "past its embedding. Fix: use the tokenizer the model was made with; or, after adding tokens, "
+                     "resize the embeddings (model.resize_token_embeddings(len(tokenizer))) and save the model and "
+                     "tokenizer together")

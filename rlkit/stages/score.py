@@ -55,12 +55,11 @@ def check_reward_failures(errors: list[str], batch: Trajectories, env: Environme
         return
     share = "every sample" if failed == total else f"{failed} of {total} samples (more than " \
         f"env.max_reward_failure_fraction={max_fraction})"
-    raise RewardError(
-        f"the reward of environment {env.name!r} failed on {share}, so this step would train on zero rewards.\n"
-        f"First failure: {errors[0]}\n{_sample_text(errors[0], batch)}"
-        "Fix: call the reward function by hand on one of these samples to see the traceback; if such failures "
-        "are expected, raise env.max_reward_failure_fraction (at most 1.0: only all samples failing is an error)."
-    )
+    raise RewardError(f"the reward of environment {env.name!r} failed on {share}, so this step would train on zero "
+                      f"rewards.\nFirst failure: {errors[0]}\n{_sample_text(errors[0], batch)}"
+                      "Fix: call the reward function by hand on one of these samples to see the traceback; if such "
+                      "failures are expected, raise env.max_reward_failure_fraction (at most 1.0: only all samples "
+                      "failing is an error).")
 
 
 def _sample_text(message: str, batch: Trajectories) -> str:
