@@ -184,10 +184,8 @@ def validate(raw: Mapping[str, Any]) -> RunConfig:
     return config
 
 
-def load_config(
-    source: str | Path | Mapping[str, Any] = "quickstart",
-    overrides: Sequence[str] | Mapping[str, Any] = (),
-) -> RunConfig:
+def load_config(source: str | Path | Mapping[str, Any] = "quickstart",
+                overrides: Sequence[str] | Mapping[str, Any] = ()) -> RunConfig:
     """A validated :class:`RunConfig` from a preset name, a YAML path or a mapping, plus overrides."""
     raw = dict(source) if isinstance(source, Mapping) else _read_yaml(source)
     return validate(apply_overrides(raw, parse_overrides(overrides)))

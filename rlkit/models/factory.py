@@ -117,14 +117,8 @@ def architecture_name(config) -> str:
     return type(config).__name__.replace("Config", "ForCausalLM")
 
 
-def make_model(
-    folder: str | Path,
-    preset: str | TinyModelSpec = "tiny",
-    family: ModelFamily = "llama",
-    seed: int = 0,
-    tokenizer: TokenizerKind = "char",
-    **overrides,
-) -> Path:
+def make_model(folder: str | Path, preset: str | TinyModelSpec = "tiny", family: ModelFamily = "llama", seed: int = 0,
+               tokenizer: TokenizerKind = "char", **overrides) -> Path:
     """Create a random-init model folder and return its path.
 
     ``overrides`` replace fields of the preset (e.g. ``tie_word_embeddings=True``). ``tokenizer`` is ``"char"``

@@ -13,12 +13,8 @@ from rlkit.trajectories import Trajectories
 ZERO_VARIANCE_WARNING = 0.9  # warn when this fraction of groups carries no learning signal
 
 
-def advantages(
-    batch: Trajectories,
-    estimator: Union[str, AdvantageFn] = "grpo",
-    params: AdvantageParams = AdvantageParams(),
-    state: Optional[RunningBaseline] = None,
-) -> Trajectories:
+def advantages(batch: Trajectories, estimator: Union[str, AdvantageFn] = "grpo",
+               params: AdvantageParams = AdvantageParams(), state: Optional[RunningBaseline] = None) -> Trajectories:
     """Trajectories with ``advantages`` [B, T] (0 outside the completion).
 
     Estimators that fold KL into the reward (REINFORCE++ with ``kl_coef``) need ``ref_logprobs``: run

@@ -10,14 +10,9 @@ from rlkit.generation.base import Generation
 from rlkit.trajectories import Trajectories
 
 
-def trajectories_from_generation(
-    generation: Generation,
-    pad_token_id: int,
-    prompts: Sequence[str],
-    rows: Sequence[dict[str, Any]] = (),
-    policy_version: int = 0,
-    tokenizer: Any = None,
-) -> Trajectories:
+def trajectories_from_generation(generation: Generation, pad_token_id: int, prompts: Sequence[str],
+                                 rows: Sequence[dict[str, Any]] = (), policy_version: int = 0,
+                                 tokenizer: Any = None) -> Trajectories:
     """Right-pad prompt + completion of each sample to ``[B, T]`` and place the generator's logprobs on the
     completion tokens. ``prompts`` are the ``N`` rendered prompt texts; sample ``i`` belongs to prompt
     ``i // G``. ``tokenizer`` (the one that made the ids) travels with the batch for its token views."""
