@@ -179,8 +179,7 @@ def run_attacks(module: str = "rlkit.envs.sandbox", sandbox: Optional[str] = "au
         for victim in ("sandbox", "no-userns"):
             todo = [a for a in attacks if a.victim == victim]
             if victim == "no-userns":  # neither unshare nor bwrap on its PATH: a machine without user namespaces
-                empty = tempfile.mkdtemp(prefix="rlkit-nopath-")
-                env_path = empty
+                empty = env_path = tempfile.mkdtemp(prefix="rlkit-nopath-")
             else:
                 empty, env_path = None, os.environ.get("PATH", "/usr/bin:/bin")
             while todo:

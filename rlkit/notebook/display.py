@@ -139,9 +139,8 @@ def trajectories_html(batch: Any, limit: int = 16) -> str:
     shown = min(limit, batch.batch_size)
     note = (f"<div style='{MUTED};font-size:11px'>first {shown} of {batch.batch_size} samples; "
             "batch.show(color='advantages' | 'mismatch') colours the tokens</div>")
-    rows = sample_rows(batch, limit)
     return (f"<div style='font-family:monospace;font-size:12px'><b>Trajectories</b> · {' · '.join(facts)}</div>"
-            + table(SAMPLE_COLUMNS, rows) + note)
+            + table(SAMPLE_COLUMNS, sample_rows(batch, limit)) + note)
 
 
 # ---- token-level view ----------------------------------------------------------------------------------------

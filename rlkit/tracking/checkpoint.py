@@ -337,9 +337,8 @@ def export_hf(session: Any, path: str | Path) -> Path:
     adapters, merged, and the PEFT adapter folder in ``adapter/`` (:func:`rlkit.tracking.export.export_hf_folder`)."""
     if session.policy is None:
         raise CheckpointError("this session is closed: nothing to export")
-    source = session.config.policy.model_name
-    lora = session.config.policy.lora_cfg
-    return write_atomically(path, lambda tmp: export_hf_folder(session.policy, source, tmp, lora))
+    cfg = session.config.policy
+    return write_atomically(path, lambda tmp: export_hf_folder(session.policy, cfg.model_name, tmp, cfg.lora_cfg))
 
 
 @dataclass(frozen=True)
