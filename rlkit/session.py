@@ -212,6 +212,7 @@ class Session:
         conversations each, scored as they are played. The batch is marked with the step it is for
         (``rollout_step``), so that ``train()`` can tell a batch of an earlier step."""
         self._refuse_if_closed("rollout")
+        loop.refit_if_released(self)
         if rows is None:
             batch = self.rollouts.batch(self.run_state, self.sampling(seed).seed, self.generator_version,
                                         self.policy.version)

@@ -300,6 +300,10 @@ class VllmConfig(Section):
     # the engine's weights and activations; fp8 is vLLM's online FP8 weight quantization (CUDA GPUs only)
     precision: Literal["float32", "bfloat16", "fp8"] = "float32"
     max_model_len: Optional[int] = Field(None, gt=0)  # default: policy.max_total_sequence_length
+    # colocated on a CPU (no sleep mode there): the engine frees its weights while the policy trains and the refit
+    # after the update rebuilds them (rlkit.generation.vllm.VllmGenerator.release_weights); a lower peak, and a
+    # rollout after train() without refit() refits first instead of sampling the older weights
+    release_weights_for_training: bool = False
 
 
 class ColocatedConfig(Section):
@@ -368,7 +372,7 @@ class PolicyConfig(Section):
     # (accumulated and reduced) and fp32 optimizer state, logits -> logprobs -> loss in fp32
     precision: Literal["float32", "bfloat16"] = "float32"
     # on the CPU, host memory a step frees leaves the process at once (glibc's mmap threshold fixed at 1 MiB,
-    # rlkit.policy.host_memory): a lower peak and nothing kept between steps, for more CPU per step
+    # rlkit.host_memory): a lower peak and nothing kept between steps, for more CPU per step
     return_freed_host_memory: bool = False
     train_global_batch_size: Optional[int] = Field(None, ge=1)  # default: every sample of the step
     train_micro_batch_size: int = Field(8, ge=1)

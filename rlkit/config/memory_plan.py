@@ -24,8 +24,9 @@ The parts, for the busiest device (rank 0, which also hosts a colocated engine):
   ``history.full_weight_snapshots``), the states ``session.replay`` starts from (:mod:`rlkit.run.history`);
 - engine weights and KV cache: the generator's copy of the model in its precision, and its cache (the CPU:
   ``vllm_cfg.kv_cache_space_gib``, by default what the rollout batch needs, :func:`kv_cache_bytes`; CUDA:
-  ``gpu_memory_utilization`` of the device, less its weights; on the CPU a tied head's prepacked kernel is a
-  second copy of the embedding);
+  ``gpu_memory_utilization`` of the device, less its weights; on the CPU the output head's prepacked kernel is a
+  second copy of its table; with ``vllm_cfg.release_weights_for_training`` only what exceeds the train step's
+  activations, logits and optimizer temporaries, which never coexist with the engine's weights);
 - runtime: what the libraries themselves hold (torch, vLLM, Megatron, transformers: measured on the CPU, see
   ``bench/memory_plan.py``; the CUDA context on a GPU).
 
@@ -262,8 +263,12 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
                "weight snapshots": (f"history.snapshots={snapshots} copies of what trains, for replay" if snapshots else
                                     "(none: history.full_weight_snapshots=false, adapters off)")}
     engine_weights, kv = _engine_bytes(config, hf_config, shape, device)
-    parts["engine weights"], parts["KV cache"] = engine_weights, kv
     reasons["engine weights"] = f"{p.generation.backend} copy in {p.generation.vllm_cfg.precision if p.generation.backend == 'vllm' else 'float32'}"
+    if engine_weights and device.name == "cpu" and p.generation.vllm_cfg.release_weights_for_training:
+        transients = parts["activations"] + parts["logits"] + parts["optimizer step"]  # only while training
+        engine_weights = max(0, engine_weights - transients)
+        reasons["engine weights"] += ", released while training: what it holds beyond the train step's transients"
+    parts["engine weights"], parts["KV cache"] = engine_weights, kv
     kv_words = f"kv_cache_space_gib={p.generation.vllm_cfg.kv_cache_space_gib}" if device.name == "cpu" \
         else "gpu_memory_utilization less its weights"
     reasons["KV cache"] = kv_words if p.generation.backend == "vllm" else "(transformers' generate: per call)"
@@ -326,9 +331,8 @@ def _engine_bytes(config: RunConfig, hf_config: Mapping[str, Any], shape: ModelS
         return shape.parameters * 4, 0
     per_param = {"float32": 4, "bfloat16": 2, "fp8": 1}[g.vllm_cfg.precision]
     weights = shape.parameters * per_param
-    if device.name == "cpu":  # a tied head gets its own prepacked kernel beside the embedding it shares
-        weights += shape.vocab * shape.hidden * per_param if shape.tied else 0
-        return weights, kv_cache_bytes(config, hf_config)
+    if device.name == "cpu":  # the output head's prepacked kernel: a second copy of its table, tied or not
+        return weights + shape.vocab * shape.hidden * per_param, kv_cache_bytes(config, hf_config)
     return weights, max(0, int(g.vllm_cfg.gpu_memory_utilization * device.capacity) - weights)
 
 

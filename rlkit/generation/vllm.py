@@ -27,7 +27,9 @@ one: vLLM's state is left half changed there, and its next step or load fails.
 
 Colocated on a GPU, the engine sleeps after each rollout (level 1: weights to CPU memory, KV cache freed), so
 the policy trains with that memory, and wakes for the next refit or rollout. vLLM offers sleep mode on
-CUDA/ROCm/XPU only: on a CPU the engine stays awake.
+CUDA/ROCm/XPU only. Colocated on a CPU, the engine instead releases its weights while the policy trains
+(:meth:`VllmGenerator.release_weights`, ``vllm_cfg.release_weights_for_training``): the refit that follows every
+update rebuilds them from the policy's, as vLLM's level-2 sleep (weights discarded) expects a reload to.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ import torch
 from rlkit.config.components import GenerationConfig
 from rlkit.config.memory_plan import GIB, auto_kv_cache_bytes
 from rlkit.errors import defer_keyboard_interrupt
+from rlkit.host_memory import release_freed_heap_pages
 from rlkit.generation.base import Generation, SamplingSettings
 from rlkit.models.factory import check_head_dim, head_dim_of, read_hf_config
 from rlkit.quiet import quieted
@@ -133,6 +136,10 @@ class VllmGenerator:
         # (unset colocated.enabled: this engine runs in this process, beside the policy; the builders decide it)
         self.sleeps_between_rollouts = cfg.colocated.enabled is not False and sleep_mode_available()
         self._asleep = False
+        # the CPU's stand-in for sleep: weights released while the colocated policy trains, rebuilt by the refit
+        self.releases_weights_for_training = (on_cpu and cfg.colocated.enabled is not False
+                                              and cfg.vllm_cfg.release_weights_for_training)
+        self.weights_released = False
         kwargs = dict(
             model=self.model_path,
             **ENGINE_PRECISION[self.precision],
@@ -151,6 +158,9 @@ class VllmGenerator:
             kwargs["kv_cache_memory_bytes"] = int(gib * GIB) if gib != "auto" else auto_kv_cache_bytes(
                 config, self.precision, max_model_len, sequences=DIRECT_ENGINE_SEQUENCES)
         self.llm = LLM(**kwargs)
+        if on_cpu:
+            self.llm.collective_rpc(drop_unused_cpu_embedding_kernels)
+            release_freed_heap_pages()
         self.llm.llm_engine.step = _whole_steps(self.llm.llm_engine.step)
         self.tokenizer = self.llm.get_tokenizer()
         # decode_completions needs the tokenizers library's decoder; a Python-only tokenizer is left to vLLM
@@ -177,6 +187,11 @@ class VllmGenerator:
                 f"{sampling.max_new_tokens} exceed max_model_len={self.max_model_len}. Fix: raise "
                 f"policy.max_total_sequence_length or lower policy.generation.max_new_tokens."
             )
+        if self.weights_released:
+            raise RuntimeError(
+                "the engine released its weights for the policy's train step (policy.generation.vllm_cfg."
+                "release_weights_for_training) and has not been refit since. Fix: session.refit() (a session's "
+                "rollout(), step() and evaluate() refit first by themselves).")
         engine_decodes = self.engine_decodes(sampling)
         params = [
             SamplingParams(
@@ -250,12 +265,41 @@ class VllmGenerator:
                 yield name, tensor
 
         with defer_keyboard_interrupt():
+            if self.weights_released:
+                self.llm.collective_rpc(reallocate_cpu_embeddings)
             self.llm.collective_rpc("reload_weights",
                                     kwargs={"weights_iterator": named(weights), "is_checkpoint_format": True})
             if not torch.cuda.is_available():
                 if layers := moe_layers_with_experts_in(names):
                     self.llm.collective_rpc(prepack_cpu_moe_experts, kwargs={"layers": layers})
                 self.llm.collective_rpc(redispatch_cpu_tied_layers)
+                self.llm.collective_rpc(drop_unused_cpu_embedding_kernels)
+            if self.weights_released:
+                if missing := self.llm.collective_rpc(released_cpu_layers)[0]:
+                    raise RuntimeError(
+                        f"the refit did not reload {len(missing)} layer(s) whose weights the engine released for "
+                        f"training ({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}): a refit after "
+                        "a release must send every weight. Fix: set policy.generation.vllm_cfg."
+                        "release_weights_for_training=false.")
+                self.weights_released = False
+
+    def release_weights(self) -> int:
+        """Free the engine's weights while the colocated policy trains (on the CPU, where vLLM has no sleep mode;
+        only with ``vllm_cfg.release_weights_for_training``, else nothing): every layer's prepacked matmul kernel
+        and the embedding tables. The next :meth:`update_weights` rebuilds them; :meth:`sample` refuses until then.
+        Returns the bytes released (0 if nothing was).
+
+        Why it is safe: each refit already rebuilds every kernel from the tensors it loads (vLLM's layer-by-layer
+        reload re-processes each layer), so between a rollout and the refit after the train step the kernels hold
+        weights that are about to be replaced. A refit that leaves a released layer without a tensor is refused
+        (:meth:`update_weights`). Freed blocks go back to the operating system (``malloc_trim``)."""
+        if not self.releases_weights_for_training or self.weights_released:
+            return 0
+        with defer_keyboard_interrupt():
+            released = self.llm.collective_rpc(release_cpu_weights)[0]
+            self.weights_released = True
+        release_freed_heap_pages()
+        return released
 
     def _abort_unfinished(self) -> None:
         """Drop the requests an interrupted ``generate`` left in the engine: left there, the next call waits
@@ -357,6 +401,81 @@ def prepack_cpu_moe_experts(worker, layers: list[int]) -> int:
             kernel.fused_experts.process_weights_after_loading(module)
             done += 1
     return done
+
+
+def _released_kernel(*_args, **_kwargs):
+    raise RuntimeError("this vLLM layer's weights were released for training (VllmGenerator.release_weights); "
+                       "refit before generating")
+
+
+def release_cpu_weights(worker) -> int:
+    """Drop every CPU matmul kernel (prepacked weights; a linear layer keeps no other copy) and free the storage
+    of every embedding table (a tied head shares it); runs inside the engine's worker (``collective_rpc``) and
+    returns the bytes freed. The tensors keep their shapes, so the reload finds the layers it expects."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    freed, tables = 0, {}
+    for module in worker.model_runner.model.modules():
+        kernel = getattr(module, "cpu_linear", None)
+        if kernel not in (None, _released_kernel, _unused_kernel):
+            module.cpu_linear = _released_kernel
+            freed += _kernel_bytes(module)
+        if isinstance(module, VocabParallelEmbedding) and module.weight.numel():
+            tables[module.weight.untyped_storage().data_ptr()] = module.weight.untyped_storage()
+    for storage in tables.values():
+        freed += storage.nbytes()
+        storage.resize_(0)
+    return freed
+
+
+def _kernel_bytes(module) -> int:
+    """The weight a layer's CPU kernel holds: the layer's shape in its dtype (the kernel packs one copy of it; a
+    linear layer's own weight tensor is empty by then, an output head's is the table it shares)."""
+    from vllm.model_executor.layers.linear import LinearBase
+
+    if isinstance(module, LinearBase):
+        return module.output_size_per_partition * module.input_size_per_partition * module.params_dtype.itemsize
+    return module.weight.numel() * module.weight.element_size()
+
+
+def reallocate_cpu_embeddings(worker) -> None:
+    """Give every embedding table :func:`release_cpu_weights` freed its storage back (contents undefined: the
+    reload that follows writes them), inside the engine's worker."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    for module in worker.model_runner.model.modules():
+        if isinstance(module, VocabParallelEmbedding):
+            weight = module.weight
+            needed = (weight.storage_offset() + weight.numel()) * weight.element_size()
+            if weight.untyped_storage().nbytes() < needed:
+                weight.untyped_storage().resize_(needed)
+
+
+def released_cpu_layers(worker) -> list[str]:
+    """Names of the layers whose kernel :func:`release_cpu_weights` dropped and no reload has rebuilt since."""
+    return [name for name, module in worker.model_runner.model.named_modules()
+            if getattr(module, "cpu_linear", None) is _released_kernel]
+
+
+def _unused_kernel(*_args, **_kwargs):
+    raise RuntimeError("an input embedding's matmul kernel was dropped as unused (drop_unused_cpu_embedding_kernels)")
+
+
+def drop_unused_cpu_embedding_kernels(worker) -> int:
+    """Drop the matmul kernel vLLM's CPU loader builds for an input embedding table, which only looks rows up
+    (``F.embedding``) and never multiplies; runs inside the engine's worker after each load and returns the bytes
+    freed. Why: the kernel prepacks a copy of the whole table (0.29 GiB at Qwen3-0.6B's 151,936 x 1024 in bf16)
+    that nothing reads; the output head (a ``ParallelLMHead``, tied or not) keeps its own."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    model, freed = worker.model_runner.model, 0
+    for module in model.modules():
+        if (isinstance(module, VocabParallelEmbedding) and not isinstance(module, ParallelLMHead)
+                and module is not getattr(model, "lm_head", None)
+                and getattr(module, "cpu_linear", None) not in (None, _unused_kernel, _released_kernel)):
+            module.cpu_linear = _unused_kernel
+            freed += module.weight.numel() * module.weight.element_size()
+    return freed
 
 
 def redispatch_cpu_tied_layers(worker) -> int:

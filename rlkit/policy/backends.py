@@ -53,9 +53,9 @@ BACKENDS: dict[str, Callable[[PolicyConfig, int], InProcessPolicy]] = {
 def in_process_policy(cfg: PolicyConfig, seed: int = 0) -> InProcessPolicy:
     """The policy of ``cfg``'s backend (``cfg.backend``), built in this process; with
     ``cfg.return_freed_host_memory`` freed host memory leaves this process from now on
-    (:mod:`rlkit.policy.host_memory`)."""
+    (:mod:`rlkit.host_memory`)."""
     if cfg.return_freed_host_memory:
-        from rlkit.policy.host_memory import return_freed_memory_to_os
+        from rlkit.host_memory import return_freed_memory_to_os
 
         return_freed_memory_to_os()
     return BACKENDS[cfg.backend.name](cfg, seed)

@@ -87,6 +87,16 @@ def step(session: Any) -> StepMetrics:
     return metrics
 
 
+def refit_if_released(session: Any) -> None:
+    """Before a rollout: an engine that released its weights for a train step (``policy.generation.vllm_cfg.
+    release_weights_for_training``) has none until a refit, so a rollout after ``train()`` without ``refit()`` refits
+    first, and warns: it then samples the policy's new weights, not the older ones a stale generator would."""
+    if getattr(session.generator, "weights_released", False):
+        warnings.warn("the engine released its weights for the train step (policy.generation.vllm_cfg."
+                      "release_weights_for_training): refitting before this rollout, which is then on-policy")
+        session.refit()
+
+
 def train(session: Any, batch: Trajectories, allow_reuse: bool, on_policy: bool) -> StepMetrics:
     """:meth:`rlkit.Session.train`; ``on_policy``: the batch has no ``prev_logprobs`` and the train step's own
     forward fills them in, with the entropy and the mismatch figures (:func:`skips_logprobs_pass`)."""
@@ -94,6 +104,9 @@ def train(session: Any, batch: Trajectories, allow_reuse: bool, on_policy: bool)
         warn_if_reused(batch, session.step_count)
     version_before, seed = session.policy.version, session.sampling().seed
     history.before_train(session)
+    if getattr(session.generator, "releases_weights_for_training", False):  # the CPU's stand-in for sleep
+        session.generator.release_weights()
+        session.generator_version = -1  # no weights until the refit after this update
     try:
         result = stages.train(batch, session.policy, session.loss_fn, session.settings.train,
                               seed=session.config.seed + session.step_count, on_policy=on_policy)

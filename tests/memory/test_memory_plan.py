@@ -37,8 +37,18 @@ def test_the_plan_adds_up_by_hand(folder):
     assert p["activations"] == 2 * (16 * per_token + 2 * 2 * 16 * 16) * 4 * 2
     assert p["logits"] == 4 * 2 * 16 * 64 * 4  # logits, scaled, log-softmax, gradient of 2 rows (> 2 logprob rows x 2)
     assert p["optimizer step"] == 4 * params  # AdamW's temporaries
-    assert p["engine weights"] == 4 * params and p["KV cache"] == int(0.125 * GIB) and p["runtime"] == RUNTIME_CPU_BYTES
+    # the engine: every parameter in fp32, and its output head's CPU kernel, a packed copy of the 64 x 8 table
+    assert p["engine weights"] == 4 * params + 4 * 64 * 8
+    assert p["KV cache"] == int(0.125 * GIB) and p["runtime"] == RUNTIME_CPU_BYTES
     assert plan.total == sum(p.values()) and plan.fits
+
+
+def test_an_engine_that_releases_its_weights_counts_only_what_exceeds_the_train_steps_transients(folder):
+    base = plan_memory(config(folder), HF, CPU).parts
+    released = plan_memory(config(folder, "policy.generation.vllm_cfg.release_weights_for_training=true"), HF, CPU)
+    transients = base["activations"] + base["logits"] + base["optimizer step"]
+    assert released.parts["engine weights"] == max(0, base["engine weights"] - transients)
+    assert "released while training" in released.table()
 
 
 def test_kl_recompute_bf16_tp_and_adapters_change_their_parts(folder):

@@ -26,13 +26,27 @@ MMAP_THRESHOLD_BYTES = 1 << 20  # blocks this large or larger are mapped on thei
 
 
 @functools.cache
-def return_freed_memory_to_os() -> bool:
-    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD_BYTES` for this process (once); True when glibc
-    accepted it, False under another C library or where ``MALLOC_MMAP_THRESHOLD_`` chose the threshold already."""
-    if "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return False
+def _glibc():
+    """glibc, or None under another C library."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c"))
     except OSError:
+        return None
+    return libc if hasattr(libc, "gnu_get_libc_version") else None
+
+
+def release_freed_heap_pages() -> bool:
+    """Hand the free pages inside glibc's heap back to the operating system now (``malloc_trim(0)``), after a
+    large release made of blocks under the mmap threshold; True when glibc released any."""
+    libc = _glibc()
+    return libc is not None and libc.malloc_trim(0) == 1
+
+
+@functools.cache
+def return_freed_memory_to_os() -> bool:
+    """Fix glibc's mmap threshold at :data:`MMAP_THRESHOLD_BYTES` for this process (once); True when glibc
+    accepted it, False under another C library or where ``MALLOC_MMAP_THRESHOLD_`` chose the threshold already."""
+    libc = _glibc()
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or libc is None:
         return False
-    return hasattr(libc, "gnu_get_libc_version") and libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1
+    return libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES) == 1

@@ -1,4 +1,4 @@
-"""``policy.return_freed_host_memory`` (rlkit.policy.host_memory): glibc's mmap threshold fixed at 1 MiB, so that
+"""``policy.return_freed_host_memory`` (rlkit.host_memory): glibc's mmap threshold fixed at 1 MiB, so that
 freed host memory leaves the process; off by default."""
 
 import os
@@ -14,7 +14,7 @@ import pytest
 PROGRAM = textwrap.dedent("""
     import os, sys, torch
     if sys.argv[1] == "fixed":
-        from rlkit.policy.host_memory import return_freed_memory_to_os
+        from rlkit.host_memory import return_freed_memory_to_os
         assert return_freed_memory_to_os()
     def rss_mib():
         return int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
@@ -42,14 +42,14 @@ def test_freed_tensors_leave_the_process_once_the_threshold_is_fixed():
 
 
 def test_glibcs_own_variable_keeps_the_threshold_the_user_chose():
-    program = "from rlkit.policy.host_memory import return_freed_memory_to_os as r; print(r())"
+    program = "from rlkit.host_memory import return_freed_memory_to_os as r; print(r())"
     assert _run(program, MALLOC_MMAP_THRESHOLD_="33554432") == "False"
 
 
 @pytest.mark.parametrize("switch", [False, True])
 def test_the_policy_switch_fixes_the_threshold_only_when_on(switch, model_factory, monkeypatch):
     from rlkit.config.components import HFPolicyConfig, MegatronConfig, PolicyConfig
-    from rlkit.policy import host_memory
+    from rlkit import host_memory
     from rlkit.policy.backends import in_process_policy
 
     calls = []

@@ -1,0 +1,29 @@
+"""A session whose CPU engine releases its weights while the policy trains
+(``policy.generation.vllm_cfg.release_weights_for_training``): steps agree with the policy after each refit, and a
+rollout after ``train()`` without ``refit()`` refits first, with a warning, instead of failing on missing weights."""
+
+import pytest
+import torch
+
+import rlkit
+from tests.session.conftest import tiny_overrides
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU engine sleeps instead (vLLM's sleep mode)")
+
+
+def test_steps_train_and_rollouts_around_a_released_engine(tmp_path):
+    overrides = tiny_overrides(tmp_path, **{"policy.generation.vllm_cfg.release_weights_for_training": True})
+    with rlkit.Session.from_config("quickstart", overrides) as session:
+        for _ in range(2):
+            metrics = session.step()
+            assert abs(metrics["train/token_mult_prob_error"] - 1) < 1e-3 and not session.stale
+        assert session.generator.weights_released is False  # the refit ending each step rebuilt them
+
+        batch = session.advantages(session.score(session.rollout()))
+        session.train(session.logprobs(batch))
+        assert session.generator.weights_released and session.stale
+        with pytest.warns(UserWarning, match="refitting before this rollout"):
+            batch = session.rollout()
+        assert not session.stale and batch.policy_version == session.policy.version
+        batch = session.logprobs(session.score(batch))
+        assert batch.info["logprob_abs_diff_max"] < 1e-3  # the rebuilt engine samples the policy's weights
