@@ -11,7 +11,8 @@ import torch
 
 from rlkit.config.components import GenerationConfig, PolicyConfig
 from rlkit.generation.base import SamplingSettings
-from rlkit.generation.vllm import VllmGenerator, drop_unused_cpu_embedding_kernels
+from rlkit.generation.vllm import VllmGenerator
+from rlkit.generation.vllm_cpu_kernels import drop_unused_cpu_embedding_kernels
 from rlkit.policy.megatron.policy import MegatronPolicy
 from rlkit.weight_sync import ColocatedWeightSync
 from tests.generation.test_vllm_refit import MAX_LEN, mismatch, prompts
