@@ -19,6 +19,8 @@ The parts, for the busiest device (rank 0, which also hosts a colocated engine):
 - activations kept for backward at the configured micro batch and sequence length (all layers, or with
   recompute only each layer's input plus one layer's worth);
 - logits of the vocabulary: fp32 logits, scaled, their log-softmax and its gradient for one micro batch (/ TP);
+  Megatron without pipeline stages fuses its head with the logprobs (:mod:`rlkit.policy.megatron.head`): a chunk's
+  logits, softmax and gradient (:data:`FUSED_HEAD_CHUNK_BYTES` each) and the head weight's gradient summed in fp32;
 - optimizer step: AdamW's foreach temporaries, one fp32 copy of what trains;
 - weight snapshots: ``history.snapshots`` copies of what trains (the adapters; all weights only with
   ``history.full_weight_snapshots``), the states ``session.replay`` starts from (:mod:`rlkit.run.history`);
@@ -50,6 +52,7 @@ GIB = 2**30
 CPU_KV_BLOCK_TOKENS = 128  # vLLM's KV-cache block on the CPU (vllm/platforms/cpu.py): a sequence takes whole blocks
 RUNTIME_CPU_BYTES = int(0.8 * GIB)  # torch + vLLM + Megatron + transformers imported, an engine started (bench/memory_plan.py)
 RUNTIME_CUDA_BYTES = int(0.75 * GIB)  # CUDA context and library workspaces per device
+FUSED_HEAD_CHUNK_BYTES = 64 * 2**20  # fp32 logits of one chunk of tokens in Megatron's fused head
 SKIP_ENV = "RLKIT_SKIP_MEMORY_PLAN"  # set to 1 to start a config the plan refuses (you know better)
 
 
@@ -239,7 +242,13 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
     parts["activations"] = _activation_bytes(shape, config, micro, layers_here, tp, 2 if bf16 else 4, device)
     t = p.max_total_sequence_length
     logprob_rows = min(p.logprob_batch_size, max(1, -(-rows // dp)))
-    parts["logits"] = max(4 * micro, 2 * logprob_rows) * t * (shape.vocab // tp) * 4
+    fused_head = backend.name == "megatron" and backend.pipeline_model_parallel_size == 1
+    if fused_head:  # rlkit.policy.megatron.head: a chunk's logits, softmax and gradient, and the head's gradient
+        head_gradient = 0 if lora.enabled else shape.vocab // tp * shape.hidden * (4 + (item if bf16 else 0))
+        chunk = min(FUSED_HEAD_CHUNK_BYTES, max(micro, logprob_rows) * t * (shape.vocab // tp) * 4)
+        parts["logits"] = 3 * chunk + head_gradient
+    else:
+        parts["logits"] = max(4 * micro, 2 * logprob_rows) * t * (shape.vocab // tp) * 4
     parts["optimizer step"] = trained  # AdamW's foreach temporaries: one fp32 copy of what trains, at the step
     history = config.history
     snapshots = history.snapshots if lora.enabled or history.full_weight_snapshots else 0
@@ -258,7 +267,9 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
                "adapters": f"LoRA rank {lora.dim}, {dtype}" if lora.enabled else "(no adapters)",
                "activations": f"micro batch {micro} x {t} tokens, {layers_here} layers"
                               + (", recomputed" if _recompute(config) else ""),
-               "logits": f"fp32 [{max(micro, logprob_rows)}, {t}, {shape.vocab // tp}]: logits, scaled, log-softmax, gradient",
+               "logits": ("fused head: fp32 chunks of tokens" + ("" if lora.enabled else ", the head's gradient in fp32")
+                          if fused_head else
+                          f"fp32 [{max(micro, logprob_rows)}, {t}, {shape.vocab // tp}]: logits, scaled, log-softmax, gradient"),
                "optimizer step": f"AdamW's temporaries (one {dtype} copy of what trains)",
                "weight snapshots": (f"history.snapshots={snapshots} copies of what trains, for replay" if snapshots else
                                     "(none: history.full_weight_snapshots=false, adapters off)")}

@@ -148,6 +148,14 @@ class InProcessPolicy:
         """Raw logits [b, t, V(/tp)] -> logprobs (and entropy) [b, t] of the sampling distribution."""
         return self._token_logprobs_and_entropy(self._scaled(logits), input_ids.to(logits.device), with_entropy)
 
+    def _forward_scores(self, input_ids: Tensor, with_entropy: bool,
+                        packed: Optional[PackedRows] = None) -> tuple[Tensor, Optional[Tensor]]:
+        """One forward pass of ``input_ids`` [b, t] (or of the ``packed`` rows, whose ids they are) -> logprobs
+        (and entropy) [b, t] of the sampling distribution; a backend that fuses its head with the scores
+        supplies its own."""
+        logits = self._logits(input_ids) if packed is None else self._packed_logits(packed)
+        return self._scores(logits, input_ids, with_entropy)
+
     @property
     def returns_step_logprobs(self) -> bool:
         """Whether a train step can return its logprobs (the backend contract): not through a pipeline, whose last
@@ -327,11 +335,11 @@ class InProcessPolicy:
         width = input_ids.shape[1]
         if self.cfg.sequence_packing.enabled:
             packed = self._pack(input_ids, attention_mask)
-            values = self._scores(self._packed_logits(packed), packed.input_ids, with_entropy)
+            values = self._forward_scores(packed.input_ids, with_entropy, packed)
             return [packed.unpack(v, width).to(input_ids.device) for v in values if v is not None]
         t = self._forward_length(attention_mask)
         mask = attention_mask[:, :t]
-        values = self._scores(self._logits(input_ids[:, :t]), input_ids[:, :t], with_entropy)
+        values = self._forward_scores(input_ids[:, :t], with_entropy)
         return [torch.nn.functional.pad(v.to(mask.device) * mask, (0, width - t)) for v in values if v is not None]
 
     def _micro_loss(self, logits: Tensor, micro: Trajectories, t: int, loss_fn: LossFn,

@@ -98,17 +98,21 @@ def test_entropy_matches_float64_reference(policy):
 
 
 def test_entropy_in_row_chunks_equals_the_whole_batch_at_once(policy, monkeypatch):
-    """The entropy's working copies are bounded by ``ENTROPY_CHUNK_BYTES``: one row per chunk (three all-reduces
-    per chunk) gives bitwise the entropy of all rows at once."""
+    """The entropy a pipeline's last stage computes from its logits (:func:`shifted_entropy`) bounds its working
+    copies by ``ENTROPY_CHUNK_BYTES``: one row per chunk (three all-reduces per chunk) gives bitwise the entropy of
+    all rows at once."""
     import rlkit.policy.megatron.scores as scores
+    from megatron.core import parallel_state as ps
 
     reduces = []
     all_reduce = scores.dist.all_reduce
     monkeypatch.setattr(scores.dist, "all_reduce", lambda *a, **k: reduces.append(1) or all_reduce(*a, **k))
     batch = random_batch(b=4, t=16)
-    whole = policy.logprobs(batch.input_ids, batch.attention_mask, with_entropy=True).entropy
+    with torch.no_grad():
+        logits = policy._logits(batch.input_ids)
+    whole = scores.shifted_entropy(logits, ps.get_tensor_model_parallel_group())
     at_once, reduces[:] = len(reduces), []
     monkeypatch.setattr(scores, "ENTROPY_CHUNK_BYTES", 1)  # one row per chunk
-    chunked = policy.logprobs(batch.input_ids, batch.attention_mask, with_entropy=True).entropy
+    chunked = scores.shifted_entropy(logits, ps.get_tensor_model_parallel_group())
     assert len(reduces) - at_once == 3 * (4 - 1)  # four chunks instead of one
     assert torch.equal(chunked, whole)

@@ -42,6 +42,7 @@ from megatron.core.distributed import finalize_model_grads
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import Float16Module, param_is_not_shared
+from megatron.core.utils import unwrap_model
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 from torch import Tensor
 
@@ -49,7 +50,7 @@ from rlkit.config.components import PolicyConfig
 from rlkit.errors import ModelError
 from rlkit.policy.in_process import InProcessPolicy
 from rlkit.policy.lora import AdapterReference, merged
-from rlkit.policy.megatron import convert, lora, parallel, pipeline
+from rlkit.policy.megatron import convert, head, lora, parallel, pipeline
 from rlkit.policy.architecture import Architecture, load_hf_state
 from rlkit.policy.megatron.build import bf16_twin_of, build_gpt_model, data_parallel_wrapper, transformer_config
 from rlkit.policy.megatron.scores import shifted_entropy, shifted_token_logprobs
@@ -272,10 +273,26 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         """Packed rows -> logits [1, L, V/tp]: Megatron's "thd" format (``PackedSeqParams``), whose
         ``cu_seqlens`` restart RoPE per row and which the core attention runs row by row
         (:mod:`rlkit.policy.megatron.attention`)."""
+        return self._stage_forward(packed.input_ids, packed.position_ids, **self._packed_params(packed))
+
+    def _packed_params(self, packed: PackedRows) -> dict[str, PackedSeqParams]:
         cu = packed.cu_seqlens.to(self.device)
-        params = PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=packed.max_seqlen,
-                                 max_seqlen_kv=packed.max_seqlen)
-        return self._stage_forward(packed.input_ids, packed.position_ids, packed_seq_params=params)
+        return {"packed_seq_params": PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                                                     max_seqlen_q=packed.max_seqlen, max_seqlen_kv=packed.max_seqlen)}
+
+    def _forward_scores(self, input_ids: Tensor, with_entropy: bool,
+                        packed: Optional[PackedRows] = None) -> tuple[Tensor, Optional[Tensor]]:
+        """The decoder's output scored by the fused head (:mod:`.head`): no [b, t, V/tp] logits are held."""
+        t = input_ids.shape[1]
+        ids, positions, kwargs = torch.nn.functional.pad(input_ids, (0, self._padded_length(t) - t)), None, {}
+        if packed is not None:
+            ids, positions, kwargs = packed.input_ids, packed.position_ids, self._packed_params(packed)
+        gpt = unwrap_model(self._forward_module)
+        with head.hidden_states_out(gpt):
+            hidden = self._stage_forward(ids, positions, **kwargs)
+        values = head.head_scores(hidden, head.output_weight(gpt), ids.to(self.device), self.temperature,
+                                  self.layout.sequence_parallel, with_entropy)
+        return tuple(v if v is None else v[:, :t] for v in values)
 
     def _rows_group(self):
         return ps.get_data_parallel_group()

@@ -1,0 +1,138 @@
+"""The output layer and the per-token logprobs in one pass over chunks of tokens: the [tokens, V/tp] logits are
+never held whole, in the forward pass or in backward.
+
+The model runs with its head switched off (:func:`hidden_states_out`) and returns the final norm's output; this
+module then multiplies chunks of it by the output weight (the embedding's when tied), takes each token's
+logprob of its target and the vocabulary-parallel log-sum-exp (three ``[chunk]`` all-reduces over the
+tensor-parallel group), and keeps only the log-sum-exp. Backward recomputes each chunk's logits to get the
+softmax. At a 151,936-token vocabulary and 8 rows of 160 tokens, the unfused head held its fp32 logits, the
+softmax its cross-entropy keeps and their gradient (0.78 GB each); here a chunk is at most
+:data:`CHUNK_BYTES`. Numerics are those of the unfused head: the matmul in the weight's dtype, logits in fp32,
+divided by the sampling temperature, the gradient cast to the weight's dtype for the two backward matmuls
+(the weight's gradient summed over chunks in fp32, then cast once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from megatron.core.tensor_parallel.mappings import (
+    copy_to_tensor_model_parallel_region,
+    gather_from_sequence_parallel_region,
+)
+from torch import Tensor
+
+from rlkit.config.memory_plan import FUSED_HEAD_CHUNK_BYTES as CHUNK_BYTES  # (the memory plan counts it)
+
+
+@contextlib.contextmanager
+def hidden_states_out(gpt):
+    """While open, Megatron's ``GPTModel`` ``gpt`` returns the final norm's output [s(/tp), b, h] instead of
+    logits (its ``post_process`` flag, which past construction gates the head alone)."""
+    gpt.post_process = False
+    try:
+        yield
+    finally:
+        gpt.post_process = True
+
+
+def output_weight(gpt) -> Tensor:
+    """The head's weight [V/tp, h]: the input embedding's when the two are tied."""
+    return gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights else gpt.output_layer.weight
+
+
+def head_scores(hidden: Tensor, weight: Tensor, input_ids: Tensor, temperature: float, sequence_parallel: bool,
+                with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
+    """hidden [s(/tp), b, h] (the final norm's output; split over TP ranks under sequence parallelism), this
+    rank's head weight [V/tp, h], input_ids [b, s] -> logprobs [b, s] (position t: log p(input_ids[t] | ...),
+    position 0: 0; differentiable w.r.t. ``hidden`` and ``weight``) and, with ``with_entropy``, the entropy
+    [b, s] of the distribution that predicted each token (position 0: 0; no gradient), else None.
+
+    The hidden states enter through the mapping the column-parallel head uses, so their gradient is reduced over
+    tensor-parallel ranks as the unfused head's is (all-reduce, or reduce-scatter under sequence parallelism)."""
+    from megatron.core import parallel_state as ps
+
+    group = ps.get_tensor_model_parallel_group()
+    if sequence_parallel:
+        hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=True)
+    b, s = input_ids.shape
+    # tokens in the decoder's [s, b] order: a view, so the gradient reaches the decoder contiguous (Megatron's
+    # all-reduce of a non-contiguous gradient does nothing, and its frozen linears broadcast their weight for one)
+    rows = hidden.reshape(s * b, -1)
+    if not sequence_parallel:
+        rows = copy_to_tensor_model_parallel_region(rows)
+    rows = rows.to(weight.dtype)
+    targets = torch.nn.functional.pad(input_ids[:, 1:], (0, 1)).t().reshape(-1).to(rows.device)  # last: predicts nothing
+    logprobs, entropy = _ChunkedHeadLogprobs.apply(rows, weight, targets, temperature, group, with_entropy)
+    shift = lambda v: torch.nn.functional.pad(v.view(s, b).t()[:, :-1], (1, 0))  # noqa: E731
+    return shift(logprobs), shift(entropy) if with_entropy else None
+
+
+def _chunk_logits(rows: Tensor, weight: Tensor, temperature: float) -> Tensor:
+    """rows [n, h] x weight [V/tp, h] -> fp32 logits [n, V/tp] of the sampling distribution."""
+    z = (rows @ weight.t()).float()
+    return z / temperature if temperature != 1.0 else z
+
+
+def _split(group) -> bool:
+    return dist.is_initialized() and dist.get_world_size(group) > 1
+
+
+def _all_reduce(t: Tensor, group, op=dist.ReduceOp.SUM) -> Tensor:
+    if _split(group):
+        dist.all_reduce(t, op=op, group=group)
+    return t
+
+
+class _ChunkedHeadLogprobs(torch.autograd.Function):
+    """rows [N, h], weight [V/tp, h], targets [N] -> logprobs [N] and entropy [N] (zeros unless asked)."""
+
+    @staticmethod
+    def forward(ctx, rows, weight, targets, temperature, group, with_entropy):
+        n, vocab = rows.shape[0], weight.shape[0]
+        start = dist.get_rank(group) * vocab if _split(group) else 0
+        local = targets - start
+        mine = (local >= 0) & (local < vocab)
+        local = torch.where(mine, local, 0)
+        step = max(1, CHUNK_BYTES // (4 * vocab))
+        logprobs, lse, entropy = (torch.zeros(n, device=rows.device) for _ in range(3))
+        for i in range(0, n, step):
+            z = _chunk_logits(rows[i:i + step], weight, temperature)
+            z_max = _all_reduce(z.max(dim=-1).values, group, dist.ReduceOp.MAX)
+            e = torch.exp(z - z_max.unsqueeze(-1))
+            target = torch.where(mine[i:i + step], z.gather(1, local[i:i + step, None]).squeeze(1), 0.0)
+            stats = [e.sum(dim=-1), target] + ([(e * z).sum(dim=-1)] if with_entropy else [])
+            stats = _all_reduce(torch.stack(stats), group)
+            lse[i:i + step] = z_max + torch.log(stats[0])
+            logprobs[i:i + step] = stats[1] - lse[i:i + step]
+            if with_entropy:
+                entropy[i:i + step] = lse[i:i + step] - stats[2] / stats[0]
+        ctx.save_for_backward(rows, weight, local, mine, lse)
+        ctx.temperature, ctx.step = temperature, step
+        ctx.mark_non_differentiable(entropy)
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, _grad_entropy):
+        rows, weight, local, mine, lse = ctx.saved_tensors
+        want_rows, want_weight = ctx.needs_input_grad[:2]
+        grad_rows = torch.empty_like(rows) if want_rows else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_weight else None
+        step = ctx.step
+        for i in range(0, rows.shape[0], step):
+            piece, g = rows[i:i + step], grad_logprobs[i:i + step].float()
+            # d logprob / d z = onehot(target) - softmax, times the incoming gradient, over the temperature
+            grad_z = torch.exp(_chunk_logits(piece, weight, ctx.temperature) - lse[i:i + step, None])
+            grad_z.mul_(-g.unsqueeze(-1))
+            grad_z.scatter_add_(1, local[i:i + step, None], torch.where(mine[i:i + step], g, 0.0).unsqueeze(-1))
+            if ctx.temperature != 1.0:
+                grad_z.div_(ctx.temperature)
+            grad_z = grad_z.to(weight.dtype)
+            if want_rows:
+                grad_rows[i:i + step] = grad_z @ weight
+            if want_weight:
+                grad_weight.addmm_(grad_z.t().float(), piece.float())  # (the same products, summed in fp32)
+        return grad_rows, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None, None

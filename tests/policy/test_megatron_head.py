@@ -1,0 +1,92 @@
+"""The fused head (:mod:`rlkit.policy.megatron.head`): logprobs, entropy and gradients equal those of the unfused
+head (full logits, then Megatron's vocabulary-parallel cross-entropy), and no [tokens, V] tensor is made.
+
+Bounds: logprobs and entropy 1e-6, gradients 1e-6 relative to each parameter's largest gradient (fp32; the two
+differ in summation order only). Tensor parallelism goes through the same code in tests/policy/test_parallel.py.
+"""
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from rlkit.config.components import GenerationConfig, PolicyConfig, SequencePackingConfig
+from rlkit.policy.in_process import InProcessPolicy
+from rlkit.policy.megatron import head
+from rlkit.policy.megatron.policy import MegatronPolicy
+from tests.helpers import pg_token_mean_loss, random_batch
+
+
+def unfused(policy):
+    """The same policy's scores through full logits (the base class's forward, as a pipeline stage computes)."""
+    return lambda *args, **kwargs: InProcessPolicy._forward_scores(policy, *args, **kwargs)
+
+
+def scores_and_gradients(policy, batch):
+    policy.compute_gradients(batch, pg_token_mean_loss)
+    grads = {n: p.grad.clone() for n, p in policy.model.named_parameters()}
+    return policy.logprobs(batch.input_ids, batch.attention_mask, with_entropy=True), grads
+
+
+@pytest.mark.parametrize("family,overrides,packing,temperature", [
+    ("qwen2", {}, False, 1.0),  # untied head, QKV bias
+    ("llama", {"tie_word_embeddings": True}, False, 0.7),  # tied: the embedding's gradient from both ends
+    ("qwen3", {}, True, 1.0),  # rows packed into one sequence
+])
+def test_fused_head_equals_the_unfused_one(model_factory, monkeypatch, family, overrides, packing, temperature):
+    cfg = PolicyConfig(model_name=str(model_factory("nano", family, **overrides)), train_micro_batch_size=4,
+                       generation=GenerationConfig(temperature=temperature),
+                       sequence_packing=SequencePackingConfig(enabled=packing))
+    policy = MegatronPolicy(cfg)
+    try:
+        assert policy.arch.tie_word_embeddings == bool(overrides)
+        monkeypatch.setattr(head, "CHUNK_BYTES", 4 * policy.arch.vocab_size * 5)  # 5 tokens a chunk: many chunks
+        batch = random_batch(b=6, t=20)
+        fused, fused_grads = scores_and_gradients(policy, batch)
+        monkeypatch.setattr(policy, "_forward_scores", unfused(policy))
+        plain, plain_grads = scores_and_gradients(policy, batch)
+    finally:
+        policy.close()
+    assert (fused.logprobs - plain.logprobs).abs().max() < 1e-6
+    assert (fused.entropy - plain.entropy).abs().max() < 1e-6
+    assert fused.logprobs.abs().max() > 1  # (scores of a random model: far from 0)
+    for name, g in plain_grads.items():
+        assert (fused_grads[name] - g).abs().max() <= 1e-6 * g.abs().max(), name
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest tensor any op returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+def test_a_train_step_never_holds_the_logits_of_all_tokens(model_factory, monkeypatch):
+    """Through the fused head the largest tensor of a step is a chunk's logits or the gradient buffer of all
+    weights; through full logits it is [tokens, V] (checked, so the bound can fail)."""
+    policy = MegatronPolicy(PolicyConfig(model_name=str(model_factory("nano", "qwen2", vocab_size=4096)),
+                                         train_micro_batch_size=8))
+    try:
+        vocab, batch = policy.arch.vocab_size, random_batch(b=8, t=40)
+        tokens = 8 * int(batch.attention_mask.sum(1).max())
+        weights = sum(p.numel() for p in policy.model.parameters())  # (DDP's gradient buffer holds them all)
+        monkeypatch.setattr(head, "CHUNK_BYTES", 4 * vocab * 4)  # 4 tokens a chunk
+        sizes = []
+        for forward in (None, unfused(policy)):
+            if forward is not None:
+                monkeypatch.setattr(policy, "_forward_scores", forward)
+            with LargestTensor() as seen:
+                policy.train_step(batch, pg_token_mean_loss)
+            sizes.append(seen.largest)
+    finally:
+        policy.close()
+    assert tokens * vocab > 2 * max(weights, 4 * vocab)  # the nano model's logits dwarf its chunks and weights
+    assert sizes[0] <= max(weights, 4 * vocab)
+    assert sizes[1] >= tokens * vocab
