@@ -220,6 +220,9 @@ class LoraConfig(Section):
     exclude_modules: tuple[str, ...] = ()
     match_all_linear: bool = True  # used when target_modules is empty
     use_dora: bool = False  # weight-decomposed LoRA: refused (not implemented on any backend)
+    # free the frozen base after each refit and read it back from the model folder before the policy's next forward
+    # pass (rlkit.policy.frozen_base): while a colocated engine generates, its copy is then the only one resident
+    release_base_while_generating: bool = False
 
     @property
     def scaling(self) -> float:
@@ -256,6 +259,10 @@ class LoraConfig(Section):
         if not targets:
             out.append("policy.lora_cfg: no linear layer gets an adapter; set policy.lora_cfg.target_modules "
                        "(e.g. [q_proj, v_proj]) or policy.lora_cfg.match_all_linear=true")
+        if self.release_base_while_generating and policy.backend.name != "megatron":
+            out.append(f"policy.lora_cfg.release_base_while_generating: built for the megatron backend only (the "
+                       f"{policy.backend.name} backend's base is held by transformers and peft); use "
+                       f"policy.megatron_cfg.enabled=true, or set it to false")
         if policy.backend.name == "megatron":
             if policy.megatron_cfg.pipeline_model_parallel_size > 1:
                 out.append("policy.lora_cfg.enabled: adapters under pipeline parallelism are not built yet; set "

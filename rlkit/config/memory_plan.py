@@ -20,7 +20,7 @@ The parts, for the busiest device (rank 0, which also hosts a colocated engine):
   recompute only each layer's input plus one layer's worth);
 - logits of the vocabulary: fp32 logits, scaled, their log-softmax and its gradient for one micro batch (/ TP);
   Megatron without pipeline stages fuses its head with the logprobs (:mod:`rlkit.policy.megatron.head`): a chunk's
-  logits, softmax and gradient (:data:`FUSED_HEAD_CHUNK_BYTES` each) and the head weight's gradient summed in fp32;
+  logits, softmax and gradient (:data:`FUSED_HEAD_CHUNK_BYTES` each) and the head weight's gradient;
 - optimizer step: AdamW's foreach temporaries, one fp32 copy of what trains;
 - weight snapshots: ``history.snapshots`` copies of what trains (the adapters; all weights only with
   ``history.full_weight_snapshots``), the states ``session.replay`` starts from (:mod:`rlkit.run.history`);
@@ -244,7 +244,7 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
     logprob_rows = min(p.logprob_batch_size, max(1, -(-rows // dp)))
     fused_head = backend.name == "megatron" and backend.pipeline_model_parallel_size == 1
     if fused_head:  # rlkit.policy.megatron.head: a chunk's logits, softmax and gradient, and the head's gradient
-        head_gradient = 0 if lora.enabled else shape.vocab // tp * shape.hidden * (4 + (item if bf16 else 0))
+        head_gradient = 0 if lora.enabled else shape.vocab // tp * shape.hidden * (2 if bf16 else 4)
         chunk = min(FUSED_HEAD_CHUNK_BYTES, max(micro, logprob_rows) * t * (shape.vocab // tp) * 4)
         parts["logits"] = 3 * chunk + head_gradient
     else:
@@ -267,7 +267,7 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
                "adapters": f"LoRA rank {lora.dim}, {dtype}" if lora.enabled else "(no adapters)",
                "activations": f"micro batch {micro} x {t} tokens, {layers_here} layers"
                               + (", recomputed" if _recompute(config) else ""),
-               "logits": ("fused head: fp32 chunks of tokens" + ("" if lora.enabled else ", the head's gradient in fp32")
+               "logits": ("fused head: fp32 chunks of tokens" + ("" if lora.enabled else ", the head's gradient")
                           if fused_head else
                           f"fp32 [{max(micro, logprob_rows)}, {t}, {shape.vocab // tp}]: logits, scaled, log-softmax, gradient"),
                "optimizer step": f"AdamW's temporaries (one {dtype} copy of what trains)",

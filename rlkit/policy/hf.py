@@ -31,6 +31,7 @@ from rlkit.policy import packed_attention
 from rlkit.policy.architecture import Architecture
 from rlkit.policy.in_process import InProcessPolicy
 from rlkit.policy.lora import AdapterReference, hf_name_of_peft_param, inject_peft, merged, peft_file_name
+from rlkit.policy.optimizer import sum_of_squares
 from rlkit.policy.packing import PackedRows
 from rlkit.weights import HFGroup
 
@@ -98,6 +99,7 @@ class HFPolicy(AdapterReference, InProcessPolicy):
         """HF-named full tensors: embeddings, each decoder layer, then final norm and head. Gathering a DTensor
         is a collective, so every rank must iterate in step. Unsharded they alias the live weights: copy them
         if you keep them past the next optimizer step."""
+        self._frozen_base_in()
         groups: dict[str, list[tuple[str, Tensor]]] = {}
         for name, param in self._hf_params().items():
             m = _LAYER.match(name)
@@ -173,7 +175,7 @@ class HFPolicy(AdapterReference, InProcessPolicy):
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
         for p in self.model.parameters():
             if p.grad is not None:  # (this rank's shard of a DTensor gradient)
-                sq += (p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad).double().pow(2).sum()
+                sq += sum_of_squares(p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad)
         if self.dp_size > 1:
             torch.distributed.all_reduce(sq)  # FSDP shards are disjoint: the squares add up
         return float(sq.sqrt())

@@ -33,6 +33,7 @@ from torch import Tensor
 from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
 from rlkit.errors import defer_keyboard_interrupt
 from rlkit.policy.base import LossFn, TokenLogprobs, TrainStepResult
+from rlkit.policy.frozen_base import FrozenBase
 from rlkit.policy.optimizer import HostCopy, adamw, offload_state, restore_state
 from rlkit.policy.packing import PackedRows, pack_rows
 from rlkit.policy.reference import ReferenceWeights, swap_all
@@ -70,6 +71,8 @@ class InProcessPolicy:
     # while the optimizer state is offloaded (:meth:`offload_optimizer_state`): parameter -> its state tensors'
     # host copies (empty after a reset_optimizer: nothing to bring back but the gradient buffers); None otherwise
     _offloaded_state: Optional[dict[Tensor, dict[str, HostCopy]]] = None
+    # under adapters, the frozen base while it can be released (policy.lora_cfg.release_base_while_generating)
+    _frozen_base: Optional[FrozenBase] = None
 
     def _start_training(self) -> None:
         """Optimizer, schedule, version 0 and the reference: the state right after the model is loaded."""
@@ -254,6 +257,29 @@ class InProcessPolicy:
         finally:
             swap_all(params, ref)
 
+    # ---- the frozen base, released while an engine generates (policy.lora_cfg) -----------------------
+    @property
+    def releases_base_while_generating(self) -> bool:
+        return self.cfg.lora_cfg.enabled and self.cfg.lora_cfg.release_base_while_generating
+
+    def release_frozen_base(self) -> int:
+        """Free the frozen base weights (adapters only train) until the next forward pass, export or HF import
+        reads them back from the model folder, exactly (:mod:`rlkit.policy.frozen_base`); returns the bytes freed."""
+        if self._frozen_base is None:
+            frozen = [p for p in self.model.parameters() if not p.requires_grad]
+            if not self.cfg.lora_cfg.enabled or not frozen:
+                raise ValueError("release_frozen_base: only adapters leave frozen weights, and this policy trains every "
+                                 "weight (set policy.lora_cfg.enabled=true to train adapters on a frozen base)")
+            from rlkit.policy.architecture import load_hf_state
+
+            self._frozen_base = FrozenBase(frozen, lambda: self._copy_hf_state(load_hf_state(self.cfg.model_name)))
+        return self._frozen_base.release()
+
+    def _frozen_base_in(self) -> None:
+        """Read a released frozen base back (nothing otherwise); every use of the base weights calls this first."""
+        if self._frozen_base is not None:
+            self._frozen_base.restore()
+
     # ---- optimizer state offload (colocated generation) --------------------------------------------
     def _offload_frees_memory(self) -> bool:
         """Whether the weights, and so the optimizer state and gradient buffers, live in accelerator memory:
@@ -306,6 +332,7 @@ class InProcessPolicy:
     def logprobs(self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False) -> TokenLogprobs:
         """Per-token logprobs (and entropy) [B, T] of ``input_ids`` [B, T] in chunks of
         ``logprob_batch_size`` rows, each trimmed to its longest row; 0 at position 0 and on padding."""
+        self._frozen_base_in()
         self.model.eval()
         if self._pipeline is not None:
             return self._pipeline.logprobs(input_ids, attention_mask, with_entropy, self.cfg.logprob_batch_size,
@@ -391,6 +418,7 @@ class InProcessPolicy:
                           kept: Optional[Tensor] = None) -> tuple[dict[str, float], int]:
         """The loss over ``batch`` normalised by global counts; with ``backward`` the summed gradient of the
         global batch ends up in ``.grad``. Returns global metric sums and the number of microbatches."""
+        self._frozen_base_in()
         counts = self.global_counts(batch.loss_mask)
         with torch.set_grad_enabled(backward):
             sums, n_micro = self._microbatch_losses(batch, loss_fn, counts, backward, kept)
@@ -470,6 +498,7 @@ class InProcessPolicy:
 
     def load_hf_state(self, hf: Mapping[str, Tensor]) -> None:
         """Load HF-named full tensors (this rank keeps its shards). Strict on names and shapes."""
+        self._frozen_base_in()
         self._copy_hf_state(hf)
         self._master_weights_changed()
 

@@ -25,6 +25,18 @@ def adamw(params: Iterable[Tensor], optimizer: OptimizerConfig,
     return adam, torch.optim.lr_scheduler.LambdaLR(adam, lr_lambda(scheduler))
 
 
+SQUARES_CHUNK = 2**22  # elements of a gradient squared at once in float64 (32 MB)
+
+
+def sum_of_squares(grad: Tensor) -> Tensor:
+    """sum(grad ** 2) as a float64 scalar, :data:`SQUARES_CHUNK` elements at a time: squaring a gradient as large as
+    Qwen3-0.6B's tied embedding (156M elements) whole would take two float64 copies of it, 2.5 GB, at once."""
+    total = torch.zeros((), dtype=torch.float64, device=grad.device)
+    for piece in grad.reshape(-1).split(SQUARES_CHUNK):
+        total += piece.double().pow(2).sum()
+    return total
+
+
 def lr_lambda(cfg: SchedulerConfig):
     """Multiplier of the base learning rate at scheduler step ``s`` (warm-up, then the decay style)."""
 

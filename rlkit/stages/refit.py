@@ -6,6 +6,9 @@ step, so it is offloaded to host memory first, before the engine wakes for the n
 has that memory while it loads and generates, and the policy brings the state back by itself at its next
 train step. NeMo-RL's colocated refit does the same (``offload_before_refit``) with no config key; so does
 rlkit. Anywhere else (an engine that stays awake, one in another process, a policy on the CPU) nothing moves.
+
+With adapters and ``policy.lora_cfg.release_base_while_generating`` the refit is also the last read of the frozen
+base before the rollout: the policy frees it here and reads it back from the model folder at its next forward pass.
 """
 
 from __future__ import annotations
@@ -18,4 +21,7 @@ from rlkit.weight_sync import ColocatedWeightSync, RefitReport, WeightSync
 def refit(policy: Policy, generator: Generator, sync: WeightSync | None = None) -> RefitReport:
     if getattr(generator, "sleeps_between_rollouts", False):  # (only vLLM's generator can sleep)
         policy.offload_optimizer_state()
-    return (sync or ColocatedWeightSync()).sync(policy, generator)
+    report = (sync or ColocatedWeightSync()).sync(policy, generator)
+    if getattr(policy, "releases_base_while_generating", False):  # (policy.lora_cfg: read back at its next forward)
+        policy.release_frozen_base()
+    return report

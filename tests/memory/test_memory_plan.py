@@ -35,7 +35,7 @@ def test_the_plan_adds_up_by_hand(folder):
     # activations: 2 rows x 16 tokens x (6h + 3(q + 2kv) + q + 4f) + 2 heads x 2 x 16^2 scores per row, x 2 layers, fp32
     per_token = 6 * 8 + 3 * (8 + 2 * 4) + 8 + 4 * 16
     assert p["activations"] == 2 * (16 * per_token + 2 * 2 * 16 * 16) * 4 * 2
-    # Megatron's fused head: logits, softmax and gradient of one chunk (here both rows), the head's gradient in fp32
+    # Megatron's fused head: logits, softmax and gradient of one chunk (here both rows), the head's gradient (fp32)
     assert p["logits"] == 3 * 2 * 16 * 64 * 4 + 64 * 8 * 4
     assert p["optimizer step"] == 4 * params  # AdamW's temporaries
     # the engine: every parameter in fp32, and its output head's CPU kernel, a packed copy of the 64 x 8 table

@@ -4,12 +4,11 @@ never held whole, in the forward pass or in backward.
 The model runs with its head switched off (:func:`hidden_states_out`) and returns the final norm's output; this
 module then multiplies chunks of it by the output weight (the embedding's when tied), takes each token's
 logprob of its target and the vocabulary-parallel log-sum-exp (three ``[chunk]`` all-reduces over the
-tensor-parallel group), and keeps only the log-sum-exp. Backward recomputes each chunk's logits to get the
-softmax. At a 151,936-token vocabulary and 8 rows of 160 tokens, the unfused head held its fp32 logits, the
-softmax its cross-entropy keeps and their gradient (0.78 GB each); here a chunk is at most
-:data:`CHUNK_BYTES`. Numerics are those of the unfused head: the matmul in the weight's dtype, logits in fp32,
-divided by the sampling temperature, the gradient cast to the weight's dtype for the two backward matmuls
-(the weight's gradient summed over chunks in fp32, then cast once).
+tensor-parallel group), and keeps only the log-sum-exp. Backward recomputes the logits a slice of the vocabulary
+at a time to get the softmax. At a 151,936-token vocabulary and 8 rows of 160 tokens, the unfused head held its
+fp32 logits, the softmax its cross-entropy keeps and their gradient (0.78 GB each); here a chunk or slice is at
+most :data:`CHUNK_BYTES`. Numerics are those of the unfused head: the matmul in the weight's dtype, logits in
+fp32, divided by the sampling temperature, the gradient cast to the weight's dtype for the two backward matmuls.
 """
 
 from __future__ import annotations
@@ -117,22 +116,28 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_logprobs, _grad_entropy):
+        """In slices of the vocabulary, every token at once: each slice of the weight's gradient is then one matmul
+        over all tokens, as in the unfused head (no accumulator of the whole [V/tp, h] beside it), and the rows'
+        gradient [N, h] is summed over slices in fp32."""
         rows, weight, local, mine, lse = ctx.saved_tensors
         want_rows, want_weight = ctx.needs_input_grad[:2]
-        grad_rows = torch.empty_like(rows) if want_rows else None
-        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if want_weight else None
-        step = ctx.step
-        for i in range(0, rows.shape[0], step):
-            piece, g = rows[i:i + step], grad_logprobs[i:i + step].float()
+        n, vocab = rows.shape[0], weight.shape[0]
+        g = grad_logprobs.float()
+        grad_rows = torch.zeros(rows.shape, dtype=torch.float32, device=rows.device) if want_rows else None
+        grad_weight = torch.empty_like(weight) if want_weight else None
+        step = max(1, CHUNK_BYTES // (4 * n))
+        for v in range(0, vocab, step):
+            w = weight[v:v + step]
             # d logprob / d z = onehot(target) - softmax, times the incoming gradient, over the temperature
-            grad_z = torch.exp(_chunk_logits(piece, weight, ctx.temperature) - lse[i:i + step, None])
+            grad_z = torch.exp(_chunk_logits(rows, w, ctx.temperature) - lse.unsqueeze(-1))
             grad_z.mul_(-g.unsqueeze(-1))
-            grad_z.scatter_add_(1, local[i:i + step, None], torch.where(mine[i:i + step], g, 0.0).unsqueeze(-1))
+            hit = (mine & (local >= v) & (local < v + step)).nonzero().squeeze(1)
+            grad_z.index_put_((hit, local[hit] - v), g[hit], accumulate=True)
             if ctx.temperature != 1.0:
                 grad_z.div_(ctx.temperature)
             grad_z = grad_z.to(weight.dtype)
             if want_rows:
-                grad_rows[i:i + step] = grad_z @ weight
+                grad_rows.addmm_(grad_z.float(), w.float())  # (the products of the unfused matmul, summed in fp32)
             if want_weight:
-                grad_weight.addmm_(grad_z.t().float(), piece.float())  # (the same products, summed in fp32)
-        return grad_rows, None if grad_weight is None else grad_weight.to(weight.dtype), None, None, None, None
+                grad_weight[v:v + step] = grad_z.t() @ rows
+        return None if grad_rows is None else grad_rows.to(rows.dtype), grad_weight, None, None, None, None

@@ -50,6 +50,7 @@ from rlkit.config.components import PolicyConfig
 from rlkit.errors import ModelError
 from rlkit.policy.in_process import InProcessPolicy
 from rlkit.policy.lora import AdapterReference, merged
+from rlkit.policy.optimizer import sum_of_squares
 from rlkit.policy.megatron import convert, head, lora, parallel, pipeline
 from rlkit.policy.architecture import Architecture, load_hf_state
 from rlkit.policy.megatron.build import bf16_twin_of, build_gpt_model, data_parallel_wrapper, transformer_config
@@ -214,6 +215,7 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         """HF-named full tensors, one fused group at a time, the same on every rank (each pipeline stage
         broadcasts its layers). At TP=1 and PP=1 they are views of the live weights: copy them if you keep
         them past the next optimizer step."""
+        self._frozen_base_in()
         params = self._params_by_global_name()
 
         def full(name: str) -> Tensor:
@@ -310,9 +312,9 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
             if p.grad is None or not param_is_not_shared(p):  # (the last stage's copy of a tied embedding)
                 continue
             if parallel.is_expert_parallel(p):
-                expert_sq += p.grad.double().pow(2).sum()
+                expert_sq += sum_of_squares(p.grad)
             elif param_is_not_tensor_parallel_duplicate(p):
-                sq += p.grad.double().pow(2).sum()
+                sq += sum_of_squares(p.grad)
         if self.tp_size > 1:
             dist.all_reduce(sq, group=ps.get_tensor_model_parallel_group())
         if ps.get_expert_model_parallel_world_size() > 1:  # (experts only split by TP are in ``sq``)
