@@ -50,6 +50,16 @@ def test_an_engine_that_releases_its_weights_counts_only_what_exceeds_the_train_
     transients = base["activations"] + base["logits"] + base["optimizer step"]
     assert released.parts["engine weights"] == max(0, base["engine weights"] - transients)
     assert "released while training" in released.table()
+    # with adapters and the frozen base released while the engine generates, the two never coexist either (a wider
+    # model, whose weights outweigh a step's transients)
+    wide = dict(HF, hidden_size=256, intermediate_size=512, head_dim=128)
+    adapters = ["policy.lora_cfg.enabled=true", "policy.generation.vllm_cfg.release_weights_for_training=true",
+                "policy.precision=bfloat16"]  # (the base held once in bf16, the engine in fp32: it holds more)
+    lora = plan_memory(config(folder, *adapters), wide, CPU).parts
+    both = plan_memory(config(folder, *adapters, "policy.lora_cfg.release_base_while_generating=true"), wide, CPU)
+    assert lora["engine weights"] > both.parts["weights"] > 0
+    assert both.parts["engine weights"] == lora["engine weights"] - both.parts["weights"]
+    assert "and the frozen base" in both.table()
 
 
 def test_kl_recompute_bf16_tp_and_adapters_change_their_parts(folder):
