@@ -28,7 +28,7 @@ The parts, for the busiest device (rank 0, which also hosts a colocated engine):
   ``vllm_cfg.kv_cache_space_gib``, by default what the rollout batch needs, :func:`kv_cache_bytes`; CUDA:
   ``gpu_memory_utilization`` of the device, less its weights; on the CPU the output head's prepacked kernel is a
   second copy of its table; with ``vllm_cfg.release_weights_for_training`` only what exceeds the train step's
-  activations, logits and optimizer temporaries, which never coexist with the engine's weights, and with
+  activations, logits, optimizer temporaries and gradients, which never coexist with the engine's weights, and with
   ``lora_cfg.release_base_while_generating`` beyond the frozen base too);
 - runtime: what the libraries themselves hold (torch, vLLM, Megatron, transformers: measured on the CPU, see
   ``bench/memory_plan.py``; the CUDA context on a GPU).
@@ -277,12 +277,13 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
     engine_weights, kv = _engine_bytes(config, hf_config, shape, device)
     reasons["engine weights"] = f"{p.generation.backend} copy in {p.generation.vllm_cfg.precision if p.generation.backend == 'vllm' else 'float32'}"
     if engine_weights and device.name == "cpu" and p.generation.vllm_cfg.release_weights_for_training:
-        transients = parts["activations"] + parts["logits"] + parts["optimizer step"]  # only while training
+        # only while training: the step's transients and the gradient buffers (freed at each refit)
+        transients = parts["activations"] + parts["logits"] + parts["optimizer step"] + parts["gradients"]
         base_released = lora.enabled and lora.release_base_while_generating and backend.name == "megatron"
         if base_released:  # the frozen base is out while the engine holds its copy, and back while it is released
             transients += parts["weights"]
         engine_weights = max(0, engine_weights - transients)
-        reasons["engine weights"] += (", released while training: what it holds beyond the train step's transients"
+        reasons["engine weights"] += (", released while training: what it holds beyond the step's gradients and transients"
                                       + (" and the frozen base, released while it generates" if base_released else ""))
     parts["engine weights"], parts["KV cache"] = engine_weights, kv
     kv_words = f"kv_cache_space_gib={p.generation.vllm_cfg.kv_cache_space_gib}" if device.name == "cpu" \

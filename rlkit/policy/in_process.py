@@ -305,6 +305,14 @@ class InProcessPolicy:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
 
+    def release_gradient_buffers(self) -> None:
+        """Free the gradient buffers between steps (the next step zeroes them anyway): on the CPU, where the optimizer
+        state has nowhere to go, the part of the training state a colocated engine can have while it generates;
+        reallocated by the next step (:meth:`restore_optimizer_state`). Nothing happens once released or offloaded."""
+        if self._offloaded_state is None:
+            self._release_gradient_buffers()
+            self._offloaded_state = {}  # (nothing moved: the gradient buffers alone come back)
+
     @torch.no_grad()
     def restore_optimizer_state(self) -> None:
         """Bring back what :meth:`offload_optimizer_state` moved: the state tensors onto the weights' device, the

@@ -7,6 +7,10 @@ has that memory while it loads and generates, and the policy brings the state ba
 train step. NeMo-RL's colocated refit does the same (``offload_before_refit``) with no config key; so does
 rlkit. Anywhere else (an engine that stays awake, one in another process, a policy on the CPU) nothing moves.
 
+On the CPU, where the engine frees its weights for each train step instead of sleeping
+(``vllm_cfg.release_weights_for_training``), the policy frees its gradient buffers here in turn (the optimizer state has
+nowhere to go), and reallocates them at its next step.
+
 With adapters and ``policy.lora_cfg.release_base_while_generating`` the refit is also the last read of the frozen
 base before the rollout: the policy frees it here and reads it back from the model folder at its next forward pass.
 """
@@ -21,6 +25,8 @@ from rlkit.weight_sync import ColocatedWeightSync, RefitReport, WeightSync
 def refit(policy: Policy, generator: Generator, sync: WeightSync | None = None) -> RefitReport:
     if getattr(generator, "sleeps_between_rollouts", False):  # (only vLLM's generator can sleep)
         policy.offload_optimizer_state()
+    elif getattr(generator, "releases_weights_for_training", False) and hasattr(policy, "release_gradient_buffers"):
+        policy.release_gradient_buffers()  # (the CPU's stand-in: the state has nowhere to go, the buffers can go)
     report = (sync or ColocatedWeightSync()).sync(policy, generator)
     if getattr(policy, "releases_base_while_generating", False):  # (policy.lora_cfg: read back at its next forward)
         policy.release_frozen_base()

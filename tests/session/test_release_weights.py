@@ -18,6 +18,9 @@ def test_steps_train_and_rollouts_around_a_released_engine(tmp_path):
             metrics = session.step()
             assert abs(metrics["train/token_mult_prob_error"] - 1) < 1e-3 and not session.stale
         assert session.generator.weights_released is False  # the refit ending each step rebuilt them
+        # and freed the policy's gradient buffers in turn (the next step reallocates them)
+        buffers = session.policy._forward_module.buffers
+        assert buffers and all(b.grad_data.untyped_storage().nbytes() == 0 for b in buffers)
 
         batch = session.advantages(session.score(session.rollout()))
         session.train(session.logprobs(batch))
