@@ -99,7 +99,6 @@ class HFPolicy(AdapterReference, InProcessPolicy):
         """HF-named full tensors: embeddings, each decoder layer, then final norm and head. Gathering a DTensor
         is a collective, so every rank must iterate in step. Unsharded they alias the live weights: copy them
         if you keep them past the next optimizer step."""
-        self._frozen_base_in()
         groups: dict[str, list[tuple[str, Tensor]]] = {}
         for name, param in self._hf_params().items():
             m = _LAYER.match(name)

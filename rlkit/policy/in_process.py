@@ -33,7 +33,6 @@ from torch import Tensor
 from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
 from rlkit.errors import defer_keyboard_interrupt
 from rlkit.policy.base import LossFn, TokenLogprobs, TrainStepResult
-from rlkit.policy.frozen_base import FrozenBase
 from rlkit.policy.optimizer import HostCopy, adamw, offload_state, restore_state
 from rlkit.policy.packing import PackedRows, pack_rows
 from rlkit.policy.reference import ReferenceWeights, swap_all
@@ -72,7 +71,7 @@ class InProcessPolicy:
     # host copies (empty after a reset_optimizer: nothing to bring back but the gradient buffers); None otherwise
     _offloaded_state: Optional[dict[Tensor, dict[str, HostCopy]]] = None
     # under adapters, the frozen base while it can be released (policy.lora_cfg.release_base_while_generating)
-    _frozen_base: Optional[FrozenBase] = None
+    _frozen_base = None  # a rlkit.policy.frozen_base.FrozenBase
 
     def _start_training(self) -> None:
         """Optimizer, schedule, version 0 and the reference: the state right after the model is loaded."""
@@ -264,16 +263,10 @@ class InProcessPolicy:
 
     def release_frozen_base(self) -> int:
         """Free the frozen base weights (adapters only train) until the next forward pass, export or HF import
-        reads them back from the model folder, exactly (:mod:`rlkit.policy.frozen_base`); returns the bytes freed."""
-        if self._frozen_base is None:
-            frozen = [p for p in self.model.parameters() if not p.requires_grad]
-            if not self.cfg.lora_cfg.enabled or not frozen:
-                raise ValueError("release_frozen_base: only adapters leave frozen weights, and this policy trains every "
-                                 "weight (set policy.lora_cfg.enabled=true to train adapters on a frozen base)")
-            from rlkit.policy.architecture import load_hf_state
-
-            self._frozen_base = FrozenBase(frozen, lambda: self._copy_hf_state(load_hf_state(self.cfg.model_name)))
-        return self._frozen_base.release()
+        reads them back from the model folder, exactly (:mod:`rlkit.policy.frozen_base`); returns the bytes freed.
+        A backend that can read its base back from the folder supplies it (Megatron)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot release its frozen base; "
+                                  "policy.lora_cfg.release_base_while_generating is built for the megatron backend")
 
     def _frozen_base_in(self) -> None:
         """Read a released frozen base back (nothing otherwise); every use of the base weights calls this first."""

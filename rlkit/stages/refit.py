@@ -11,8 +11,9 @@ On the CPU, where the engine frees its weights for each train step instead of sl
 (``vllm_cfg.release_weights_for_training``), the policy frees its gradient buffers here in turn (the optimizer state has
 nowhere to go), and reallocates them at its next step.
 
-With adapters and ``policy.lora_cfg.release_base_while_generating`` the refit is also the last read of the frozen
-base before the rollout: the policy frees it here and reads it back from the model folder at its next forward pass.
+With adapters and ``policy.lora_cfg.release_base_while_generating`` the policy frees its frozen base before the
+export, which reads it back from the model folder one layer at a time beside the engine's reload and leaves it
+released for the rollout; the next forward pass reads it back whole.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ def refit(policy: Policy, generator: Generator, sync: WeightSync | None = None) 
         policy.offload_optimizer_state()
     elif getattr(generator, "releases_weights_for_training", False) and hasattr(policy, "release_gradient_buffers"):
         policy.release_gradient_buffers()  # (the CPU's stand-in: the state has nowhere to go, the buffers can go)
-    report = (sync or ColocatedWeightSync()).sync(policy, generator)
-    if getattr(policy, "releases_base_while_generating", False):  # (policy.lora_cfg: read back at its next forward)
-        policy.release_frozen_base()
-    return report
+    if getattr(policy, "releases_base_while_generating", False):  # (policy.lora_cfg)
+        policy.release_frozen_base()  # the export reads it back a layer at a time, and leaves it released
+    return (sync or ColocatedWeightSync()).sync(policy, generator)

@@ -134,19 +134,21 @@ def layer_param_names(i: int, arch: Architecture) -> list[str]:
 
 
 def hf_to_megatron_groups(hf: Mapping[str, Tensor], arch: Architecture, layer_to_megatron: Optional[Callable] = None,
-                          layers: Optional[Iterable[int]] = None) -> Iterator[dict[str, Tensor]]:
+                          layers: Optional[Iterable[int]] = None, ends: bool = True) -> Iterator[dict[str, Tensor]]:
     """Full Megatron tensors from HF tensors, one group at a time (embedding, each decoder layer, final norm and
     head), so a loader holds one layer's conversion at once. ``layer_to_megatron`` maps one decoder layer
     (default: the dense :func:`hf_layer_to_megatron`; the MoE module passes its own); ``layers`` limits the
-    decoder layers converted (a pipeline stage's)."""
+    decoder layers converted (a pipeline stage's); ``ends=False`` leaves out the embedding and the final group."""
     layer_to_megatron = layer_to_megatron or hf_layer_to_megatron
-    yield {"embedding.word_embeddings.weight": hf["model.embed_tokens.weight"]}
+    if ends:
+        yield {"embedding.word_embeddings.weight": hf["model.embed_tokens.weight"]}
     for i in range(arch.num_layers) if layers is None else layers:
         yield layer_to_megatron(hf, i, arch)
-    last = {"decoder.final_layernorm.weight": hf["model.norm.weight"]}
-    if not arch.tie_word_embeddings:
-        last["output_layer.weight"] = hf["lm_head.weight"]
-    yield last
+    if ends:
+        last = {"decoder.final_layernorm.weight": hf["model.norm.weight"]}
+        if not arch.tie_word_embeddings:
+            last["output_layer.weight"] = hf["lm_head.weight"]
+        yield last
 
 
 def megatron_to_hf_groups(full: Callable[[str], Tensor], arch: Architecture, layer_names: Optional[Callable] = None,

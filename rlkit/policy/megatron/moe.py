@@ -199,8 +199,9 @@ class MegatronMoEPolicy(MegatronPolicy):
             return name
         return _with_expert(name, match, self.ep_rank * self.experts_per_rank + int(match.group(1)))
 
-    def _hf_to_megatron_groups(self, hf: Mapping[str, Tensor], layers: list[int]) -> Iterator[dict[str, Tensor]]:
-        return convert.hf_to_megatron_groups(hf, self.arch, hf_layer_to_megatron, layers)
+    def _hf_to_megatron_groups(self, hf: Mapping[str, Tensor], layers: list[int],
+                               ends: bool = True) -> Iterator[dict[str, Tensor]]:
+        return convert.hf_to_megatron_groups(hf, self.arch, hf_layer_to_megatron, layers, ends)
 
     def _megatron_to_hf_groups(self, full: Callable[[str], Tensor]) -> Iterator[HFGroup]:
         self._gathered_experts.clear()

@@ -53,6 +53,7 @@ from rlkit.policy.lora import AdapterReference, merged
 from rlkit.policy.optimizer import sum_of_squares
 from rlkit.policy.megatron import convert, head, lora, parallel, pipeline
 from rlkit.policy.architecture import Architecture, load_hf_state
+from rlkit.policy.frozen_base import FrozenBase
 from rlkit.policy.megatron.build import bf16_twin_of, build_gpt_model, data_parallel_wrapper, transformer_config
 from rlkit.policy.megatron.scores import shifted_entropy, shifted_token_logprobs
 from rlkit.policy.packing import PackedRows, pack_rows
@@ -60,6 +61,12 @@ from rlkit.weights import HFGroup
 
 
 _LAYER_NAME = re.compile(r"^decoder\.layers\.(\d+)\.")
+
+
+def _base_group(name: str):
+    """The group of base weight ``name`` a released base is read back in: its decoder layer, else "ends"."""
+    m = _LAYER_NAME.match(name)
+    return int(m.group(1)) if m else "ends"
 
 
 class MegatronPolicy(AdapterReference, InProcessPolicy):
@@ -147,8 +154,9 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         """The base weights (adapters have no HF name) by global name."""
         return {self._global_name(n): p for n, p in self.model.named_parameters() if not lora.is_adapter(n)}
 
-    def _hf_to_megatron_groups(self, hf: Mapping[str, Tensor], layers: list[int]) -> Iterator[dict[str, Tensor]]:
-        return convert.hf_to_megatron_groups(hf, self.arch, layers=layers)
+    def _hf_to_megatron_groups(self, hf: Mapping[str, Tensor], layers: list[int],
+                               ends: bool = True) -> Iterator[dict[str, Tensor]]:
+        return convert.hf_to_megatron_groups(hf, self.arch, layers=layers, ends=ends)
 
     def _megatron_to_hf_groups(self, full: Callable[[str], Tensor]) -> Iterator[HFGroup]:
         return convert.megatron_to_hf_groups(full, self.arch)
@@ -211,21 +219,55 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         a, b = (self._full_tensor(n, every) for n in adapter)
         return merged(full, a, b, self.cfg.lora_cfg.scaling)
 
+    # ---- the frozen base of adapters, released while an engine generates (policy.lora_cfg) ------------
+    def release_frozen_base(self) -> int:
+        if self._frozen_base is None:
+            if self._lora_cfg() is None:
+                raise ValueError("release_frozen_base: only adapters leave frozen weights, and this policy trains "
+                                 "every weight (set policy.lora_cfg.enabled=true to train adapters on a frozen base)")
+            groups: dict = {}
+            for name, param in self._params_by_global_name().items():
+                groups.setdefault(_base_group(name), []).append(param)
+            self._frozen_base = FrozenBase(groups, self._reload_base)
+        return self._frozen_base.release()
+
+    def _reload_base(self, group) -> None:
+        """Copy the model folder's weights of base group ``group`` (a decoder layer, "ends": embedding, final norm
+        and head; None: all) into the model, through the conversion of the first load."""
+        hf = load_hf_state(self.cfg.model_name)
+        if group is None:
+            return self._copy_hf_state(hf)
+        params = {n: p for n, p in self._params_by_global_name().items() if _base_group(n) == group}
+        layers, ends = ([], True) if group == "ends" else ([group], False)
+        with torch.no_grad():
+            self._copy_from(self._hf_to_megatron_groups(hf, layers, ends), params, check_only=False)
+
     def export_hf_groups(self) -> Iterator[HFGroup]:
         """HF-named full tensors, one fused group at a time, the same on every rank (each pipeline stage
         broadcasts its layers). At TP=1 and PP=1 they are views of the live weights: copy them if you keep
-        them past the next optimizer step."""
-        self._frozen_base_in()
+        them past the next optimizer step. A released frozen base (:meth:`release_frozen_base`) is read back
+        one layer at a time and released again as the export moves on (the embedding and final norm stay
+        until its end), so a refit holds one layer of it beside the engine's weights."""
+        base = self._frozen_base if self._frozen_base is not None and self._frozen_base.released else None
         params = self._params_by_global_name()
 
         def full(name: str) -> Tensor:
+            if base is not None:
+                base.restore(_base_group(name))
             if self.pp_size == 1:
                 return self._stage_full_tensor(name, params)
             owner = pipeline.owner_stage(name, self.arch.num_layers, self.pp_size)
             mine = self._stage_full_tensor(name, params) if owner == self.pp_rank else None
             return pipeline.broadcast_from_stage(mine, owner)
 
-        yield from self._megatron_to_hf_groups(full)
+        for group in self._megatron_to_hf_groups(full):
+            yield group
+            if base is not None:  # (the consumer is done with it)
+                for layer in base.keys():
+                    if layer != "ends":
+                        base.release(layer)
+        if base is not None:
+            base.release()
 
     def parallel_layout(self) -> dict[str, int | str | bool | None]:
         return dict(dataclasses.asdict(self.layout), backend="megatron",
