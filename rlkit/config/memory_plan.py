@@ -19,8 +19,9 @@ The parts, for the busiest device (rank 0, which also hosts a colocated engine):
 - activations kept for backward at the configured micro batch and sequence length (all layers, or with
   recompute only each layer's input plus one layer's worth);
 - logits of the vocabulary: fp32 logits, scaled, their log-softmax and its gradient for one micro batch (/ TP);
-  Megatron without pipeline stages fuses its head with the logprobs (:mod:`rlkit.policy.megatron.head`): a chunk's
-  logits, softmax and gradient (:data:`FUSED_HEAD_CHUNK_BYTES` each) and the head weight's gradient;
+  Megatron without pipeline stages fuses its head with the logprobs (:mod:`rlkit.policy.megatron.head`) when
+  those exceed one chunk: then a chunk's logits, softmax and gradient (:data:`FUSED_HEAD_CHUNK_BYTES` each) and the
+  head weight's gradient;
 - optimizer step: AdamW's foreach temporaries, one fp32 copy of what trains;
 - weight snapshots: ``history.snapshots`` copies of what trains (the adapters; all weights only with
   ``history.full_weight_snapshots``), the states ``session.replay`` starts from (:mod:`rlkit.run.history`);
@@ -243,11 +244,12 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
     parts["activations"] = _activation_bytes(shape, config, micro, layers_here, tp, 2 if bf16 else 4, device)
     t = p.max_total_sequence_length
     logprob_rows = min(p.logprob_batch_size, max(1, -(-rows // dp)))
-    fused_head = backend.name == "megatron" and backend.pipeline_model_parallel_size == 1
+    logits = max(micro, logprob_rows) * t * (shape.vocab // tp) * 4  # the fp32 logits of the larger pass
+    fused_head = backend.name == "megatron" and backend.pipeline_model_parallel_size == 1 \
+        and logits > FUSED_HEAD_CHUNK_BYTES
     if fused_head:  # rlkit.policy.megatron.head: a chunk's logits, softmax and gradient, and the head's gradient
         head_gradient = 0 if lora.enabled else shape.vocab // tp * shape.hidden * (2 if bf16 else 4)
-        chunk = min(FUSED_HEAD_CHUNK_BYTES, max(micro, logprob_rows) * t * (shape.vocab // tp) * 4)
-        parts["logits"] = 3 * chunk + head_gradient
+        parts["logits"] = 3 * FUSED_HEAD_CHUNK_BYTES + head_gradient
     else:
         parts["logits"] = max(4 * micro, 2 * logprob_rows) * t * (shape.vocab // tp) * 4
     parts["optimizer step"] = trained  # AdamW's foreach temporaries: one fp32 copy of what trains, at the step

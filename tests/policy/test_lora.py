@@ -207,11 +207,11 @@ def test_tensor_parallel_2_adapters_match_one_process(ray_cluster, nano, sequenc
 
 
 def test_a_frozen_head_backward_folds_into_one_matmul(nano):
-    """Megatron's frozen-weight linear computes its input gradient as ``grad_output.matmul(weight)``; a gradient
-    that arrives as a transposed view cannot fold into one mm, so torch.matmul broadcast the weight instead: the
-    head's logits gradient once did ([t, vocab, hidden], 10.4 GB at t=35 for the Qwen3-0.6B head under adapters,
-    measured), and a decoder gradient would. With the fused head (no head linear) and a contiguous gradient into the
-    decoder, no op of a LoRA train step makes a tensor larger than the step's logits or the largest weight."""
+    """Megatron's frozen-weight linear computes its input gradient as ``grad_output.matmul(weight)``; the logits'
+    gradient arrives as a transposed view ([t, b, vocab] of a [b, t, vocab] tensor), which torch.matmul cannot
+    fold into one mm, so it broadcast the head's weight to [t, vocab, hidden]: 10.4 GB at t=35 for the Qwen3-0.6B
+    head under adapters (measured). With the gradient made contiguous (and the fused head's into the decoder) no op
+    of a LoRA train step makes a tensor larger than the step's logits or the model's largest weight."""
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 

@@ -90,3 +90,21 @@ def test_a_train_step_never_holds_the_logits_of_all_tokens(model_factory, monkey
     assert tokens * vocab > 2 * max(weights, 4 * vocab)  # the nano model's logits dwarf its chunks and weights
     assert sizes[0] <= max(weights, 4 * vocab)
     assert sizes[1] >= tokens * vocab
+
+
+def test_logits_within_one_chunk_go_through_the_unfused_head(model_factory, monkeypatch):
+    """Below one chunk of logits nothing is saved by fusing, and the full logits keep a small run's trajectory as it
+    was (its rounding decides where a long run goes); past it, the fused head scores."""
+    policy = MegatronPolicy(PolicyConfig(model_name=str(model_factory("nano", "qwen2")), train_micro_batch_size=8))
+    calls = []
+    scores = head.head_scores
+    monkeypatch.setattr(head, "head_scores", lambda *a, **k: calls.append(1) or scores(*a, **k))
+    try:
+        batch = random_batch(b=4, t=16)
+        small = policy.logprobs(batch.input_ids, batch.attention_mask).logprobs
+        assert calls == []
+        monkeypatch.setattr(head, "CHUNK_BYTES", 4 * policy.arch.vocab_size * 8)  # 8 tokens a chunk
+        fused = policy.logprobs(batch.input_ids, batch.attention_mask).logprobs
+        assert calls == [1] and (fused - small).abs().max() < 1e-6
+    finally:
+        policy.close()

@@ -326,8 +326,12 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
 
     def _forward_scores(self, input_ids: Tensor, with_entropy: bool,
                         packed: Optional[PackedRows] = None) -> tuple[Tensor, Optional[Tensor]]:
-        """The decoder's output scored by the fused head (:mod:`.head`): no [b, t, V/tp] logits are held."""
+        """The decoder's output scored by the fused head (:mod:`.head`) when the [b, t, V/tp] fp32 logits would exceed
+        one of its chunks: they are then never held. Smaller ones go through the full logits, as before the fused head
+        (the two agree within 1e-6, but a long run's trajectory follows the rounding)."""
         t = input_ids.shape[1]
+        if input_ids.numel() * (self.arch.vocab_size // self.tp_size) * 4 <= head.CHUNK_BYTES:
+            return super()._forward_scores(input_ids, with_entropy, packed)
         ids, positions, kwargs = torch.nn.functional.pad(input_ids, (0, self._padded_length(t) - t)), None, {}
         if packed is not None:
             ids, positions, kwargs = packed.input_ids, packed.position_ids, self._packed_params(packed)
