@@ -64,8 +64,9 @@ class Bf16Twin:
             if fp32.dtype != torch.float32:
                 raise ValueError(f"master weights must be float32, got {fp32.dtype}")
             bf16.requires_grad_(fp32.requires_grad)  # (a frozen MoE router stays frozen)
-            with torch.no_grad():
-                bf16.copy_(fp32)
+            if fp32.untyped_storage().nbytes():  # (a shared frozen one freed before loading has nothing to copy)
+                with torch.no_grad():
+                    bf16.copy_(fp32)
             if share_frozen and not fp32.requires_grad:
                 owner, _, leaf = name.rpartition(".")
                 setattr(master.get_submodule(owner), leaf, bf16)

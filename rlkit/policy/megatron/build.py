@@ -127,12 +127,16 @@ def bf16_twin_of(master, arch: Architecture, config, num_experts: int = 0, lora=
     first pipeline stage and its output (the logits) to fp32 on the last, so logprobs and the loss are fp32.
     ``config`` is the master's; the copy is built from it with bf16 parameters, and with the master's adapters
     (``lora``: the enabled ``policy.lora_cfg``) when it has them; then the frozen base is held once, in bf16
-    (the master's base parameters become the copy's)."""
+    (the master's base parameters become the copy's), and the caller loads the weights after."""
     from megatron.core.transformer.module import Float16Module
 
     from rlkit.policy.precision import Bf16Twin
 
     bf16_config = dataclasses.replace(config, params_dtype=torch.bfloat16, pipeline_dtype=torch.bfloat16, bf16=True)
+    if lora is not None:  # the master's frozen base, not loaded yet (the policy reads it into the copy's), freed
+        for param in master.parameters():  # first: the fp32 base and the bf16 copy are never resident together
+            if not param.requires_grad:
+                param.untyped_storage().resize_(0)
     compute = build_gpt_model(arch, bf16_config, num_experts)
     if lora is not None:
         from rlkit.policy.megatron.lora import add_adapters
