@@ -77,6 +77,8 @@ def build_components(config: RunConfig, start: Any, env: Any = None, loss_fn: Op
             check_sft_columns(config, dataset)
     with start.part("policy", engine=policy_engine(config)):
         policy = build_policy(config)
+        if getattr(policy, "releases_base_while_generating", False):  # (policy.lora_cfg) out before the engine loads
+            policy.release_frozen_base()
     with start.part("generator", engine=generator_engine(config)):
         generator, weight_sync = build_generation(config)
     loss_fn = loss_fn if loss_fn is not None else build_loss(config)

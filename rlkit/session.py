@@ -242,6 +242,7 @@ class Session:
         when the loss needs them (KL), the entropy, and the generator/trainer mismatch (warns past
         ``grpo.mismatch_warning_threshold``)."""
         self._refuse_if_closed("logprobs")
+        loop.release_engine_weights(self)
         return self._keep(stages.logprobs(self._latest(batch, "logprobs"), self.policy, self.needs_reference,
                                           self.config.grpo.mismatch_warning_threshold))
 

@@ -97,6 +97,16 @@ def refit_if_released(session: Any) -> None:
         session.refit()
 
 
+def release_engine_weights(session: Any) -> None:
+    """Before the policy's passes (logprobs, train): a CPU engine that releases its weights for them (``policy.
+    generation.vllm_cfg.release_weights_for_training``, the CPU's stand-in for sleep) does so; the refit after the
+    update rebuilds them, and a rollout before it refits first (:func:`refit_if_released`)."""
+    generator = session.generator
+    if getattr(generator, "releases_weights_for_training", False) and not generator.weights_released:
+        generator.release_weights()
+        session.generator_version = -1  # no weights until the next refit
+
+
 def train(session: Any, batch: Trajectories, allow_reuse: bool, on_policy: bool) -> StepMetrics:
     """:meth:`rlkit.Session.train`; ``on_policy``: the batch has no ``prev_logprobs`` and the train step's own
     forward fills them in, with the entropy and the mismatch figures (:func:`skips_logprobs_pass`)."""
@@ -104,9 +114,7 @@ def train(session: Any, batch: Trajectories, allow_reuse: bool, on_policy: bool)
         warn_if_reused(batch, session.step_count)
     version_before, seed = session.policy.version, session.sampling().seed
     history.before_train(session)
-    if getattr(session.generator, "releases_weights_for_training", False):  # the CPU's stand-in for sleep
-        session.generator.release_weights()
-        session.generator_version = -1  # no weights until the refit after this update
+    release_engine_weights(session)
     try:
         result = stages.train(batch, session.policy, session.loss_fn, session.settings.train,
                               seed=session.config.seed + session.step_count, on_policy=on_policy)
