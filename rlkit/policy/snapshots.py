@@ -126,7 +126,9 @@ class Gradient:
         """cos(angle) between this gradient and ``other`` (float64 sums; nan if either is 0)."""
         dot = sum(float((a.double() * other.grads[n].double()).sum()) for n, a in self.grads.items())
         norms = [sum(float(g.double().pow(2).sum()) for g in x.grads.values()) ** 0.5 for x in (self, other)]
-        return dot / (norms[0] * norms[1]) if norms[0] > 0 and norms[1] > 0 else float("nan")
+        if norms[0] == 0 or norms[1] == 0:
+            return float("nan")
+        return max(-1.0, min(1.0, dot / (norms[0] * norms[1])))  # (equal gradients round to 1 + 2e-16)
 
 
 def gradient(policy: Any, batch: Trajectories, loss_fn: LossFn) -> Gradient:

@@ -142,3 +142,14 @@ def test_per_token_loss_on_a_two_rank_ray_group(model_cfg, ray_cluster):
         assert comparison.grad_norms == {} and set(comparison.losses) == set(LOSSES)
     finally:
         group.close()
+
+
+def test_a_cosine_stays_within_minus_one_and_one():
+    """Equal gradients' float64 sums can round their cosine to 1 + 2e-16 (compare_losses met it: ppo_clip and cispo
+    give the same gradient at ratio 1); opposite ones to -1 - 2e-16."""
+    from rlkit.policy.snapshots import Gradient
+
+    g = {"w": torch.randn(7, generator=torch.Generator().manual_seed(3))}  # unclamped: 1.0000000000000002
+    same, opposite = Gradient({}, 1.0, g), Gradient({}, 1.0, {"w": -g["w"]})
+    assert same.cosine(same) == 1.0 and same.cosine(opposite) == -1.0
+    assert torch.isnan(torch.tensor(same.cosine(Gradient({}, 0.0, {"w": torch.zeros(7)}))))
