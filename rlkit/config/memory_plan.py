@@ -28,7 +28,7 @@ The parts, for the busiest device (rank 0, which also hosts a colocated engine):
 - engine weights and KV cache: the generator's copy of the model in its precision, and its cache (the CPU:
   ``vllm_cfg.kv_cache_space_gib``, by default what the rollout batch needs, :func:`kv_cache_bytes`; CUDA:
   ``gpu_memory_utilization`` of the device, less its weights; on the CPU the output head's prepacked kernel is a
-  second copy of its table; with ``vllm_cfg.release_weights_for_training`` only what exceeds the train step's
+  second copy of its table, and while it loads the input embedding's a third (dropped after the load); with ``vllm_cfg.release_weights_for_training`` only what exceeds the train step's
   activations, logits, optimizer temporaries and gradients, which never coexist with the engine's weights, and with
   ``lora_cfg.release_base_while_generating`` beyond the frozen base too);
 - runtime: what the libraries themselves hold (torch, vLLM, Megatron, transformers: measured on the CPU, see
@@ -350,8 +350,9 @@ def _engine_bytes(config: RunConfig, hf_config: Mapping[str, Any], shape: ModelS
         return shape.parameters * 4, 0
     per_param = {"float32": 4, "bfloat16": 2, "fp8": 1}[g.vllm_cfg.precision]
     weights = shape.parameters * per_param
-    if device.name == "cpu":  # the output head's prepacked kernel: a second copy of its table, tied or not
-        return weights + shape.vocab * shape.hidden * per_param, kv_cache_bytes(config, hf_config)
+    if device.name == "cpu":  # the output head's prepacked kernel, a second copy of its table, tied or not; and while
+        # loading the input embedding's, which rlkit drops after each load (rlkit.generation.vllm_cpu_kernels)
+        return weights + 2 * shape.vocab * shape.hidden * per_param, kv_cache_bytes(config, hf_config)
     return weights, max(0, int(g.vllm_cfg.gpu_memory_utilization * device.capacity) - weights)
 
 
