@@ -8,8 +8,8 @@ The calls run one way: this loop calls the backend's hooks, and no hook calls ba
 that pipelines its microbatches supplies a ``_pipeline`` runner, to which the loop hands its own functions).
 Everything else is here once: the chunked logprob loop, global token counts, the microbatch loop, the
 all-or-nothing optimizer step with Ctrl-C deferred, the KL reference (resident only when used:
-:mod:`rlkit.policy.reference`), the learning-rate schedule, the checkpoint state, and the optimizer state's
-offload to host memory while a colocated engine generates.
+:mod:`rlkit.policy.reference`), the learning-rate schedule and the checkpoint state. What leaves memory while a
+colocated engine generates is :mod:`rlkit.policy.residency`'s.
 
 Numerics both backends follow: logits divided by the sampling temperature, the loss normalised by counts
 over the *global* batch (so gradients are summed, never averaged, over data-parallel ranks), clipping by the
@@ -33,9 +33,10 @@ from torch import Tensor
 from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
 from rlkit.errors import defer_keyboard_interrupt
 from rlkit.policy.base import LossFn, TokenLogprobs, TrainStepResult
-from rlkit.policy.optimizer import HostCopy, adamw, offload_state, restore_state
+from rlkit.policy.optimizer import adamw
 from rlkit.policy.packing import PackedRows, pack_rows
 from rlkit.policy.reference import ReferenceWeights, swap_all
+from rlkit.policy.residency import MemoryResidency
 from rlkit.policy.token_budget import microbatch_plan, round_up
 from rlkit.trajectories import LossCounts, Trajectories
 
@@ -51,7 +52,7 @@ def sum_metrics_over_ranks(sums: dict[str, Tensor], group, device: torch.device)
     return {k: float(v) for k, v in sums.items()}
 
 
-class InProcessPolicy:
+class InProcessPolicy(MemoryResidency):
     """The shared machinery; a subclass sets ``cfg``, ``model`` and ``device``, then calls ``_start_training``."""
 
     cfg: PolicyConfig
@@ -67,11 +68,6 @@ class InProcessPolicy:
     # bf16 copy that runs forward and backward while ``model`` holds the fp32 master weights (Megatron at
     # policy.precision=bfloat16; a :class:`rlkit.policy.precision.Bf16Twin`); None when ``model`` itself computes
     _twin = None
-    # while the optimizer state is offloaded (:meth:`offload_optimizer_state`): parameter -> its state tensors'
-    # host copies (empty after a reset_optimizer: nothing to bring back but the gradient buffers); None otherwise
-    _offloaded_state: Optional[dict[Tensor, dict[str, HostCopy]]] = None
-    # under adapters, the frozen base while it can be released (policy.lora_cfg.release_base_while_generating)
-    _frozen_base = None  # a rlkit.policy.frozen_base.FrozenBase
 
     def _start_training(self) -> None:
         """Optimizer, schedule, version 0 and the reference: the state right after the model is loaded."""
@@ -255,78 +251,6 @@ class InProcessPolicy:
             yield
         finally:
             swap_all(params, ref)
-
-    # ---- the frozen base, released while an engine generates (policy.lora_cfg) -----------------------
-    @property
-    def releases_base_while_generating(self) -> bool:
-        return self.cfg.lora_cfg.enabled and self.cfg.lora_cfg.release_base_while_generating
-
-    def release_frozen_base(self) -> int:
-        """Free the frozen base weights (adapters only train) until the next forward pass, export or HF import
-        reads them back from the model folder, exactly (:mod:`rlkit.policy.frozen_base`); returns the bytes freed.
-        A backend that can read its base back from the folder supplies it (Megatron)."""
-        raise NotImplementedError(f"{type(self).__name__} cannot release its frozen base; "
-                                  "policy.lora_cfg.release_base_while_generating is built for the megatron backend")
-
-    def _frozen_base_in(self) -> None:
-        """Read a released frozen base back (nothing otherwise); every use of the base weights calls this first."""
-        if self._frozen_base is not None:
-            self._frozen_base.restore()
-
-    # ---- optimizer state offload (colocated generation) --------------------------------------------
-    def _offload_frees_memory(self) -> bool:
-        """Whether the weights, and so the optimizer state and gradient buffers, live in accelerator memory:
-        only then does an offload free anything (on a CPU machine it would copy host memory to host memory)."""
-        return self.device.type != "cpu"
-
-    @torch.no_grad()
-    def offload_optimizer_state(self) -> None:
-        """Move every optimizer state tensor on the weights' device (AdamW's fp32 ``exp_avg`` and ``exp_avg_sq``,
-        2x the parameters) to host memory, pinned when CUDA is present, and free the gradient buffers (Megatron's
-        DDP ``main_grad`` buffers, fp32, 1x the parameters; their contents are not needed between steps), so a
-        colocated generator has that memory while it generates. Gradients left in ``.grad`` by
-        :meth:`compute_gradients` are dropped. Brought back by :meth:`restore_optimizer_state`, which
-        :meth:`train_step` and :meth:`compute_gradients` call first; :meth:`save_state` and :meth:`load_state`
-        bring it back for their call and offload it again after. Nothing happens when the weights live on the
-        CPU already, or when the state is offloaded already."""
-        if self._offloaded_state is not None or not self._offload_frees_memory():
-            return
-        with defer_keyboard_interrupt():  # a state half moved would be half lost
-            self._offloaded_state = offload_state(self.optimizer, self.device)
-            self._release_gradient_buffers()
-        if self.device.type == "cuda":  # the copies are asynchronous; cached blocks go back to the driver
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-
-    def release_gradient_buffers(self) -> None:
-        """Free the gradient buffers between steps (the next step zeroes them anyway): on the CPU, where the optimizer
-        state has nowhere to go, the part of the training state a colocated engine can have while it generates;
-        reallocated by the next step (:meth:`restore_optimizer_state`). Nothing happens once released or offloaded."""
-        if self._offloaded_state is None:
-            self._release_gradient_buffers()
-            self._offloaded_state = {}  # (nothing moved: the gradient buffers alone come back)
-
-    @torch.no_grad()
-    def restore_optimizer_state(self) -> None:
-        """Bring back what :meth:`offload_optimizer_state` moved: the state tensors onto the weights' device, the
-        gradient buffers reallocated (zeroed). Nothing happens when nothing is offloaded."""
-        if self._offloaded_state is None:
-            return
-        with defer_keyboard_interrupt():
-            restore_state(self.optimizer, self._offloaded_state, self.device)
-            self._reallocate_gradient_buffers()
-            self._offloaded_state = None
-
-    @contextlib.contextmanager
-    def _optimizer_state_in_place(self):
-        """The optimizer state where the optimizer keeps it for the block, offloaded again after if it was."""
-        offloaded = self._offloaded_state is not None
-        self.restore_optimizer_state()
-        try:
-            yield
-        finally:
-            if offloaded:
-                self.offload_optimizer_state()
 
     # ---- logprobs -----------------------------------------------------------------------------------
     @torch.no_grad()
