@@ -36,10 +36,6 @@ class FrozenBase:
         self._reload = reload
         self.released: set[Hashable] = set()
 
-    @property
-    def nbytes(self) -> int:
-        return sum(n for storages in self._storages.values() for _, n in storages)
-
     def keys(self) -> list[Hashable]:
         return list(self._storages)
 

@@ -76,23 +76,13 @@ def _chunk_logits(rows: Tensor, weight: Tensor, temperature: float) -> Tensor:
     return z / temperature if temperature != 1.0 else z
 
 
-def _split(group) -> bool:
-    return dist.is_initialized() and dist.get_world_size(group) > 1
-
-
-def _all_reduce(t: Tensor, group, op=dist.ReduceOp.SUM) -> Tensor:
-    if _split(group):
-        dist.all_reduce(t, op=op, group=group)
-    return t
-
-
 class _ChunkedHeadLogprobs(torch.autograd.Function):
     """rows [N, h], weight [V/tp, h], targets [N] -> logprobs [N] and entropy [N] (zeros unless asked)."""
 
     @staticmethod
     def forward(ctx, rows, weight, targets, temperature, group, with_entropy):
         n, vocab = rows.shape[0], weight.shape[0]
-        start = dist.get_rank(group) * vocab if _split(group) else 0
+        start = dist.get_rank(group) * vocab  # (this rank's vocabulary slice; at TP=1 the group is of one)
         local = targets - start
         mine = (local >= 0) & (local < vocab)
         local = torch.where(mine, local, 0)
@@ -100,17 +90,19 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
         logprobs, lse, entropy = (torch.zeros(n, device=rows.device) for _ in range(3))
         for i in range(0, n, step):
             z = _chunk_logits(rows[i:i + step], weight, temperature)
-            z_max = _all_reduce(z.max(dim=-1).values, group, dist.ReduceOp.MAX)
+            z_max = z.max(dim=-1).values
+            dist.all_reduce(z_max, op=dist.ReduceOp.MAX, group=group)
             e = torch.exp(z - z_max.unsqueeze(-1))
             target = torch.where(mine[i:i + step], z.gather(1, local[i:i + step, None]).squeeze(1), 0.0)
             stats = [e.sum(dim=-1), target] + ([(e * z).sum(dim=-1)] if with_entropy else [])
-            stats = _all_reduce(torch.stack(stats), group)
+            stats = torch.stack(stats)
+            dist.all_reduce(stats, group=group)
             lse[i:i + step] = z_max + torch.log(stats[0])
             logprobs[i:i + step] = stats[1] - lse[i:i + step]
             if with_entropy:
                 entropy[i:i + step] = lse[i:i + step] - stats[2] / stats[0]
         ctx.save_for_backward(rows, weight, local, mine, lse)
-        ctx.temperature, ctx.step = temperature, step
+        ctx.temperature = temperature
         ctx.mark_non_differentiable(entropy)
         return logprobs, entropy
 
