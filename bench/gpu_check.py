@@ -55,6 +55,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--peak-tflops", type=float, default=989.0, help="datasheet dense bf16 TFLOP/s of the GPU")
     parser.add_argument("--budget-s", type=float, default=420.0, help="stop timing new steps after this long")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the timed steps, one more step per backend under torch.profiler: its top kernels")
     parser.add_argument("--out", default="gpu_check.json")
     args = parser.parse_args(argv)
     if args.tiny:
@@ -130,6 +132,20 @@ def build_policy(backend: str, folder: str, args):
     return in_process_policy(cfg)
 
 
+def profile_step(policy, batch) -> str:
+    """One train step under torch.profiler: the 20 operators with the most device (else host) time of their own."""
+    from torch.profiler import ProfilerActivity, profile
+    from rlkit.stages.sft import nll_loss
+
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        policy.train_step(batch, nll_loss)
+        sync()
+    key = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=20)
+
+
 def check_family(family: str, shape: dict, args, workdir: str, started: float) -> dict:
     from rlkit.models import make_model
     from rlkit.models.factory import TinyModelSpec, count_parameters
@@ -184,6 +200,9 @@ def check_family(family: str, shape: dict, args, workdir: str, started: float) -
                 times[backend].append(time.perf_counter() - t0)
             if torch.cuda.is_available():
                 peaks[backend] = max(peaks.get(backend, 0.0), torch.cuda.max_memory_allocated() / 2**30)
+    if args.profile:
+        for backend, policy in policies.items():
+            out[f"{backend}_profile"] = profile_step(policy, batch)
     for policy in policies.values():
         policy.close()
     if torch.cuda.is_available():
@@ -248,6 +267,8 @@ def main(argv=None) -> dict:
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(table(result))
     for fam in result["families"]:
+        for key in (k for k in fam if k.endswith("_profile")):
+            print(f"{fam['family']} {key}:\n{fam[key]}")
         for backend, trace in fam["errors"].items():
             print(f"{fam['family']} {backend} FAILED:\n{trace}")
     return result

@@ -36,10 +36,12 @@ def attention_pair(config, dtype):
 
 
 def run(module, q, k, v):
-    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    """Output and q/k/v gradients, on the device Megatron's attention buffers live on (CUDA where present)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    q, k, v = (t.detach().to(device).requires_grad_() for t in (q, k, v))
     out = module(q, k, v, attention_mask=None)
-    (out.float() * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
-    return out.float(), [t.grad.float() for t in (q, k, v)]
+    (out.float() * torch.linspace(-1, 1, out.numel(), device=device).view_as(out)).sum().backward()
+    return out.float().cpu(), [t.grad.float().cpu() for t in (q, k, v)]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])

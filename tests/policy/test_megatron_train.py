@@ -87,7 +87,7 @@ def test_entropy_matches_float64_reference(policy):
     batch = random_batch(b=4, t=16)
     scores = policy.logprobs(batch.input_ids, batch.attention_mask, with_entropy=True)
     with torch.no_grad():
-        logits = policy._logits(batch.input_ids).double()
+        logits = policy._logits(batch.input_ids).double().cpu()
     logp = logits.log_softmax(-1)
     ent = -(logp.exp() * logp).sum(-1)[:, :-1]
     expected = torch.nn.functional.pad(ent, (1, 0)) * batch.attention_mask
