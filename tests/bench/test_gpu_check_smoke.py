@@ -1,5 +1,5 @@
 """bench/gpu_check.py's code path on the CPU at a tiny size: both families, both backends in bf16, the logprob
-gap against transformers' fp32 forward, one JSON and the table. Timings are not asserted (benchmarks report
+gap against transformers' fp32 forward, a profiled step, one JSON and the table. Timings are not asserted (benchmarks report
 speed, tests check code); the GPU defaults are checked to be the ~1B models the README's figures are about."""
 
 import importlib.util
@@ -22,7 +22,7 @@ def bench():
 
 def test_gpu_check_runs_both_backends_on_tiny_models(bench, tmp_path, capsys):
     out = tmp_path / "gpu_check.json"
-    bench.main(["--tiny", "--steps", "1", "--warmup", "0", "--out", str(out)])
+    bench.main(["--tiny", "--steps", "1", "--warmup", "0", "--profile", "--out", str(out)])
     result = json.loads(out.read_text())
     assert [f["family"] for f in result["families"]] == ["llama", "qwen3"]
     for fam in result["families"]:
@@ -32,6 +32,8 @@ def test_gpu_check_runs_both_backends_on_tiny_models(bench, tmp_path, capsys):
             assert row["steps"] == 1 and row["step_s"] > 0 and row["tokens_per_s"] == pytest.approx(4 * 32 / row["step_s"])
             gap = fam[f"{backend}_bf16_vs_fp32_logprob_gap"]
             assert 1e-4 < gap["max"] < 0.05 and gap["mean"] < 0.01, gap  # bf16 ran, and close to fp32
+        for backend in ("megatron", "dtensor"):  # --profile: one more step each, its operators by own time
+            assert "aten::mm" in fam[f"{backend}_profile"] and "Self CPU time total" in fam[f"{backend}_profile"]
         assert fam["megatron_over_dtensor_step_time"] == pytest.approx(fam["megatron"]["step_s"] / fam["dtensor"]["step_s"])
     printed = capsys.readouterr().out
     assert "FAILED" not in printed and printed.count("Megatron / DTensor step time:") == 2

@@ -66,3 +66,25 @@ def test_a_closed_megatron_policy_leaves_no_process_group_threads(no_default_gro
     assert not [name for name, value in vars(parallel_state).items() if isinstance(value, dist.ProcessGroup)]
     assert after["group_threads"] == before["group_threads"], (before, after)
     assert after["fds"] <= before["fds"], (before, after)
+
+
+def test_a_single_process_group_on_a_gpu_machine_has_nccl_for_cuda_tensors(no_default_group, monkeypatch):
+    """gloo alone refuses CUDA tensors (Megatron's DDP all-reduces its CUDA gradient buffers through the default
+    group even at one rank: every train step failed on an H200, 2026-12-04), so with CUDA present the group
+    rlkit creates pairs gloo (host tensors) with NCCL (CUDA tensors). NCCL cannot start without a GPU: the call
+    is recorded, not made."""
+    import torch
+
+    from rlkit.policy import process_group
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(process_group.dist, "init_process_group", lambda backend, **kw: calls.append((backend, kw)))
+    monkeypatch.setattr(process_group.dist, "is_initialized", lambda: False)
+    monkeypatch.delenv("RANK", raising=False)
+    process_group.acquire_process_group()
+    try:
+        assert [(backend, kw["rank"], kw["world_size"]) for backend, kw in calls] == [("cpu:gloo,cuda:nccl", 0, 1)]
+    finally:
+        monkeypatch.setattr(process_group, "_created_group", None)
+        monkeypatch.setattr(process_group, "_holders", 0)
