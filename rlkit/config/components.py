@@ -130,6 +130,13 @@ class MegatronConfig(BackendSection):
     recompute_granularity: Optional[Literal["full", "selective"]] = None
     recompute_method: Optional[Literal["uniform", "block"]] = None
     recompute_num_layers: Optional[int] = Field(None, ge=1)
+    # the output layer fused with the logprobs (rlkit.policy.megatron.head) scores tokens in chunks of at most this
+    # many MiB of fp32 logits [tokens, vocabulary/TP]; a pass whose logits fit in one chunk keeps the full logits
+    fused_head_chunk_mib: float = Field(64.0, gt=0)
+
+    @property
+    def fused_head_chunk_bytes(self) -> int:
+        return max(1, int(self.fused_head_chunk_mib * 2**20))
 
     def recompute_settings(self) -> dict[str, Any]:
         """The three recompute keys, as Megatron's ``TransformerConfig`` takes them."""

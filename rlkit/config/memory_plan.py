@@ -20,7 +20,7 @@ The parts, for the busiest device (rank 0, which also hosts a colocated engine):
   recompute only each layer's input plus one layer's worth);
 - logits of the vocabulary: fp32 logits, scaled, their log-softmax and its gradient for one micro batch (/ TP);
   Megatron without pipeline stages fuses its head with the logprobs (:mod:`rlkit.policy.megatron.head`) when
-  those exceed one chunk: then a chunk's logits, softmax and gradient (:data:`FUSED_HEAD_CHUNK_BYTES` each) and the
+  those exceed one chunk: then a chunk's logits, softmax and gradient (``policy.megatron_cfg.fused_head_chunk_mib`` each) and the
   head weight's gradient;
 - optimizer step: AdamW's foreach temporaries, one fp32 copy of what trains;
 - weight snapshots: ``history.snapshots`` copies of what trains (the adapters; all weights only with
@@ -54,7 +54,6 @@ GIB = 2**30
 CPU_KV_BLOCK_TOKENS = 128  # vLLM's KV-cache block on the CPU (vllm/platforms/cpu.py): a sequence takes whole blocks
 RUNTIME_CPU_BYTES = int(0.8 * GIB)  # torch + vLLM + Megatron + transformers imported, an engine started (bench/memory_plan.py)
 RUNTIME_CUDA_BYTES = int(0.75 * GIB)  # CUDA context and library workspaces per device
-FUSED_HEAD_CHUNK_BYTES = 64 * 2**20  # fp32 logits of one chunk of tokens in Megatron's fused head
 SKIP_ENV = "RLKIT_SKIP_MEMORY_PLAN"  # set to 1 to start a config the plan refuses (you know better)
 
 
@@ -245,11 +244,11 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
     t = p.max_total_sequence_length
     logprob_rows = min(p.logprob_batch_size, max(1, -(-rows // dp)))
     logits = max(micro, logprob_rows) * t * (shape.vocab // tp) * 4  # the fp32 logits of the larger pass
-    fused_head = backend.name == "megatron" and backend.pipeline_model_parallel_size == 1 \
-        and logits > FUSED_HEAD_CHUNK_BYTES
+    chunk = p.megatron_cfg.fused_head_chunk_bytes
+    fused_head = backend.name == "megatron" and backend.pipeline_model_parallel_size == 1 and logits > chunk
     if fused_head:  # rlkit.policy.megatron.head: a chunk's logits, softmax and gradient, and the head's gradient
         head_gradient = 0 if lora.enabled else shape.vocab // tp * shape.hidden * (2 if bf16 else 4)
-        parts["logits"] = 3 * FUSED_HEAD_CHUNK_BYTES + head_gradient
+        parts["logits"] = 3 * chunk + head_gradient
     else:
         parts["logits"] = max(4 * micro, 2 * logprob_rows) * t * (shape.vocab // tp) * 4
     parts["optimizer step"] = trained  # AdamW's foreach temporaries: one fp32 copy of what trains, at the step

@@ -4,7 +4,7 @@ CLI, and (slow) the plan against measured peak RSS of short runs (bench/memory_p
 import pytest
 
 from rlkit.config.loading import load_config
-from rlkit.config.memory_plan import FUSED_HEAD_CHUNK_BYTES, GIB, RUNTIME_CPU_BYTES, Device, MemoryPlanError, plan_memory
+from rlkit.config.memory_plan import GIB, RUNTIME_CPU_BYTES, Device, MemoryPlanError, plan_memory
 
 # a hand-countable Llama: vocab 64, hidden 8, 2 layers, 2 heads of 4, 1 KV head, ffn 16, untied head
 HF = dict(model_type="llama", vocab_size=64, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
@@ -38,7 +38,7 @@ def test_the_plan_adds_up_by_hand(folder):
     assert p["logits"] == 4 * 2 * 16 * 64 * 4  # logits, scaled, log-softmax, gradient of 2 rows (> 2 logprob rows x 2)
     # past one chunk of logits, Megatron's fused head: logits, softmax and gradient of a chunk, the head's gradient
     fused = plan_memory(config(folder), dict(HF, vocab_size=2**20), CPU).parts
-    assert fused["logits"] == 3 * FUSED_HEAD_CHUNK_BYTES + 2**20 * 8 * 4
+    assert fused["logits"] == 3 * 64 * 2**20 + 2**20 * 8 * 4  # policy.megatron_cfg.fused_head_chunk_mib: 64
     assert p["optimizer step"] == 4 * params  # AdamW's temporaries
     # the engine: every parameter in fp32, its output head's CPU kernel (a packed copy of the 64 x 8 table), and the
     # input embedding's while it loads

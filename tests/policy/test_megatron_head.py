@@ -2,7 +2,7 @@
 head (full logits, then Megatron's vocabulary-parallel cross-entropy), and no [tokens, V] tensor is made.
 
 Bounds: logprobs and entropy 1e-6, gradients 1e-6 relative to each parameter's largest gradient (fp32; the two
-differ in summation order only). Tensor parallelism goes through the same code in tests/policy/test_parallel.py.
+differ in summation order only). Tensor and sequence parallelism: tests/policy/test_parallel.py, with small chunks.
 """
 
 import pytest
@@ -19,6 +19,13 @@ from tests.helpers import pg_token_mean_loss, random_batch
 def unfused(policy):
     """The same policy's scores through full logits (the base class's forward, as a pipeline stage computes)."""
     return lambda *args, **kwargs: InProcessPolicy._forward_scores(policy, *args, **kwargs)
+
+
+def chunk_of(policy, monkeypatch, tokens: int) -> None:
+    """The policy's fused head scores ``tokens`` tokens a chunk (``policy.megatron_cfg.fused_head_chunk_mib``)."""
+    mc = policy.cfg.megatron_cfg.model_copy(update={"fused_head_chunk_mib": 4 * policy.arch.vocab_size * tokens / 2**20})
+    monkeypatch.setattr(policy, "cfg", policy.cfg.model_copy(update={"megatron_cfg": mc}))
+    assert policy.cfg.megatron_cfg.fused_head_chunk_bytes == 4 * policy.arch.vocab_size * tokens
 
 
 def scores_and_gradients(policy, batch):
@@ -39,7 +46,7 @@ def test_fused_head_equals_the_unfused_one(model_factory, monkeypatch, family, o
     policy = MegatronPolicy(cfg)
     try:
         assert policy.arch.tie_word_embeddings == bool(overrides)
-        monkeypatch.setattr(head, "CHUNK_BYTES", 4 * policy.arch.vocab_size * 5)  # 5 tokens a chunk: many chunks
+        chunk_of(policy, monkeypatch, 5)  # many chunks
         batch = random_batch(b=6, t=20)
         fused, fused_grads = scores_and_gradients(policy, batch)
         monkeypatch.setattr(policy, "_forward_scores", unfused(policy))
@@ -77,7 +84,7 @@ def test_a_train_step_never_holds_the_logits_of_all_tokens(model_factory, monkey
         vocab, batch = policy.arch.vocab_size, random_batch(b=8, t=40)
         tokens = 8 * int(batch.attention_mask.sum(1).max())
         weights = sum(p.numel() for p in policy.model.parameters())  # (DDP's gradient buffer holds them all)
-        monkeypatch.setattr(head, "CHUNK_BYTES", 4 * vocab * 4)  # 4 tokens a chunk
+        chunk_of(policy, monkeypatch, 4)
         sizes = []
         for forward in (None, unfused(policy)):
             if forward is not None:
@@ -103,7 +110,7 @@ def test_logits_within_one_chunk_go_through_the_unfused_head(model_factory, monk
         batch = random_batch(b=4, t=16)
         small = policy.logprobs(batch.input_ids, batch.attention_mask).logprobs
         assert calls == []
-        monkeypatch.setattr(head, "CHUNK_BYTES", 4 * policy.arch.vocab_size * 8)  # 8 tokens a chunk
+        chunk_of(policy, monkeypatch, 8)
         fused = policy.logprobs(batch.input_ids, batch.attention_mask).logprobs
         assert calls == [1] and (fused - small).abs().max() < 1e-6
     finally:

@@ -64,11 +64,11 @@ def reference(model_cfg):
     return single_process_reference(model_cfg)
 
 
-def group_for(cfg, tp=1, sequence_parallel=False, pp=1):
+def group_for(cfg, tp=1, sequence_parallel=False, pp=1, **megatron):
     from rlkit.policy.workers import RayPolicyGroup
 
     layout = MegatronConfig(tensor_model_parallel_size=tp, sequence_parallel=sequence_parallel,
-                            pipeline_model_parallel_size=pp)
+                            pipeline_model_parallel_size=pp, **megatron)
     return RayPolicyGroup(cfg.model_copy(update={"megatron_cfg": layout}), world_size=2, seed=0)
 
 
@@ -107,6 +107,21 @@ def test_sequence_parallel_with_tensor_parallel_2_matches_one_process(ray_cluste
     """The sequence split over the TP ranks between layers (norm gradients summed over them); lengths that are
     not a multiple of 2 are padded inside the forward pass."""
     group = group_for(model_cfg, tp=2, sequence_parallel=True)
+    try:
+        check_against_reference(group, reference)
+    finally:
+        group.close()
+
+
+@pytest.mark.parametrize("sequence_parallel", [False, True], ids=["TP2", "TP2-SP"])
+def test_fused_head_under_tensor_parallel_2_matches_one_process(ray_cluster, model_cfg, reference, sequence_parallel):
+    """Megatron's head fused with the logprobs (rlkit.policy.megatron.head), forced at the nano size by chunks of
+    3 tokens: the vocabulary-parallel log-sum-exp over the TP ranks, the hidden states' gradient reduced over them
+    (all-reduce, or reduce-scatter under SP), against the single process's full logits."""
+    from rlkit.models import read_hf_config
+
+    chunk_mib = 4 * (read_hf_config(model_cfg.model_name)["vocab_size"] // 2) * 3 / 2**20  # 3 tokens a chunk per rank
+    group = group_for(model_cfg, tp=2, sequence_parallel=sequence_parallel, fused_head_chunk_mib=chunk_mib)
     try:
         check_against_reference(group, reference)
     finally:

@@ -7,7 +7,7 @@ logprob of its target and the vocabulary-parallel log-sum-exp (three ``[chunk]``
 tensor-parallel group), and keeps only the log-sum-exp. Backward recomputes the logits a slice of the vocabulary
 at a time to get the softmax. At a 151,936-token vocabulary and 8 rows of 160 tokens, the unfused head held its
 fp32 logits, the softmax its cross-entropy keeps and their gradient (0.78 GB each); here a chunk or slice is at
-most :data:`CHUNK_BYTES`. Numerics are those of the unfused head: the matmul in the weight's dtype, logits in
+most ``chunk_bytes`` (``policy.megatron_cfg.fused_head_chunk_mib``). Numerics are those of the unfused head: the matmul in the weight's dtype, logits in
 fp32, divided by the sampling temperature, the gradient cast to the weight's dtype for the two backward matmuls.
 """
 
@@ -24,7 +24,6 @@ from megatron.core.tensor_parallel.mappings import (
 )
 from torch import Tensor
 
-from rlkit.config.memory_plan import FUSED_HEAD_CHUNK_BYTES as CHUNK_BYTES  # (the memory plan counts it)
 
 
 @contextlib.contextmanager
@@ -44,11 +43,12 @@ def output_weight(gpt) -> Tensor:
 
 
 def head_scores(hidden: Tensor, weight: Tensor, input_ids: Tensor, temperature: float, sequence_parallel: bool,
-                with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
+                with_entropy: bool, chunk_bytes: int) -> tuple[Tensor, Optional[Tensor]]:
     """hidden [s(/tp), b, h] (the final norm's output; split over TP ranks under sequence parallelism), this
     rank's head weight [V/tp, h], input_ids [b, s] -> logprobs [b, s] (position t: log p(input_ids[t] | ...),
     position 0: 0; differentiable w.r.t. ``hidden`` and ``weight``) and, with ``with_entropy``, the entropy
-    [b, s] of the distribution that predicted each token (position 0: 0; no gradient), else None.
+    [b, s] of the distribution that predicted each token (position 0: 0; no gradient), else None. No working
+    tensor of the logits' size exceeds ``chunk_bytes``.
 
     The hidden states enter through the mapping the column-parallel head uses, so their gradient is reduced over
     tensor-parallel ranks as the unfused head's is (all-reduce, or reduce-scatter under sequence parallelism)."""
@@ -65,7 +65,8 @@ def head_scores(hidden: Tensor, weight: Tensor, input_ids: Tensor, temperature: 
         rows = copy_to_tensor_model_parallel_region(rows)
     rows = rows.to(weight.dtype)
     targets = torch.nn.functional.pad(input_ids[:, 1:], (0, 1)).t().reshape(-1).to(rows.device)  # last: predicts nothing
-    logprobs, entropy = _ChunkedHeadLogprobs.apply(rows, weight, targets, temperature, group, with_entropy)
+    logprobs, entropy = _ChunkedHeadLogprobs.apply(rows, weight, targets, temperature, group, with_entropy,
+                                                  chunk_bytes)
     shift = lambda v: torch.nn.functional.pad(v.view(s, b).t()[:, :-1], (1, 0))  # noqa: E731
     return shift(logprobs), shift(entropy) if with_entropy else None
 
@@ -90,13 +91,13 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
     """rows [N, h], weight [V/tp, h], targets [N] -> logprobs [N] and entropy [N] (zeros unless asked)."""
 
     @staticmethod
-    def forward(ctx, rows, weight, targets, temperature, group, with_entropy):
+    def forward(ctx, rows, weight, targets, temperature, group, with_entropy, chunk_bytes):
         n, vocab = rows.shape[0], weight.shape[0]
         start = dist.get_rank(group) * vocab  # (this rank's vocabulary slice; at TP=1 the group is of one)
         local = targets - start
         mine = (local >= 0) & (local < vocab)
         local = torch.where(mine, local, 0)
-        step = max(1, CHUNK_BYTES // (4 * vocab))
+        step = max(1, chunk_bytes // (4 * vocab))
         logprobs, lse, entropy = (torch.zeros(n, device=rows.device) for _ in range(3))
         for i in range(0, n, step):
             z = _chunk_logits(rows[i:i + step], weight, temperature)
@@ -112,7 +113,7 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
             if with_entropy:
                 entropy[i:i + step] = lse[i:i + step] - stats[2] / stats[0]
         ctx.save_for_backward(rows, weight, local, mine, lse)
-        ctx.temperature = temperature
+        ctx.temperature, ctx.chunk_bytes = temperature, chunk_bytes
         ctx.mark_non_differentiable(entropy)
         return logprobs, entropy
 
@@ -127,7 +128,7 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
         g = grad_logprobs.float()
         grad_rows = torch.zeros(rows.shape, dtype=torch.float32, device=rows.device) if want_rows else None
         grad_weight = torch.empty_like(weight) if want_weight else None
-        step = max(1, CHUNK_BYTES // (4 * n))
+        step = max(1, ctx.chunk_bytes // (4 * n))
         for v in range(0, vocab, step):
             w = weight[v:v + step]
             # d logprob / d z = onehot(target) - softmax, times the incoming gradient, over the temperature
@@ -142,4 +143,4 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
                 grad_rows.add_(_products_in_fp32(grad_z, w))
             if want_weight:
                 grad_weight[v:v + step] = grad_z.t() @ rows
-        return None if grad_rows is None else grad_rows.to(rows.dtype), grad_weight, None, None, None, None
+        return None if grad_rows is None else grad_rows.to(rows.dtype), grad_weight, None, None, None, None, None

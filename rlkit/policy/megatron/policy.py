@@ -336,7 +336,8 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         one of its chunks: they are then never held. Smaller ones go through the full logits, as before the fused head
         (the two agree within 1e-6, but a long run's trajectory follows the rounding)."""
         t = input_ids.shape[1]
-        if input_ids.numel() * (self.arch.vocab_size // self.tp_size) * 4 <= head.CHUNK_BYTES:
+        chunk_bytes = self.cfg.megatron_cfg.fused_head_chunk_bytes
+        if input_ids.numel() * (self.arch.vocab_size // self.tp_size) * 4 <= chunk_bytes:
             return super()._forward_scores(input_ids, with_entropy, packed)
         ids, positions, kwargs = torch.nn.functional.pad(input_ids, (0, self._padded_length(t) - t)), None, {}
         if packed is not None:
@@ -345,7 +346,7 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         with head.hidden_states_out(gpt):
             hidden = self._stage_forward(ids, positions, **kwargs)
         values = head.head_scores(hidden, head.output_weight(gpt), ids.to(self.device), self.temperature,
-                                  self.layout.sequence_parallel, with_entropy)
+                                  self.layout.sequence_parallel, with_entropy, chunk_bytes)
         return tuple(v if v is None else v[:, :t] for v in values)
 
     def _rows_group(self):
