@@ -86,11 +86,14 @@ class MemoryResidency:
 
     @contextlib.contextmanager
     def _optimizer_state_in_place(self):
-        """The optimizer state where the optimizer keeps it for the block, offloaded again after if it was."""
-        offloaded = self._offloaded_state is not None
+        """The optimizer state where the optimizer keeps it for the block, let go of again after as it was before:
+        offloaded, or (on the CPU) only the gradient buffers released."""
+        before = self._offloaded_state
         self.restore_optimizer_state()
         try:
             yield
         finally:
-            if offloaded:
+            if before:
                 self.offload_optimizer_state()
+            elif before is not None:
+                self.release_gradient_buffers()

@@ -125,6 +125,29 @@ def test_reset_and_load_while_offloaded(cfg, tmp_path):
         policy.close()
 
 
+def test_a_checkpoint_leaves_released_gradient_buffers_released(cfg, tmp_path):
+    """On the CPU a refit next to an engine that releases its weights frees the gradient buffers alone (the
+    state has nowhere to go: ``release_gradient_buffers``); a save or load in between brings them back for its
+    call and frees them again, and the next step equals one that never released them."""
+    policies = [in_process_policy(cfg) for _ in range(2)]  # (the CPU's own path: no offload forced)
+    try:
+        for policy in policies:
+            policy.train_step(B1, pg_token_mean_loss)
+        released = policies[0]
+        released.release_gradient_buffers()
+        assert all(n == 0 for n in gradient_buffer_sizes(released))
+        released.save_state(tmp_path / "saved")
+        assert all(n == 0 for n in gradient_buffer_sizes(released)), "the save left the gradient buffers allocated"
+        released.load_state(tmp_path / "saved")
+        assert all(n == 0 for n in gradient_buffer_sizes(released)), "the load left the gradient buffers allocated"
+        steps = [policy.train_step(B2, pg_token_mean_loss) for policy in policies]
+        assert all(n > 0 for n in gradient_buffer_sizes(released))
+        assert steps[0].metrics == steps[1].metrics and steps[0].grad_norm == steps[1].grad_norm
+    finally:
+        for policy in policies:
+            policy.close()
+
+
 class SleepingEngine:
     """Stands in for vLLM colocated on a GPU (sleeps between rollouts), in a test of the order of the hand-off
     only: records when it wakes, loads, generates and sleeps, and whether the policy's state was offloaded."""
