@@ -20,8 +20,8 @@ The parts, for the busiest device (rank 0, which also hosts a colocated engine):
   recompute only each layer's input plus one layer's worth);
 - logits of the vocabulary: fp32 logits, scaled, their log-softmax and its gradient for one micro batch (/ TP);
   Megatron without pipeline stages fuses its head with the logprobs (:mod:`rlkit.policy.megatron.head`) when
-  those exceed one chunk: then a chunk's logits, softmax and gradient (``policy.megatron_cfg.fused_head_chunk_mib`` each) and the
-  head weight's gradient;
+  those exceed one chunk: then a chunk's logits, softmax and gradient (``policy.megatron_cfg.fused_head_chunk_mib``
+  each) and the head weight's gradient;
 - optimizer step: AdamW's foreach temporaries, one fp32 copy of what trains;
 - weight snapshots: ``history.snapshots`` copies of what trains (the adapters; all weights only with
   ``history.full_weight_snapshots``), the states ``session.replay`` starts from (:mod:`rlkit.run.history`);

@@ -1,6 +1,7 @@
 """bench/gpu_check.py's code path on the CPU at a tiny size: both families, both backends in bf16, the logprob
-gap against transformers' fp32 forward, a profiled step, one JSON and the table. Timings are not asserted (benchmarks report
-speed, tests check code); the GPU defaults are checked to be the ~1B models the README's figures are about."""
+gap against transformers' fp32 forward, a profiled step, one JSON and the table. Timings are not asserted
+(benchmarks report speed, tests check code); the GPU defaults are checked to be the ~1B models the README's
+figures are about."""
 
 import importlib.util
 import json

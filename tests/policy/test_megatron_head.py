@@ -23,7 +23,8 @@ def unfused(policy):
 
 def chunk_of(policy, monkeypatch, tokens: int) -> None:
     """The policy's fused head scores ``tokens`` tokens a chunk (``policy.megatron_cfg.fused_head_chunk_mib``)."""
-    mc = policy.cfg.megatron_cfg.model_copy(update={"fused_head_chunk_mib": 4 * policy.arch.vocab_size * tokens / 2**20})
+    mib = 4 * policy.arch.vocab_size * tokens / 2**20
+    mc = policy.cfg.megatron_cfg.model_copy(update={"fused_head_chunk_mib": mib})
     monkeypatch.setattr(policy, "cfg", policy.cfg.model_copy(update={"megatron_cfg": mc}))
     assert policy.cfg.megatron_cfg.fused_head_chunk_bytes == 4 * policy.arch.vocab_size * tokens
 

@@ -7,8 +7,9 @@ logprob of its target and the vocabulary-parallel log-sum-exp (three ``[chunk]``
 tensor-parallel group), and keeps only the log-sum-exp. Backward recomputes the logits a slice of the vocabulary
 at a time to get the softmax. At a 151,936-token vocabulary and 8 rows of 160 tokens, the unfused head held its
 fp32 logits, the softmax its cross-entropy keeps and their gradient (0.78 GB each); here a chunk or slice is at
-most ``chunk_bytes`` (``policy.megatron_cfg.fused_head_chunk_mib``). Numerics are those of the unfused head: the matmul in the weight's dtype, logits in
-fp32, divided by the sampling temperature, the gradient cast to the weight's dtype for the two backward matmuls.
+most ``chunk_bytes`` (``policy.megatron_cfg.fused_head_chunk_mib``). Numerics are those of the unfused head: the
+matmul in the weight's dtype, logits in fp32, divided by the sampling temperature, the gradient cast to the
+weight's dtype for the two backward matmuls.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from megatron.core.tensor_parallel.mappings import (
     gather_from_sequence_parallel_region,
 )
 from torch import Tensor
-
 
 
 @contextlib.contextmanager
@@ -79,9 +79,9 @@ def _chunk_logits(rows: Tensor, weight: Tensor, temperature: float) -> Tensor:
 
 def _products_in_fp32(a: Tensor, b: Tensor) -> Tensor:
     """a [n, k] @ b [k, m] -> fp32 [n, m]: a bf16 matmul's products summed in fp32 and not rounded back, as
-    the unfused matmul does over the whole vocabulary. On CUDA the bf16 tensor cores write fp32 (``out_dtype``);
-    torch has no such kernel on the CPU, which multiplies the operands upcast (on a GPU that fp32 matmul took
-    13% of a ~1B model's step)."""
+    the unfused matmul does over the whole vocabulary. On CUDA the bf16 tensor cores write fp32 (``out_dtype``;
+    an fp32 matmul there would run without them); torch has no such kernel on the CPU, which multiplies the
+    operands upcast."""
     if a.is_cuda and a.dtype in (torch.bfloat16, torch.float16):
         return torch.mm(a, b, out_dtype=torch.float32)
     return a.float() @ b.float()
