@@ -407,6 +407,15 @@ class RayPolicyGroup:
     def offload_optimizer_state(self) -> None:
         self._call_all("offload_optimizer_state")
 
+    @property
+    def releases_base_while_generating(self) -> bool:
+        return self._cfg.lora_cfg.enabled and self._cfg.lora_cfg.release_base_while_generating
+
+    def release_frozen_base(self) -> int:
+        """Every rank frees its shard of the frozen base until its next forward pass, export or HF import reads it
+        back (:meth:`rlkit.policy.residency.MemoryResidency.release_frozen_base`); rank 0's bytes freed."""
+        return self._call_all("release_frozen_base")
+
     def restore_optimizer_state(self) -> None:
         self._call_all("restore_optimizer_state")
 

@@ -206,6 +206,25 @@ def test_tensor_parallel_2_adapters_match_one_process(ray_cluster, nano, sequenc
         group.close()
 
 
+def test_a_released_base_under_tensor_parallel_2_comes_back_exactly(ray_cluster, nano):
+    """``release_base_while_generating`` in a Ray TP=2 group with SP: each rank frees its shard of the frozen base
+    and reads it back from the model folder at its next pass; scores, the step and the merged weights match the
+    in-process policy that never released (1e-5, test_parallel.py's harness), and an export from a released base
+    (a refit's, layer by layer on each rank) equals one from the resident base."""
+    from tests.policy.test_parallel import check_against_reference, group_for, max_diff, single_process_reference
+
+    reference = single_process_reference(lora_cfg(nano))
+    group = group_for(lora_cfg(nano, release_base_while_generating=True), tp=2, sequence_parallel=True)
+    try:
+        assert group.releases_base_while_generating and group.release_frozen_base() > 0
+        check_against_reference(group, reference)
+        resident = group.hf_state_dict()
+        assert group.release_frozen_base() > 0
+        assert max_diff(group.hf_state_dict(), resident) == 0
+    finally:
+        group.close()
+
+
 def test_a_frozen_head_backward_folds_into_one_matmul(nano):
     """Megatron's frozen-weight linear computes its input gradient as ``grad_output.matmul(weight)``; the logits'
     gradient arrives as a transposed view ([t, b, vocab] of a [b, t, vocab] tensor), which torch.matmul cannot
