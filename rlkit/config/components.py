@@ -235,6 +235,11 @@ class LoraConfig(Section):
     def scaling(self) -> float:
         return self.alpha / self.dim
 
+    @property
+    def releases_base(self) -> bool:
+        """Adapters on, and their frozen base released while an engine generates."""
+        return self.enabled and self.release_base_while_generating
+
     def hf_targets(self) -> tuple[str, ...]:
         """The HF projections that get adapters, in :data:`LORA_LINEAR_MODULES` order."""
         def expand(names):

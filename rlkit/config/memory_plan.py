@@ -280,7 +280,7 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
     if engine_weights and device.name == "cpu" and p.generation.vllm_cfg.release_weights_for_training:
         # only while training: the step's transients and the gradient buffers (freed at each refit)
         transients = parts["activations"] + parts["logits"] + parts["optimizer step"] + parts["gradients"]
-        base_released = lora.enabled and lora.release_base_while_generating and backend.name == "megatron"
+        base_released = lora.releases_base and backend.name == "megatron"
         if base_released:  # the frozen base is out while the engine holds its copy, and back while it is released
             transients += parts["weights"]
         engine_weights = max(0, engine_weights - transients)

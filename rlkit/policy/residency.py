@@ -26,7 +26,7 @@ class MemoryResidency:
     # ---- the frozen base, released while an engine generates (policy.lora_cfg) -----------------------
     @property
     def releases_base_while_generating(self) -> bool:
-        return self.cfg.lora_cfg.enabled and self.cfg.lora_cfg.release_base_while_generating
+        return self.cfg.lora_cfg.releases_base
 
     def release_frozen_base(self) -> int:
         """Free the frozen base weights (adapters only train) until the next forward pass, export or HF import

@@ -409,7 +409,7 @@ class RayPolicyGroup:
 
     @property
     def releases_base_while_generating(self) -> bool:
-        return self._cfg.lora_cfg.enabled and self._cfg.lora_cfg.release_base_while_generating
+        return self._cfg.lora_cfg.releases_base
 
     def release_frozen_base(self) -> int:
         """Every rank frees its shard of the frozen base until its next forward pass, export or HF import reads it

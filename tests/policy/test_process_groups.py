@@ -78,13 +78,11 @@ def test_a_single_process_group_on_a_gpu_machine_has_nccl_for_cuda_tensors(no_de
     from rlkit.policy import process_group
 
     calls = []
+    monkeypatch.setattr(process_group, "_created_group", None)  # (put back as they were after the test)
+    monkeypatch.setattr(process_group, "_holders", 0)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(process_group.dist, "init_process_group", lambda backend, **kw: calls.append((backend, kw)))
     monkeypatch.setattr(process_group.dist, "is_initialized", lambda: False)
     monkeypatch.delenv("RANK", raising=False)
     process_group.acquire_process_group()
-    try:
-        assert [(backend, kw["rank"], kw["world_size"]) for backend, kw in calls] == [("cpu:gloo,cuda:nccl", 0, 1)]
-    finally:
-        monkeypatch.setattr(process_group, "_created_group", None)
-        monkeypatch.setattr(process_group, "_holders", 0)
+    assert [(backend, kw["rank"], kw["world_size"]) for backend, kw in calls] == [("cpu:gloo,cuda:nccl", 0, 1)]
