@@ -163,8 +163,7 @@ def grpo(
     r = _grouped(rewards, group_size)
     adv = _centred(r, cfg.use_leave_one_out_baseline)
     if cfg.normalize_rewards:
-        _, std = group_stats(rewards, group_size)
-        std = std[:, None]  # [N, 1]
+        std = group_stats(rewards, group_size)[1][:, None]  # [N, 1]
         adv = torch.where(std > 0, adv / (std + cfg.epsilon), adv)
     return _to_tokens(adv, mask)
 

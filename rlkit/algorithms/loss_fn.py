@@ -123,6 +123,12 @@ class RLLoss(CodeRepr):
         """Whether the caller must fill ``batch.ref_logprobs`` (else it can skip the reference forward)."""
         return self.params.reference_policy_kl_penalty != 0 or self.kl_in_reward
 
+    def _kl(self, logprobs: Tensor, ref: Tensor, mask: Tensor) -> Tensor:  # [b, T]
+        """The per-token KL estimate with both sides 0 outside the completion (ref_logprobs already is): k3's exp()
+        cannot overflow there, which the masked aggregation would turn into NaN gradients."""
+        return kl_penalty(torch.where(mask, logprobs, 0.0), torch.where(mask, ref, 0.0), self.params.kl_estimator,
+                          self.params.kl_clamp)
+
     def __call__(self, logprobs: Tensor, batch: Trajectories, counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:
         p = self.params
         mask = batch.loss_mask.bool()  # [b, T]
@@ -143,19 +149,11 @@ class RLLoss(CodeRepr):
         pg, pg_maps = self._policy_loss(logprobs, old, advantages, mask, self._policy_params)
         pg_loss = agg(pg * correction.weights)
         kl = None  # [b, T]
-        if ref is not None:
-            # Both sides 0 outside the completion (ref_logprobs already is): k3's exp() cannot overflow there,
-            # which the masked aggregation would turn into NaN gradients.
-            logprobs_on_completion = torch.where(mask, logprobs, 0.0)
-            ref = torch.where(mask, ref, 0.0)
-        if p.reference_policy_kl_penalty != 0:
-            kl = kl_penalty(logprobs_on_completion, ref, p.kl_estimator, p.kl_clamp)
-            kl_loss = agg(p.reference_policy_kl_penalty * kl)
-        else:
-            kl_loss = torch.zeros((), dtype=pg_loss.dtype, device=pg_loss.device)
-            if ref is not None:  # metric only
-                with torch.no_grad():
-                    kl = kl_penalty(logprobs_on_completion, ref, p.kl_estimator, p.kl_clamp)
+        if ref is not None:  # without a KL penalty, a metric only
+            with torch.set_grad_enabled(torch.is_grad_enabled() and p.reference_policy_kl_penalty != 0):
+                kl = self._kl(logprobs, ref, mask)
+        kl_loss = (agg(p.reference_policy_kl_penalty * kl) if p.reference_policy_kl_penalty != 0
+                   else torch.zeros((), dtype=pg_loss.dtype, device=pg_loss.device))
         loss = pg_loss + kl_loss
 
         n_tokens = max(counts.valid_tokens, 1)
@@ -194,10 +192,8 @@ class RLLoss(CodeRepr):
         correction = self._correction(old, batch.generator_logprobs, mask, self._correction_params)
         pg, maps = self._policy_loss(logprobs, old, advantages, mask, self._policy_params)
         per = pg * correction.weights
-        kl = torch.zeros_like(logprobs)
-        if batch.ref_logprobs is not None:
-            kl = kl_penalty(torch.where(mask, logprobs, 0.0), torch.where(mask, batch.ref_logprobs, 0.0),
-                            p.kl_estimator, p.kl_clamp)
+        ref = batch.ref_logprobs
+        kl = self._kl(logprobs, ref, mask) if ref is not None else torch.zeros_like(logprobs)
         total = per + p.reference_policy_kl_penalty * kl if p.reference_policy_kl_penalty != 0 else per
         with torch.enable_grad():  # c_t: the aggregation's gradient with respect to each token's value
             probe = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device, requires_grad=True)
