@@ -149,9 +149,7 @@ def _known_fd_lines_dropped(held: Held) -> Iterator[None]:
     """Redirect file descriptors 1 and 2 to temporary files; afterwards write back every unknown line (to
     ``sys.stdout`` / ``sys.stderr``, so a notebook shows it) and count the known ones."""
     streams = {1: sys.stdout, 2: sys.stderr}
-    for stream in (*streams.values(), sys.__stdout__, sys.__stderr__):
-        with contextlib.suppress(Exception):
-            stream.flush()
+    _flush(*streams.values(), sys.__stdout__, sys.__stderr__)
     saved = {fd: os.dup(fd) for fd in streams}
     captures = {fd: tempfile.TemporaryFile() for fd in streams}
     try:
@@ -159,25 +157,26 @@ def _known_fd_lines_dropped(held: Held) -> Iterator[None]:
             os.dup2(capture.fileno(), fd)
         yield
     finally:
-        for stream in (sys.__stdout__, sys.__stderr__):  # a terminal's Python streams write to these fds
-            with contextlib.suppress(Exception):
-                stream.flush()
+        _flush(sys.__stdout__, sys.__stderr__)  # a terminal's Python streams write to these fds
         for fd in streams:
             os.dup2(saved[fd], fd)
             os.close(saved[fd])
         for fd, capture in captures.items():
             capture.seek(0)
-            text = capture.read().decode("utf-8", errors="replace")
+            lines = capture.read().decode("utf-8", errors="replace").splitlines(keepends=True)
             capture.close()
-            kept = []
-            for line in text.splitlines(keepends=True):
-                if any(re.search(p, line) for p in KNOWN_FD_LINES):
-                    held.dropped += bool(line.strip())
-                else:
-                    kept.append(line)
+            known = [any(re.search(p, line) for p in KNOWN_FD_LINES) for line in lines]
+            held.dropped += sum(bool(line.strip()) for line, k in zip(lines, known) if k)
+            kept = [line for line, k in zip(lines, known) if not k]
             if kept:
                 streams[fd].write("".join(kept))
                 streams[fd].flush()
+
+
+def _flush(*streams: object) -> None:
+    for stream in streams:
+        with contextlib.suppress(Exception):
+            stream.flush()
 
 
 @contextlib.contextmanager

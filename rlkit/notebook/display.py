@@ -27,15 +27,14 @@ def session_facts(s: Any) -> dict[str, object]:
         return {"state": "closed (create a new Session to continue)"}
     policy = s.policy
     arch = getattr(policy, "arch", None)
-    device = "cuda" if _cuda() else "cpu"
     backend = cfg.policy.backend  # the section build_policy built
-    colocated = cfg.generation_colocated
     facts = {
         "model": f"{cfg.policy.model_name}" + (f" ({arch.family}, {arch.num_layers} layers x {arch.hidden_size})" if arch else ""),
         "backend": backend.title,
-        "policy": f"{type(policy).__name__} on {device}",
+        "policy": f"{type(policy).__name__} on {'cuda' if _cuda() else 'cpu'}",
         "parallel layout": backend.layout_words(cfg.policy.num_workers),
-        "generator": f"{cfg.policy.generation.backend} ({'colocated' if colocated else 'separate'}): {s.generator!r}",
+        "generator": f"{cfg.policy.generation.backend} ({'colocated' if cfg.generation_colocated else 'separate'}): "
+                     f"{s.generator!r}",
         "environment": getattr(s.env, "name", type(s.env).__name__),
         "chat template": chat_template_words(cfg.data.chat_template_kwargs, getattr(s.env, "tool_schemas", None)),
         "loss": repr(s.loss_fn),
@@ -66,8 +65,7 @@ def chat_template_words(kwargs: Any, tools: Any = None) -> str:
 
 def start_warnings(s: Any) -> list[str]:
     """The warnings shown while the session started (rlkit's own config and data checks, anything unexpected)."""
-    startup = getattr(s, "startup", None)
-    return list(startup.warnings) if startup is not None else []
+    return list(getattr(getattr(s, "startup", None), "warnings", []))
 
 
 @functools.lru_cache(maxsize=1)
@@ -81,9 +79,8 @@ def session_summary(s: Any) -> str:
         return f"Session({f['state']})"
     keys = ("model", "backend", "parallel layout", "environment", "step", "policy version", "generator weights",
             "last reward")
-    shown = start_warnings(s)
     return ("Session(" + ", ".join(f"{k}={f[k]}" for k in keys) + ")"
-            + "".join(f"\n  warning at start: {w}" for w in shown))
+            + "".join(f"\n  warning at start: {w}" for w in start_warnings(s)))
 
 
 def session_html(s: Any) -> str:
@@ -292,16 +289,12 @@ def _fields(section: Any) -> list[tuple[str, Any, Any]]:
     return []
 
 
-def _is_section(value: Any) -> bool:
-    return hasattr(type(value), "model_fields") or (dataclasses.is_dataclass(value) and not isinstance(value, type))
-
-
 def config_leaves(section: Any, prefix: str = "") -> list[tuple[str, Any, Any]]:
     """Every leaf setting as ``(dotted.key, value, default)``."""
     out = []
     for name, value, default in _fields(section):
         key = f"{prefix}{name}"
-        if _is_section(value):
+        if hasattr(type(value), "model_fields") or (dataclasses.is_dataclass(value) and not isinstance(value, type)):
             out += config_leaves(value, key + ".")
         else:
             out.append((key, value, default))

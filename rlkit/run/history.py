@@ -51,14 +51,9 @@ class StepRecord:
 
     @property
     def nbytes(self) -> int:
-        return batch_bytes(self.batch)
-
-
-def batch_bytes(batch: Trajectories) -> int:
-    """Bytes a batch holds in memory: its tensors and its text (UTF-8)."""
-    tensors = sum(v.numel() * v.element_size() for v in vars(batch).values() if isinstance(v, Tensor))
-    text = sum(len(s.encode()) for s in batch.prompts + batch.completions)
-    return tensors + text
+        """Bytes the batch holds in memory: its tensors and its text (UTF-8)."""
+        tensors = sum(v.numel() * v.element_size() for v in vars(self.batch).values() if isinstance(v, Tensor))
+        return tensors + sum(len(s.encode()) for s in self.batch.prompts + self.batch.completions)
 
 
 class RolloutHistory:

@@ -82,11 +82,7 @@ class RolloutSource:
 
 class PlainRollouts(RolloutSource):
     def __init__(self, sample: SampleFn, num_prompts: int):
-        self.sample, self.num_prompts = sample, num_prompts
-
-    @property
-    def rows_per_step(self) -> int:
-        return self.num_prompts
+        self.sample, self.num_prompts, self.rows_per_step = sample, num_prompts, num_prompts
 
     def make(self, rows: Sequence[dict], seed: int, generator_version: int) -> Trajectories:
         return self.sample(rows, seed, generator_version)
@@ -98,11 +94,7 @@ class PlainRollouts(RolloutSource):
 class DynamicSampling(PlainRollouts):
     def __init__(self, sample: SampleFn, score: ScoreFn, num_prompts: int, max_rounds: int):
         super().__init__(sample, num_prompts)
-        self.score, self.max_rounds = score, max_rounds
-
-    @property
-    def rows_per_step(self) -> int:
-        return self.num_prompts * self.max_rounds
+        self.score, self.max_rounds, self.rows_per_step = score, max_rounds, num_prompts * max_rounds
 
     def make(self, rows: Sequence[dict], seed: int, generator_version: int) -> Trajectories:
         n = self.num_prompts

@@ -66,14 +66,6 @@ def is_multi_turn(env: Any) -> bool:
     return getattr(env, "max_turns", 1) > 1
 
 
-@dataclass(frozen=True)
-class _ChatFormat:
-    """What every template call of a rollout takes besides the messages: tools and ``chat_template_kwargs``."""
-
-    tools: Optional[Sequence[dict[str, Any]]] = None
-    template_kwargs: Optional[dict[str, Any]] = None
-
-
 def rollout_tools(env: Environment, settings: RolloutSettings) -> Optional[Sequence[dict[str, Any]]]:
     """The environment's JSON tools (``env.tool_schemas``, a native-tool environment), else the settings'."""
     return getattr(env, "tool_schemas", None) or settings.tools
@@ -117,9 +109,9 @@ def conversations(generator: Generator, tokenizer: Any, env: Environment, rows: 
                                                      settings.prompt_key)
     max_turns = settings.max_turns if settings.max_turns is not None else getattr(env, "max_turns", 1)
     head = [{"role": "system", "content": settings.system_prompt}] if settings.system_prompt is not None else []
-    chat = _ChatFormat(rollout_tools(env, settings), settings.chat_template_kwargs)
-    texts = render_prompt_texts(tokenizer, [r[prompt_key] for r in rows], settings.system_prompt, chat.tools,
-                                chat.template_kwargs)
+    tools = rollout_tools(env, settings)  # every template call of the rollout renders them
+    texts = render_prompt_texts(tokenizer, [r[prompt_key] for r in rows], settings.system_prompt, tools,
+                                settings.chat_template_kwargs)
     prompt_ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     games = [_Conversation(i // num_generations, head + [{"role": "user", "content": rows[i // num_generations][prompt_key]}],
                            list(prompt_ids[i // num_generations]), len(prompt_ids[i // num_generations]))
@@ -135,8 +127,8 @@ def conversations(generator: Generator, tokenizer: Any, env: Environment, rows: 
             seed = None if sampling.seed is None else sampling.seed + TURN_SEED_STRIDE * turn
             _generate_turn(generator, live, replace(sampling, seed=seed), max_total_tokens)
         live = [c for c in live if c.live]  # a turn with no room left ended its conversation
-        _env_step(env, live, games, rows, tokenizer, max_total_tokens, last_turn=turn == max_turns - 1, errors=errors,
-                  chat=chat)
+        _env_step(env, live, games, rows, tokenizer, max_total_tokens, turn == max_turns - 1, errors, tools,
+                  settings.chat_template_kwargs)
     batch = _as_trajectories(games, texts, rows, num_generations, policy_version, tokenizer, errors)
     check_reward_failures(errors, batch, env, settings.max_failure_fraction)
     turns = torch.tensor([float(c.turns) for c in games])
@@ -172,8 +164,10 @@ def _generate_turn(generator: Generator, live: list[_Conversation], sampling: Sa
 
 
 def _env_step(env: Environment, live: list[_Conversation], games: list[_Conversation], rows: Sequence[dict],
-              tokenizer: Any, budget: int, last_turn: bool, errors: list[str], chat: _ChatFormat = _ChatFormat()) -> None:
-    """``env.step`` over the live conversations: rewards on each turn's last token, messages appended as tokens."""
+              tokenizer: Any, budget: int, last_turn: bool, errors: list[str],
+              tools: Optional[Sequence[dict[str, Any]]], template_kwargs: Optional[dict[str, Any]]) -> None:
+    """``env.step`` over the live conversations: rewards on each turn's last token, messages appended as tokens
+    (rendered with the rollout's JSON ``tools`` and ``template_kwargs``, as the prompt was)."""
     if not live:
         return
     index = {id(c): i for i, c in enumerate(games)}
@@ -197,7 +191,7 @@ def _env_step(env: Environment, live: list[_Conversation], games: list[_Conversa
         chars = sum(len(m["content"]) for m in messages)
         fits_in_chars = chars <= room * max_token_chars(tokenizer)  # if not, too long without tokenizing it
         message_ids = (appended_message_ids(tokenizer, conversation.messages, messages, conversation.ids[-1],
-                                            chat.tools, chat.template_kwargs) if fits_in_chars else None)
+                                            tools, template_kwargs) if fits_in_chars else None)
         if message_ids is None or len(message_ids) > room:
             conversation.live, conversation.finish_reason = False, "length"
             too_long.append((chars, room))
