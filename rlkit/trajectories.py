@@ -99,12 +99,6 @@ class Trajectories:
         """A copy with ``changes`` applied (``dataclasses.replace``); the original is untouched."""
         return dataclasses.replace(self, **changes)
 
-    def to(self, device: torch.device | str) -> "Trajectories":
-        """A copy with every tensor field on ``device`` (itself when they are all there already)."""
-        moved = {f.name: value.to(device) for f in dataclasses.fields(self)
-                 if isinstance(value := getattr(self, f.name), Tensor) and value.device != torch.device(device)}
-        return dataclasses.replace(self, **moved) if moved else self
-
     def select(self, index: slice | Tensor) -> "Trajectories":
         """Rows ``index`` of every per-sample field (for microbatching). Group structure is not kept."""
         idx = list(range(self.batch_size))[index] if isinstance(index, slice) else index.tolist()

@@ -29,15 +29,3 @@ def test_require_names_the_stage_and_with_does_not_mutate():
     assert batch.rewards is None and other.rewards is not None
     with pytest.raises(dataclasses.FrozenInstanceError):
         batch.rewards = torch.ones(8)
-
-
-def test_to_moves_every_tensor_and_leaves_the_rest():
-    batch = random_batch(b=4, group_size=2)
-    assert batch.to("cpu") is batch  # already there: no copy
-    moved = batch.to("meta")
-    tensors = [f.name for f in dataclasses.fields(batch) if isinstance(getattr(batch, f.name), torch.Tensor)]
-    assert "input_ids" in tensors and "loss_mask" in tensors
-    for name in tensors:
-        assert getattr(moved, name).device.type == "meta" and getattr(batch, name).device.type == "cpu"
-        assert getattr(moved, name).shape == getattr(batch, name).shape
-    assert moved.prompts == batch.prompts and moved.group_size == batch.group_size

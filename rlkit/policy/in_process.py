@@ -43,15 +43,13 @@ from rlkit.trajectories import LossCounts, Trajectories
 
 def sum_metrics_over_ranks(sums: dict[str, Tensor], group, device: torch.device) -> dict[str, float]:
     """Sums (float64 scalars: metric sums, token counts) added up over ``group`` in one all-reduce (on ``device``:
-    NCCL reduces device tensors only); unchanged for a group of one (or None: no process group). Read back to
-    the host in one transfer, so a step waits for its device once here, not once per value."""
-    if not sums:
-        return {}
-    keys = sorted(sums)
-    packed = torch.stack([sums[k].to(device) for k in keys])
-    if group is not None and dist.get_world_size(group) > 1:
+    NCCL reduces device tensors only); unchanged for a group of one (or None: no process group)."""
+    if sums and group is not None and dist.get_world_size(group) > 1:
+        keys = sorted(sums)
+        packed = torch.stack([sums[k].to(device) for k in keys])
         dist.all_reduce(packed, group=group)
-    return dict(zip(keys, packed.tolist()))
+        sums = dict(zip(keys, packed))
+    return {k: float(v) for k, v in sums.items()}
 
 
 class InProcessPolicy(MemoryResidency):
@@ -264,13 +262,10 @@ class InProcessPolicy(MemoryResidency):
         if self._pipeline is not None:
             return self._pipeline.logprobs(input_ids, attention_mask, with_entropy, self.cfg.logprob_batch_size,
                                            self._forward_length, self._scores)
-        # logprobs (, entropy), filled on the device and read back once
-        out = torch.zeros((1 + with_entropy, *input_ids.shape), device=self.device)
+        out = torch.zeros((1 + with_entropy, *input_ids.shape), device=input_ids.device)  # logprobs (, entropy)
         for rows in microbatch_plan(self.cfg, attention_mask, self.cfg.logprob_batch_size, "logprob_mb_tokens",
                                     self._rows_group(), self.device):
-            out[:, rows] = torch.stack(self._per_token(input_ids[rows].to(self.device),
-                                                       attention_mask[rows].to(self.device), with_entropy))
-        out = out.to(input_ids.device)
+            out[:, rows] = torch.stack(self._per_token(input_ids[rows], attention_mask[rows], with_entropy)).to(out.device)
         return TokenLogprobs(out[0], out[1] if with_entropy else None)
 
     def reference_logprobs(self, input_ids: Tensor, attention_mask: Tensor) -> TokenLogprobs:
@@ -331,7 +326,7 @@ class InProcessPolicy(MemoryResidency):
         plan = microbatch_plan(self.cfg, batch.attention_mask, self.cfg.train_micro_batch_size, "train_mb_tokens",
                                self._rows_group(), self.device)
         for i, rows in enumerate(plan):
-            micro = batch.select(rows).to(self.device)  # the loss runs where the logits are: no wait per microbatch
+            micro = batch.select(rows)
             if backward:
                 self._microbatch_starting(i, len(plan))
             logprobs, *entropy = self._per_token(micro.input_ids, micro.attention_mask, with_entropy=kept is not None)
@@ -383,7 +378,7 @@ class InProcessPolicy(MemoryResidency):
             raise ValueError("with pipeline parallelism only the last stage sees the logits, so a train step returns "
                              "no logprobs (returns_step_logprobs is False): run the logprobs stage first")
         # the step's own logprobs and entropy, each [B, T], filled in microbatch by microbatch
-        kept = torch.zeros((2, *batch.loss_mask.shape), device=self.device) if return_logprobs else None
+        kept = torch.zeros((2, *batch.loss_mask.shape), device=batch.loss_mask.device) if return_logprobs else None
         try:
             metrics, n_micro = self._run_microbatches(batch, loss_fn, backward=True, kept=kept)
             grad_norm = self._grad_norm()
@@ -403,8 +398,6 @@ class InProcessPolicy(MemoryResidency):
             self.optimizer.zero_grad(set_to_none=True)
             self.version += 1
         # 0 outside the completion, as the logprobs stage stores them
-        if kept is not None:
-            kept = kept.to(batch.loss_mask.device)
         logprobs, entropy = (torch.where(batch.loss_mask, kept[0], 0.0), kept[1]) if kept is not None else (None, None)
         return TrainStepResult(metrics=metrics, grad_norm=grad_norm, learning_rate=lr, num_microbatches=n_micro,
                                version=self.version, timings={"train_step": time.perf_counter() - t0},
