@@ -82,9 +82,8 @@ def driver_modules() -> list[Path]:
         if "." in name or name == "__main__" or module is None:
             continue
         source = _module_source(module)
-        if source is None or not source.exists() or any(source.is_relative_to(d) for d in installation):
-            continue
-        if source not in found:
+        if source is not None and source not in found and source.exists() \
+                and not any(source.is_relative_to(d) for d in installation):
             found.append(source)
     return found
 
@@ -109,11 +108,7 @@ def job_runtime_env(extra_modules: Iterable[str] = ()) -> dict:
     modules and ``extra_modules`` (paths or importable names) as ``py_modules``, and the forwarded variables.
     Job-level, because Ray uploads local folders only there; every actor of the job inherits it, and an
     actor's own ``env_vars`` (:func:`worker_env_vars`, with its thread count) are merged over it."""
-    modules = driver_modules()
-    for entry in extra_modules:
-        path = _resolve_module(entry)
-        if path not in modules:
-            modules.append(path)
+    modules = dict.fromkeys([*driver_modules(), *map(_resolve_module, extra_modules)])  # in order, each once
     env = worker_env_vars(1)
     del env["OMP_NUM_THREADS"]  # each actor sets its own
     return {"py_modules": [str(p) for p in modules], "env_vars": env}

@@ -70,10 +70,6 @@ def rank_resources() -> dict[str, float]:
     return {"CPU": 1.0, "GPU": 1.0} if ray.cluster_resources().get("GPU", 0) > 0 else {"CPU": 1.0}
 
 
-def _fits_one_node(nodes: list[dict[str, Any]], need: dict[str, float]) -> bool:
-    return any(all(n["Resources"].get(k, 0) >= v for k, v in need.items()) for n in nodes)
-
-
 def _describe(resources: dict[str, float]) -> str:
     return ", ".join(f"{k}={v:g}" for k, v in sorted(resources.items()) if k in ("CPU", "GPU") or v > 0 and
                      not k.startswith(("node:", "memory", "object_store")))
@@ -103,7 +99,7 @@ def place_ranks(cfg: PolicyConfig, world_size: int, timeout_s: float) -> tuple[A
     per_rank = rank_resources()
     nodes = _alive_nodes()
     pack = pack_size(cfg, world_size)
-    if pack > 1 and not _fits_one_node(nodes, {k: v * pack for k, v in per_rank.items()}):
+    if pack > 1 and not any(all(n["Resources"].get(k, 0) >= v * pack for k, v in per_rank.items()) for n in nodes):
         pack = 1  # no node holds a whole tensor-parallel group: spread it, as close as Ray packs it
     bundles = [{k: v * pack for k, v in per_rank.items()} for _ in range(world_size // pack)]
     group = placement_group(bundles, strategy="PACK")

@@ -24,6 +24,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator, Optional, Sequence
 
+from rlkit.config.changes import config_changes
 from rlkit.config.loading import load_config
 from rlkit.config.run import RunConfig
 from rlkit.errors import CheckpointError, RunFolderError, SkippedStepsError
@@ -215,17 +216,6 @@ def _write_summary(run_dir: Path, summary: dict[str, Any], stopped: Optional[str
 
 # ---- resume: the checkpoint's config against this one ----------------------------------------------------------
 ALWAYS_ALLOWED = ("grpo.max_num_steps", "logger", "checkpointing")  # the run's length and where it writes
-
-
-def config_changes(old: RunConfig, new: RunConfig) -> dict[str, tuple[Any, Any]]:
-    """Dotted key -> (old value, new value) for every leaf setting that differs."""
-    def flat(value: Any, prefix: str = "") -> dict[str, Any]:
-        if isinstance(value, dict) and value:
-            return {k: v for key, item in value.items() for k, v in flat(item, f"{prefix}{key}.").items()}
-        return {prefix[:-1]: value}
-
-    a, b = flat(old.model_dump(mode="json")), flat(new.model_dump(mode="json"))
-    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
 
 
 def check_resume_changes(checkpoint: Path, config: RunConfig, allow_changes: Sequence[str]) -> dict[str, tuple]:

@@ -67,21 +67,27 @@ def _changed_keys(old: Any, new: Any, prefix: str = "") -> list[str]:
             for k in _changed_keys(old.get(key), new.get(key), f"{prefix}.{key}" if prefix else key)]
 
 
+def _dotted(values: dict, key: str) -> Any:
+    for part in key.split("."):
+        values = values.get(part) if isinstance(values, dict) else None
+    return values
+
+
+def config_changes(old: RunConfig, new: RunConfig) -> dict[str, tuple[Any, Any]]:
+    """Dotted key -> (old value, new value) for every leaf setting that differs."""
+    a, b = old.model_dump(mode="json"), new.model_dump(mode="json")
+    return {key: (_dotted(a, key), _dotted(b, key)) for key in _changed_keys(a, b)}
+
+
 def changes_needed(old: RunConfig, new: RunConfig) -> dict[str, Change]:
     """``{dotted key: Change}`` for every key whose value differs between ``old`` and ``new``."""
-    return {key: change_for(key) for key in _changed_keys(old.model_dump(mode="json"), new.model_dump(mode="json"))}
+    return {key: change_for(key) for key in config_changes(old, new)}
 
 
 def refusals(changes: dict[str, Change], allowed: set[Change], where: str) -> list[str]:
     """One ConfigError line per change that ``where`` (``configure()``, ``reset()``) cannot make."""
     return [f"{key}: changing it needs {change.value}; {where} cannot change it"
             for key, change in changes.items() if change not in allowed]
-
-
-def _dotted(values: dict, key: str) -> Any:
-    for part in key.split("."):
-        values = values.get(part) if isinstance(values, dict) else None
-    return values
 
 
 def changes_summary(old: RunConfig, new: RunConfig, changes: dict[str, Change], new_loss: Optional[str] = None) -> str:

@@ -1,9 +1,9 @@
 """The memory a run config will need, per device and per part, before anything loads.
 
 Why: a config that cannot fit should fail in a second with the numbers and the switch that helps, not after
-minutes of loading with an out-of-memory kill (a 0.6B model in fp32 took a 24 GB machine past 17 GB and was
-stopped). The plan reads the model folder's ``config.json`` alone: the model is built on the meta device
-(transformers' own class, so every family counts its own parameters exactly) and no weight is read.
+minutes of loading with an out-of-memory kill. The plan reads the model folder's ``config.json`` alone: the
+model is built on the meta device (transformers' own class, so every family counts its own parameters exactly)
+and no weight is read.
 
 The parts, for the busiest device (rank 0, which also hosts a colocated engine):
 
@@ -330,8 +330,8 @@ def kv_cache_bytes(config: RunConfig, hf_config: Mapping[str, Any]) -> int:
     """The CPU engine's KV cache for ``config``: ``vllm_cfg.kv_cache_space_gib`` GiB, or with ``"auto"`` what one
     rollout batch (``grpo.num_prompts_per_step x grpo.num_generations_per_prompt`` sequences) needs at the engine's
     full length (:func:`auto_kv_cache_bytes`). Why not a fixed default: the cache is allocated and zeroed at start,
-    so it is resident memory all run long (the former 1 GiB default was 4.6x what the 0.6B shape's 8 x 160-token
-    batch needs); a larger batch, such as an eval of 500 prompts, runs in waves of what fits."""
+    so it is resident memory all run long; a larger batch, such as an eval of 500 prompts, runs in waves of what
+    fits."""
     vllm_cfg = config.policy.generation.vllm_cfg
     if vllm_cfg.kv_cache_space_gib != "auto":
         return int(vllm_cfg.kv_cache_space_gib * GIB)

@@ -103,13 +103,9 @@ def _load(name: str, config: Optional[str], wanted: dict[str, str]) -> tuple[dic
                     raise
     except Exception as exc:  # noqa: BLE001 - datasets raises many types; each becomes one message naming the key
         raise DataError([f"data.dataset_name={name!r}: datasets.load_dataset could not load it "
-                         f"({type(exc).__name__}: {_first_line(exc)}). Fix: {_load_fix(name, folder)}"]) from None
+                         f"({type(exc).__name__}: {(str(exc).strip().splitlines() or ['no message'])[0]}). "
+                         f"Fix: {_load_fix(name, folder)}"]) from None
     return splits, problems
-
-
-def _first_line(exc: Exception) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else "no message"
 
 
 def _load_fix(name: str, folder: Path) -> str:
@@ -166,10 +162,7 @@ def _answers_as_loaded(dataset: Dataset) -> Dataset:
     if "answer" not in dataset.column_names or type(dataset.features["answer"]).__name__ != "Json":
         return dataset
     stored = [value for chunk in dataset.data.column("answer").chunks for value in chunk.storage.to_pylist()]
-    texts = [json.loads(v) if isinstance(v, str) and v.startswith('"') else v for v in stored]
-    position = dataset.column_names.index("answer")
-    dataset = dataset.remove_columns("answer").add_column("answer", texts)
-    return dataset.select_columns(dataset.column_names[:position] + ["answer"] + dataset.column_names[position:-1])
+    return _with_answers(dataset, [json.loads(v) if isinstance(v, str) and v.startswith('"') else v for v in stored])
 
 
 def map_answers(dataset: Dataset, answer_format: AnswerFormat, source: str) -> Dataset:
@@ -184,7 +177,11 @@ def map_answers(dataset: Dataset, answer_format: AnswerFormat, source: str) -> D
     if bad is not None:
         raise DataError([f"data.answer_format=gsm8k: {source} row {bad}: the answer {dataset[bad]['answer']!r} has no "
                          "'####' before its final answer. Fix: data.answer_format=plain, or clean that row"])
-    finals = [a.rsplit("####", 1)[1].strip().replace(",", "") for a in dataset["answer"]]
+    return _with_answers(dataset, [a.rsplit("####", 1)[1].strip().replace(",", "") for a in dataset["answer"]])
+
+
+def _with_answers(dataset: Dataset, answers: list[Any]) -> Dataset:
+    """``dataset`` with its ``answer`` column replaced by ``answers``, in the same position."""
     position = dataset.column_names.index("answer")
-    dataset = dataset.remove_columns("answer").add_column("answer", finals)
+    dataset = dataset.remove_columns("answer").add_column("answer", answers)
     return dataset.select_columns(dataset.column_names[:position] + ["answer"] + dataset.column_names[position:-1])

@@ -68,7 +68,6 @@ class NativeToolEnvironment(Environment):
                     to_run.append((i, parsed))
             except Exception as exc:  # noqa: BLE001 - one bad sample must not fail the batch
                 errors.append(sample_error(i, exc))
-                rewards[i] = 0.0
         answers = tool_messages([parsed for _, parsed in to_run], self.tools)
         for (i, _), messages in zip(to_run, answers):
             done[i], observations[i] = False, messages

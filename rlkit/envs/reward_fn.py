@@ -86,31 +86,16 @@ class RewardFunctionEnvironment(Environment):
                 columns: dict[str, list[Any]]) -> list[Any]:
         """Rewards (or the exception of a sample that fails alone) for ``indices``, whose call as one batch
         raised: each half is called, and a half that raises is halved again (see the module docstring)."""
-        if len(indices) == 1:
-            return [self._one_or_exception(indices, prompts, completions, columns)]
         out = []
-        for half in (indices[: len(indices) // 2], indices[len(indices) // 2:]):
-            if len(half) == 1:
-                out.append(self._one_or_exception(half, prompts, completions, columns))
-                continue
+        for half in (indices[: len(indices) // 2], indices[len(indices) // 2:]) if len(indices) > 1 else (indices,):
             try:
                 out += self._call([prompts[i] for i in half], [completions[i] for i in half],
                                   {k: [v[i] for i in half] for k, v in columns.items()}, expected=len(half))
             except RewardError:
                 raise
-            except Exception:  # noqa: BLE001 - contained below, sample by sample
-                out += self._bisect(half, prompts, completions, columns)
+            except Exception as exc:  # noqa: BLE001 - a sample that fails alone is contained to itself by design
+                out += [exc] if len(half) == 1 else self._bisect(half, prompts, completions, columns)
         return out
-
-    def _one_or_exception(self, index: list[int], prompts: list[str], completions: list[str],
-                          columns: dict[str, list[Any]]) -> Any:
-        i = index[0]
-        try:
-            return self._call([prompts[i]], [completions[i]], {k: [v[i]] for k, v in columns.items()}, expected=1)[0]
-        except RewardError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - contained to this sample by design
-            return exc
 
     def _call(self, prompts: list[str], completions: list[str], columns: dict[str, list[Any]], expected: int) -> list:
         out = self.fn(prompts, completions, **columns)

@@ -278,8 +278,7 @@ def _exit_reason(code: int) -> str:
 
 
 def _head(output: bytes, total: int, max_chars: int) -> str:
-    more = total > len(output)
     text = output.decode("utf-8", errors="replace")
-    if len(text) > max_chars or more:
+    if len(text) > max_chars or total > len(output):
         return text[:max_chars] + "... [truncated]"
     return text

@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
-import shutil
 import signal
 import sys
 import time

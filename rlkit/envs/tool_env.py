@@ -83,7 +83,6 @@ class ToolEnvironment(Environment):
                     metadata[i]["tool"] = call[0]  # out of turns: the call is not run
             except Exception as exc:  # noqa: BLE001 - one bad sample must not fail the batch
                 errors.append(sample_error(i, exc))
-                rewards[i] = 0.0
         results = run_tools([(self.tools[name], text) for _, name, text in calls])
         for (i, name, _), (observation, ok) in zip(calls, results):
             done[i] = False

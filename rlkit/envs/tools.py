@@ -122,15 +122,11 @@ class FunctionTool(Tool):
         return self.fn(text)
 
 
-def tool_call_pattern(names: Sequence[str]) -> re.Pattern:
-    """The regex of a call to one of ``names``: ``<name>input</name>`` (input may span lines)."""
-    alternatives = "|".join(re.escape(n) for n in names)
-    return re.compile(rf"<({alternatives})>(.*?)</\1>", re.DOTALL)
-
-
 def parse_tool_call(text: str, names: Sequence[str]) -> Optional[tuple[str, str]]:
-    """``(name, input)`` of the first call in ``text`` to a tool in ``names``, or None for a final answer."""
-    match = tool_call_pattern(names).search(text)
+    """``(name, input)`` of the first call in ``text`` to a tool in ``names`` (``<name>input</name>``, the input
+    may span lines), or None for a final answer."""
+    alternatives = "|".join(re.escape(n) for n in names)
+    match = re.search(rf"<({alternatives})>(.*?)</\1>", text, re.DOTALL)
     return (match.group(1), match.group(2)) if match else None
 
 

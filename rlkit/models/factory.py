@@ -92,23 +92,21 @@ def hf_config(spec: TinyModelSpec, family: ModelFamily):
         raise ModelError(f"family {family!r} with num_experts={experts}: Mixture-of-Experts presets (e.g. 'nano-moe') "
                          f"go with the families {', '.join(MOE_FAMILIES)}, dense presets with the others")
     common = dict(fields, bos_token_id=1, eos_token_id=2, pad_token_id=0, head_dim=spec.head_dim)
-    rope = {"rope_type": "default", "rope_theta": common.pop("rope_theta")}
-    moe = dict(num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=spec.intermediate_size,
-               router_aux_loss_coef=0.0, output_router_logits=False)
+    common["rope_parameters"] = {"rope_type": "default", "rope_theta": common.pop("rope_theta")}
+    router = dict(num_experts_per_tok=top_k, router_aux_loss_coef=0.0, output_router_logits=False)
+    qwen_moe = dict(router, num_experts=experts, moe_intermediate_size=spec.intermediate_size, decoder_sparse_step=1)
     if family == "mixtral":
-        return config_class(**common, rope_parameters=rope, num_local_experts=experts, num_experts_per_tok=top_k,
-                            router_aux_loss_coef=0.0, output_router_logits=False)
+        return config_class(**common, **router, num_local_experts=experts)
     if family == "qwen2-moe":
-        return config_class(**common, rope_parameters=rope, **moe, norm_topk_prob=False, decoder_sparse_step=1,
+        return config_class(**common, **qwen_moe, norm_topk_prob=False,
                             shared_expert_intermediate_size=2 * spec.intermediate_size)
     if family == "qwen3-moe":
-        return config_class(**common, rope_parameters=rope, **moe, norm_topk_prob=True, decoder_sparse_step=1)
+        return config_class(**common, **qwen_moe, norm_topk_prob=True)
     if family == "llama3":  # Llama 3.1's scaling needs a context beyond its original 8192 positions
-        common["max_position_embeddings"] = 131072
-        return config_class(**common, rope_parameters=dict(rope, **LLAMA3_ROPE), attention_bias=False, mlp_bias=False)
-    if family == "llama":
-        return config_class(**common, rope_parameters=rope, attention_bias=False, mlp_bias=False)
-    return config_class(**common, rope_parameters=rope, use_sliding_window=False)
+        common.update(max_position_embeddings=131072, rope_parameters=dict(common["rope_parameters"], **LLAMA3_ROPE))
+    if family in ("llama", "llama3"):
+        return config_class(**common, attention_bias=False, mlp_bias=False)
+    return config_class(**common, use_sliding_window=False)
 
 
 def architecture_name(config) -> str:

@@ -36,14 +36,9 @@ CHAT_TEMPLATE = (
 )
 
 
-def char_vocab() -> dict[str, int]:
-    """Token -> id: special tokens first (pad is 0), then the characters."""
-    return {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARACTERS)}
-
-
 def build_char_tokenizer() -> PreTrainedTokenizerFast:
     """The character tokenizer with its chat template; ``len(tok)`` is 103."""
-    vocab = char_vocab()
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARACTERS)}  # special tokens first (pad is 0)
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<|unk|>"))
     core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
     core.decoder = decoders.Fuse()
@@ -57,12 +52,6 @@ def build_char_tokenizer() -> PreTrainedTokenizerFast:
         additional_special_tokens=["<|system|>", "<|user|>", "<|assistant|>"],
     )
     tok.chat_template = CHAT_TEMPLATE
-    return tok
-
-
-def save_char_tokenizer(folder: str | Path) -> PreTrainedTokenizerFast:
-    tok = build_char_tokenizer()
-    tok.save_pretrained(str(folder))
     return tok
 
 
@@ -84,4 +73,6 @@ def save_tokenizer(folder: str | Path, kind: TokenizerKind = "char") -> PreTrain
     tokenizer_vocab_size(kind)  # an unknown kind is refused before anything is written
     if kind == "bpe":
         return save_bpe_tokenizer(folder)
-    return save_char_tokenizer(folder)
+    tok = build_char_tokenizer()
+    tok.save_pretrained(str(folder))
+    return tok

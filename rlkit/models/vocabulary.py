@@ -10,22 +10,17 @@ tokenizer's (to a multiple of 64 or 128), and those padding ids have no text (se
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from rlkit.errors import ModelError
 from rlkit.models.factory import read_hf_config
 
 
-def model_vocab_size(model_name: str | Path) -> Optional[int]:
-    """``vocab_size`` of a model folder's config.json (a multimodal config's ``text_config``), None if it has none."""
-    config = read_hf_config(model_name, check_weights=False)
-    size = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
-    return int(size) if size is not None else None
-
-
 def check_tokenizer_fits(tokenizer: Any, model_name: str | Path) -> None:
-    """Raise ``ModelError`` when ``tokenizer`` has ids the model folder's embedding has no row for."""
-    vocab = model_vocab_size(model_name)
+    """Raise ``ModelError`` when ``tokenizer`` has ids the model folder's embedding has no row for (config.json's
+    ``vocab_size``, or a multimodal config's ``text_config``'s)."""
+    config = read_hf_config(model_name, check_weights=False)
+    vocab = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
     size = len(tokenizer)
     if vocab is None or size <= vocab:
         return

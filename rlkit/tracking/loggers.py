@@ -35,10 +35,6 @@ def read_jsonl(path: Path) -> list[tuple[str, dict[str, Any]]]:
     return out
 
 
-def _jsonable(value: Any) -> Any:
-    return str(value) if isinstance(value, float) and not math.isfinite(value) else value
-
-
 class JSONLLogger:
     """``metrics.jsonl`` (one object per step, ``{"step": n, ...}``) and ``tables.jsonl`` in ``folder``."""
 
@@ -48,7 +44,8 @@ class JSONLLogger:
         self._metrics = open(self.folder / "metrics.jsonl", "a")
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
-        self._metrics.write(json.dumps({"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}) + "\n")
+        finite = {k: str(v) if isinstance(v, float) and not math.isfinite(v) else v for k, v in metrics.items()}
+        self._metrics.write(json.dumps({"step": step, **finite}) + "\n")
         self._metrics.flush()
 
     def log_table(self, name: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], step: int) -> None:

@@ -4,10 +4,8 @@ The policy exports HF-named tensors one fused group at a time (embeddings, each 
 export streams into the generator through one ``update_weights`` call: the generator consumes it one tensor
 at a time (vLLM reloads each layer once its last tensor arrives), so no more than a layer is held beyond the
 model, and vLLM's fixed cost per reload call (a walk over all of its modules before and after) is paid once
-per refit, not once per bucket. Measured on the 19M bench model (bench/refit_vs_floor.py): one call per
-4 MB bucket took 1.8x vLLM's own reload of the same tensors; the stream takes what that reload takes plus
-the export (~4%). After the stream the generator's prefix cache is reset, or later samples reuse attention
-state computed with the old weights.
+per refit, not once per bucket (figures: docs/measurements.md). After the stream the generator's prefix cache
+is reset, or later samples reuse attention state computed with the old weights.
 
 That loop, :func:`stream_refit`, is every transport's: a transport says how the stream of groups travels
 (the broadcast transport packs it into buckets of whole groups, because it stages bytes).
