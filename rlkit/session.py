@@ -100,7 +100,7 @@ class Session:
         go to the constructor (``env=``, ``loss_fn=``, ``verbose=True``). The config's warnings join the
         start-up's in the session card."""
         loading = StartupReport()
-        with loading.config_loading():
+        with loading.part("config", quiet=False):
             config = load_config(source, overrides)
         session = cls(config, **kwargs)
         loading.joined(session.startup)
@@ -380,8 +380,6 @@ class Session:
 
     def _companions(self, loss: Any) -> dict[str, Any]:
         """The ``loss_fn.*`` settings (prefix removed) a switch to policy loss ``loss`` brings (builders.loss_companions)."""
-        if not isinstance(loss, str):
-            return {}
         return {k.removeprefix("loss_fn."): v for k, v in loss_companions(self.config, {"loss_fn.policy_loss": loss}).items()}
 
     # ---- notebook and checkpoints ----------------------------------------------------------------

@@ -38,15 +38,17 @@ class StartupReport:
         return sum(self.seconds.values())
 
     @contextlib.contextmanager
-    def part(self, name: str, engine: Optional[str] = None) -> Iterator[None]:
+    def part(self, name: str, engine: Optional[str] = None, quiet: bool = True) -> Iterator[None]:
         """Time the block as ``name``, quietly (unless verbose); an ``engine`` (e.g. ``"vLLM, in this process"``)
-        also gets its progress line."""
+        also gets its progress line. ``quiet=False`` holds nothing back and only keeps the warnings shown (the
+        config's load: rlkit's config checks warn there, e.g. about a model folder that holds another model than
+        the preset's)."""
         if engine is not None:
             print(f"rlkit: starting the {name} ({engine}) ...", end="", flush=True)
         t0 = time.perf_counter()
         ok, held = False, Held()
         try:
-            with quiet_engine_start(self.verbose) as held:
+            with (quiet_engine_start(self.verbose) if quiet else sorted_warnings(held)) as held:
                 yield
             ok = True
         finally:
@@ -54,18 +56,6 @@ class StartupReport:
             self._keep(held)
             if engine is not None:
                 print(f" ready in {self.seconds[name]:.1f} s" if ok else " failed", flush=True)
-
-    @contextlib.contextmanager
-    def config_loading(self) -> Iterator[None]:
-        """Keep the warnings shown while the config loads (rlkit's config checks warn there, e.g. about a model
-        folder that holds another model than the preset's)."""
-        held, t0 = Held(), time.perf_counter()
-        try:
-            with sorted_warnings(held):
-                yield
-        finally:
-            self.seconds["config"] = time.perf_counter() - t0
-            self._keep(held)
 
     def joined(self, later: "StartupReport") -> None:
         """Put ``later``'s parts and warnings after this one's (the session's start after its config's load)."""
