@@ -108,7 +108,7 @@ def agent_rollout(endpoint: OpenAIEndpoint, agent: Agent, rows: Sequence[dict[st
                 for n in names]
     batch = episodes_as_trajectories(branches, rows, rewards, num_generations, policy_version, endpoint.tokenizer,
                                      errors, metadata)
-    check_reward_failures(errors, batch, env or _AgentName(), max_failure_fraction)
+    check_reward_failures(errors, batch, env.name if env is not None else "agent", max_failure_fraction)
     with endpoint._lock:  # the episodes are in the batch now; the endpoint keeps serving others
         for n in names:
             endpoint.episodes.pop(n, None)
@@ -116,10 +116,6 @@ def agent_rollout(endpoint: OpenAIEndpoint, agent: Agent, rows: Sequence[dict[st
              for b in branches]  # runs of sampled tokens: the episode's assistant turns
     return batch.with_(info={"timing/rollout": time.perf_counter() - t0, "reward_errors": len(errors),
                              "rollout/turns_mean": sum(turns) / len(turns)})
-
-
-class _AgentName:
-    name = "agent"
 
 
 def episodes_as_trajectories(branches: Sequence[Optional[Branch]], rows: Sequence[dict[str, Any]],

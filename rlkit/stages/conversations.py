@@ -130,7 +130,7 @@ def conversations(generator: Generator, tokenizer: Any, env: Environment, rows: 
         _env_step(env, live, games, rows, tokenizer, max_total_tokens, turn == max_turns - 1, errors, tools,
                   settings.chat_template_kwargs)
     batch = _as_trajectories(games, texts, rows, num_generations, policy_version, tokenizer, errors)
-    check_reward_failures(errors, batch, env, settings.max_failure_fraction)
+    check_reward_failures(errors, batch, env.name, settings.max_failure_fraction)
     turns = torch.tensor([float(c.turns) for c in games])
     env_tokens = (batch.attention_mask & ~batch.loss_mask).sum(1).float() - torch.tensor([float(c.prompt_length) for c in games])
     info = {"timing/rollout": time.perf_counter() - t0, "sampling_seed": sampling.seed,
@@ -217,19 +217,19 @@ def _step_each_alone_if_needed(env: Environment, live: list[_Conversation], rows
         return env.step(conversations_, rows_), []
     except Exception:  # noqa: BLE001 - which conversation broke it? Ask one at a time
         pass
-    rewards, done, observations, metadata, env_errors, failed = [], [], [], [], [], []
+    steps, env_errors, failed = [], [], []  # steps: (reward, done, observation, metadata) per conversation
     for local, (conversation, row) in enumerate(zip(conversations_, rows_)):
         try:
             one = env.step([conversation], [row])
         except Exception as exc:  # noqa: BLE001 - contained to this conversation by design
             failed.append(f"{env.name}: {sample_error(index[id(live[local])], exc)}")
-            rewards.append(0.0), done.append(True), observations.append(None), metadata.append({"failed": True})
+            steps.append((0.0, True, None, {"failed": True}))
             continue
-        rewards.append(float(one.rewards[0])), done.append(bool(one.done[0]))
-        observations.append(one.observations[0]), metadata.append(one.metadata[0])
+        steps.append((float(one.rewards[0]), bool(one.done[0]), one.observations[0], one.metadata[0]))
         env_errors += [m.replace("sample 0: ", f"sample {local}: ", 1) for m in one.errors]
-    return EnvReturn(torch.tensor(rewards, dtype=torch.float32), torch.tensor(done, dtype=torch.bool), observations,
-                     metadata, env_errors), failed
+    rewards, done, observations, metadata = zip(*steps)
+    return EnvReturn(torch.tensor(rewards, dtype=torch.float32), torch.tensor(done, dtype=torch.bool),
+                     list(observations), list(metadata), env_errors), failed
 
 
 def _check_message(env: Environment, message: Any, sample: int) -> None:

@@ -34,7 +34,7 @@ def score(batch: Trajectories, env: Environment, settings: ScoreSettings = Score
         for p, c in zip(batch.prompts, batch.completions)
     ]
     result = env.step(conversations, list(batch.row_of_sample))
-    check_reward_failures(result.errors, batch, env, settings.max_failure_fraction)
+    check_reward_failures(result.errors, batch, env.name, settings.max_failure_fraction)
     rewards = result.rewards.float().clone()
     if settings.overlong_buffer_length is not None:
         rewards = rewards + overlong_reward_shaping(batch.completion_lengths, settings.max_new_tokens,
@@ -44,8 +44,9 @@ def score(batch: Trajectories, env: Environment, settings: ScoreSettings = Score
                        env_metadata=tuple(result.metadata))
 
 
-def check_reward_failures(errors: list[str], batch: Trajectories, env: Environment, max_fraction: float) -> None:
-    """Raise ``RewardError`` when too many samples failed, warn with the count when some did."""
+def check_reward_failures(errors: list[str], batch: Trajectories, env_name: str, max_fraction: float) -> None:
+    """Raise ``RewardError`` (naming environment ``env_name``) when too many samples failed, warn with the count
+    when some did."""
     failed, total = len(errors), batch.batch_size
     if not failed:
         return
@@ -55,7 +56,7 @@ def check_reward_failures(errors: list[str], batch: Trajectories, env: Environme
         return
     share = "every sample" if failed == total else f"{failed} of {total} samples (more than " \
         f"env.max_reward_failure_fraction={max_fraction})"
-    raise RewardError(f"the reward of environment {env.name!r} failed on {share}, so this step would train on zero "
+    raise RewardError(f"the reward of environment {env_name!r} failed on {share}, so this step would train on zero "
                       f"rewards.\nFirst failure: {errors[0]}\n{_sample_text(errors[0], batch)}"
                       "Fix: call the reward function by hand on one of these samples to see the traceback; if such "
                       "failures are expected, raise env.max_reward_failure_fraction (at most 1.0: only all samples "

@@ -44,11 +44,10 @@ def sft_batch_as_trajectories(tokenizer: Any, rows: list[dict[str, Any]], respon
                               template_kwargs: Optional[Mapping[str, Any]] = None) -> Trajectories:
     ids, attention, loss_mask = build_sft_batch(tokenizer, rows, response_key=response_key, system_prompt=system_prompt,
                                                 tools=tools, template_kwargs=template_kwargs)
-    n = ids.shape[0]
     return Trajectories(
         prompts=tuple(r["prompt"] for r in rows), completions=tuple(str(r[response_key]) for r in rows),
         input_ids=ids, attention_mask=attention, loss_mask=loss_mask,
-        generator_logprobs=torch.zeros(ids.shape), finish_reasons=("stop",) * n, group_size=1, policy_version=0,
+        generator_logprobs=torch.zeros(ids.shape), finish_reasons=("stop",) * len(rows), group_size=1, policy_version=0,
         tokenizer=tokenizer,
     )
 
