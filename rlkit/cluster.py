@@ -109,8 +109,7 @@ def job_runtime_env(extra_modules: Iterable[str] = ()) -> dict:
     Job-level, because Ray uploads local folders only there; every actor of the job inherits it, and an
     actor's own ``env_vars`` (:func:`worker_env_vars`, with its thread count) are merged over it."""
     modules = dict.fromkeys([*driver_modules(), *map(_resolve_module, extra_modules)])  # in order, each once
-    env = worker_env_vars(1)
-    del env["OMP_NUM_THREADS"]  # each actor sets its own
+    env = {k: v for k, v in worker_env_vars(1).items() if k != "OMP_NUM_THREADS"}  # each actor sets its own
     return {"py_modules": [str(p) for p in modules], "env_vars": env}
 
 

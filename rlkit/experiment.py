@@ -146,8 +146,8 @@ def _run(config: RunConfig, session: Any, progress: bool, run_dir: Path, resume:
     finally:
         if session is not None:
             session.stop_logging()
-        if own_session and session is not None:
-            session.close()
+            if own_session:
+                session.close()
 
 
 def _resume_point(config: RunConfig, ckpt_dir: Path, resume: bool,
@@ -224,9 +224,9 @@ def check_resume_changes(checkpoint: Path, config: RunConfig, allow_changes: Seq
     rate or dataset continues a different experiment under the old one's name and curves, silently."""
     saved = load_config(str(checkpoint / "config.yaml"))
     allowed = tuple(k.strip() for k in allow_changes if k.strip()) + ALWAYS_ALLOWED
-    named = lambda key: any(key == a or key.startswith(a + ".") for a in allowed)  # noqa: E731
+    under = lambda key, sections: any(key == s or key.startswith(s + ".") for s in sections)  # noqa: E731
     changes = {k: v for k, v in config_changes(saved, config).items() if k != "name"}
-    refused = {k: v for k, v in changes.items() if not named(k)}
+    refused = {k: v for k, v in changes.items() if not under(k, allowed)}
     if refused:
         lines = "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in refused.items())
         raise CheckpointError(
@@ -234,7 +234,7 @@ def check_resume_changes(checkpoint: Path, config: RunConfig, allow_changes: Seq
             f"{lines}. A resumed run would continue another experiment under this run's name. Fix: resume with the "
             f"checkpoint's settings, or name the changes you mean: --allow-changes {','.join(refused)} "
             "(run_experiment(..., allow_changes=[...])); or start a new run under another name")
-    shown = {k: v for k, v in changes.items() if not any(k == a or k.startswith(a + ".") for a in ALWAYS_ALLOWED)}
+    shown = {k: v for k, v in changes.items() if not under(k, ALWAYS_ALLOWED)}
     if shown:
         warnings.warn(f"resuming {checkpoint} with changed settings: "
                       + "; ".join(f"{k}: {old!r} -> {new!r}" for k, (old, new) in shown.items()), stacklevel=3)

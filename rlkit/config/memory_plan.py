@@ -214,12 +214,10 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
     p, backend = config.policy, config.policy.backend
     n = p.num_workers
     if backend.name == "megatron":
-        model_parallel = backend.tensor_model_parallel_size * backend.pipeline_model_parallel_size
-        tp, shard = backend.tensor_model_parallel_size, model_parallel
-        layers_here = shape.layers // backend.pipeline_model_parallel_size
+        tp, pp = backend.tensor_model_parallel_size, backend.pipeline_model_parallel_size
+        shard, layers_here, dp = tp * pp, shape.layers // pp, max(1, n // (tp * pp))
     else:
-        tp, shard, layers_here = 1, (n if backend.name == "dtensor" else 1), shape.layers
-    dp = max(1, n // shard) if backend.name == "megatron" else n
+        tp, shard, layers_here, dp = 1, (n if backend.name == "dtensor" else 1), shape.layers, n
     item = 2 if p.pure_bf16 else 4  # bytes of a weight the optimizer updates (and of its gradient and moments)
     weights = shape.parameters * item // shard
     lora = p.lora_cfg
@@ -227,8 +225,8 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
     if lora.enabled:
         names = set(lora.target_modules) or set(shape.lora_fan)
         names -= set(lora.exclude_modules)
-        adapters = sum(lora.dim * (i + o) for name, (i, o) in shape.lora_fan.items() if name in names)
-        adapters = adapters * shape.layers * item // shard
+        adapters = sum(lora.dim * (i + o) for name, (i, o) in shape.lora_fan.items() if name in names) \
+            * shape.layers * item // shard
     trained = adapters if lora.enabled else weights
     bf16 = p.precision == "bfloat16"
     parts = {"weights": weights, "bf16 twin": 0, "gradients": trained, "optimizer state": 2 * trained,

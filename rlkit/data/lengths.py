@@ -101,5 +101,4 @@ def empty_rows(prompts: Any, labels: Sequence[str], source: str) -> list[int]:
     warnings.warn(f"data: dropped {len(empty)} of {len(prompts)} prompt(s) in {source} that are empty or only "
                   f"whitespace; first: {labels[empty[0]]}. Fix: remove those rows (or fill in their prompts)",
                   UserWarning, stacklevel=4)
-    skip = set(empty)
-    return [i for i in range(len(prompts)) if i not in skip]
+    return sorted(set(range(len(prompts))) - set(empty))

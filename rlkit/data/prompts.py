@@ -194,15 +194,12 @@ def _length_fit(p: DataParams, tokenizer: Any, max_prompt_tokens: Optional[int],
 def _generate(p: DataParams, fit: Fit) -> DatasetDict:
     rows = {"tool_arithmetic": iter_tool_arithmetic_rows, "tool_arithmetic_native": iter_native_tool_arithmetic_rows}
     stream = rows.get(p.task, iter_arithmetic_rows)(p.digits, p.seed)
-    validation: list[dict[str, str]] = []
-    seen: set[str] = set()
+    validation: dict[str, dict[str, str]] = {}  # prompt -> its first row
     while len(validation) < p.num_validation:
         row = next(stream)
-        if row["prompt"] not in seen:
-            seen.add(row["prompt"])
-            validation.append(row)
-    train = list(itertools.islice((r for r in stream if r["prompt"] not in seen), p.num_train))
-    splits = {"train": train, "validation": validation}
+        validation.setdefault(row["prompt"], row)
+    train = list(itertools.islice((r for r in stream if r["prompt"] not in validation), p.num_train))
+    splits = {"train": train, "validation": list(validation.values())}
     return DatasetDict({
         name: fit(PromptFile(Dataset.from_list(rows), tuple(f"row {i}" for i in range(len(rows)))),
                   f"the generated {name} split").dataset

@@ -219,9 +219,8 @@ def _run_victim(todo: list[Attack], host: _Host, wrapper: list[str], module: str
             if "start" in record:
                 current = by_name[record["start"]]
             elif "returned" in record and current is not None:
-                attack = current
-                held = attack.held(record, host.observe(memory_mb))
-                rows.append({"name": attack.name, "group": attack.group, "held": held, "detail": _detail(record)})
+                held = current.held(record, host.observe(memory_mb))
+                rows.append({"name": current.name, "group": current.group, "held": held, "detail": _detail(record)})
                 current = None
     finally:
         if proc.poll() is None:

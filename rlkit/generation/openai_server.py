@@ -301,8 +301,7 @@ class OpenAIEndpoint:
             del queue[:len(batch)]
             groups: dict[tuple, list[_Pending]] = {}
             for p in batch:
-                s = p.sampling
-                groups.setdefault((s.temperature, s.top_p, s.max_new_tokens), []).append(p)
+                groups.setdefault((p.sampling.temperature, p.sampling.top_p, p.sampling.max_new_tokens), []).append(p)
             for group in groups.values():
                 try:
                     responses = await asyncio.to_thread(self._sample, group)

@@ -159,8 +159,7 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if (path / "state.json").is_file():
         return path
     if path.is_dir():
-        latest = latest_checkpoint(path)
-        if latest is not None:
+        if (latest := latest_checkpoint(path)) is not None:
             return latest
         raise CheckpointError(f"{path} holds no checkpoint (no state.json, no step_* folders)")
     backups = sorted(path.parent.glob(f".{path.name}.old-*"), key=lambda p: p.stat().st_mtime)

@@ -245,8 +245,7 @@ class BroadcastWeightSync(CodeRepr):
 
     def close(self) -> None:
         """Forget the group (the actor's end goes away with the actor)."""
-        self._store = self.group = None
-        self.backend = None
+        self._store = self.group = self.backend = None
 
     def __repr__(self) -> str:
         state = f"open ({self.backend})" if self.group is not None else "not connected"
