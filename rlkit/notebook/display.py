@@ -243,11 +243,9 @@ def token_view(batch: Any, color: Union[str, Any] = "advantages", tokenizer: Any
     for i in shown_rows(rows, batch.batch_size):
         positions = mask[i].nonzero().flatten().tolist()
         ids = batch.input_ids[i, positions].tolist()
-        names = tok.convert_ids_to_tokens(ids)
-        texts = [undecodable_token(tid) if text is None else text for tid, text in zip(ids, names)]
         tokens = []
-        for p, tid, text, name in zip(positions, ids, texts, names):
-            v = float(values[i, p])
+        for p, tid, name in zip(positions, ids, tok.convert_ids_to_tokens(ids)):
+            text, v = undecodable_token(tid) if name is None else name, float(values[i, p])
             tip = f"token {text!r} (id {tid}{': ' + PAD_VOCAB_TIP if name is None else ''}) {label}={v:.4g}" + "".join(
                 f", {name}={float(t[i, p]):.4g}" for name, t in extra.items() if t is not None)
             tokens.append((str(text), v, paint(v), tip))
