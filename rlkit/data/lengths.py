@@ -87,7 +87,7 @@ def overlong_rows(
     warnings.warn(f"data: dropped {len(long)} of {len(prompts)} prompt(s) in {source} longer than {limit}; "
                   f"first: {labels[first]} ({size}, {shown!r}). Set data.overlong_prompts=error "
                   "to refuse them instead", UserWarning, stacklevel=4)
-    return [i for i in range(len(prompts)) if i not in set(long)]
+    return sorted(set(range(len(prompts))) - set(long))
 
 
 def empty_rows(prompts: Any, labels: Sequence[str], source: str) -> list[int]:

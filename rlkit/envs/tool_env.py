@@ -73,7 +73,7 @@ class ToolEnvironment(Environment):
                            "tool_calls": sum(parse_tool_call(text, names) is not None for text in assistant)}
             try:
                 text = completion_of(conversation)
-                call = parse_tool_call(text, list(self.tools))
+                call = parse_tool_call(text, names)
                 if call is None:
                     rewards[i] = float(self.answer_reward(text, row))
                     metadata[i]["correct"] = rewards[i] >= 1.0

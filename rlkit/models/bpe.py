@@ -52,7 +52,7 @@ QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[
 # ChatML with Hermes tool calls, as Qwen2.5's template writes them, with one shortening: the system turn lists
 # each tool as ``name(param, ...)``, not its JSON schema and Qwen's paragraph of instructions (a schema is ~150
 # tokens of this 512-token vocabulary, too long a prompt for a tiny model on a CPU). Without ``tools`` and tool
-# messages it renders plain ChatML, as before.
+# messages it renders plain ChatML.
 CHAT_TEMPLATE = (
     "{%- if tools %}"
     "{{- '<|im_start|>system\n' }}"

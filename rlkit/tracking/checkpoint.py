@@ -115,7 +115,6 @@ def clean_stale_temporaries(folder: str | Path) -> list[Path]:
     return removed
 
 
-# ---- state capture (the RNGs: rlkit.rng) ---------------------------------------------------------------
 def _json_dump(obj: Any, path: Path) -> None:
     path.write_text(json.dumps(obj, indent=1))
 

@@ -70,7 +70,8 @@ def open_run(path: str | Path) -> RunRecords:
     if not (folder / "metrics.jsonl").is_file() and not (folder / "summary.json").is_file():
         raise FileNotFoundError(f"{folder} holds no run records (metrics.jsonl, summary.json); a run folder is "
                                 "<logger.log_dir>/<name>, e.g. runs/quickstart, or what session.log_to() returned")
-    records = [{k: _number(v) for k, v in r.items()} for _, r in read_jsonl(folder / "metrics.jsonl")]
+    records = [{k: _NON_FINITE.get(v, v) if isinstance(v, str) else v for k, v in r.items()}
+               for _, r in read_jsonl(folder / "metrics.jsonl")]
     metrics = pd.DataFrame(records)
     if len(metrics):
         metrics = metrics.groupby("step", sort=True).last().reset_index()  # same step: one row, the latest value
@@ -83,7 +84,3 @@ def open_run(path: str | Path) -> RunRecords:
     summary = json.loads((folder / "summary.json").read_text()) if (folder / "summary.json").is_file() else None
     config = yaml.safe_load((folder / "config.yaml").read_text()) if (folder / "config.yaml").is_file() else None
     return RunRecords(folder, metrics, tables, summary, config)
-
-
-def _number(value: Any) -> Any:
-    return _NON_FINITE.get(value, value) if isinstance(value, str) else value
