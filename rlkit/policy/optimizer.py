@@ -80,7 +80,6 @@ class HostCopy(NamedTuple):
         return DTensor.from_local(local, mesh, placements, run_check=False, shape=shape, stride=stride)
 
 
-
 def offload_state(optimizer: torch.optim.Optimizer, device: torch.device) -> dict[Tensor, dict[str, HostCopy]]:
     """Move every state tensor of ``optimizer`` on ``device``'s type to host memory (pinned when CUDA is present);
     returns parameter -> its state tensors' host copies. Gradients in ``.grad`` are dropped first."""

@@ -97,13 +97,11 @@ class ReferenceWeights:
             return "no copy: the base weights with the adapters off"
         if self.tensors is not None:
             why = "the loss uses it" if self.wanted else "used"
-            return f"resident, {self.held_bytes() / 2**20:.1f} MiB on this rank ({why})"
+            held = sum(_local(t).numel() * t.element_size() for t in self.tensors.values())
+            return f"resident, {held / 2**20:.1f} MiB on this rank ({why})"
         source = ("loaded from the model folder if needed" if self.folder else
                   "the live weights until they change" if self.is_current else "not kept")
         return f"not resident (no KL penalty; {source})"
-
-    def held_bytes(self) -> int:
-        return sum(_local(t).numel() * t.element_size() for t in (self.tensors or {}).values())
 
     def unavailable(self) -> ReferenceUnavailableError:
         return ReferenceUnavailableError(

@@ -96,22 +96,19 @@ def read_policy_meta(folder: Path) -> dict[str, Any]:
     return meta
 
 
-def check_layout(saved: dict, current: dict, folder: Path) -> None:
-    if saved != current:
-        differ = ", ".join(f"{k}: {saved.get(k)} -> {current.get(k)}" for k in sorted(set(saved) | set(current))
-                           if saved.get(k) != current.get(k))
-        raise CheckpointLayoutError(
-            f"{folder} was written under another parallel layout ({differ}); resume with the layout it was saved "
-            f"under, or export its weights (rlkit export-hf) and start a new run from them")
-
-
 def load_policy_state(policy: Any, folder: Path) -> None:
     """Load what :func:`save_policy_state` wrote into ``policy`` (all ranks together). Refuses another layout
     or architecture before anything is loaded."""
     from torch.distributed.checkpoint import HuggingFaceStorageReader, load
 
     meta = read_policy_meta(folder)
-    check_layout(meta["layout"], _layout(policy), folder)
+    written, layout = meta["layout"], _layout(policy)
+    if written != layout:
+        differ = ", ".join(f"{k}: {written.get(k)} -> {layout.get(k)}" for k in sorted(set(written) | set(layout))
+                           if written.get(k) != layout.get(k))
+        raise CheckpointLayoutError(
+            f"{folder} was written under another parallel layout ({differ}); resume with the layout it was saved "
+            f"under, or export its weights (rlkit export-hf) and start a new run from them")
     reader = HuggingFaceStorageReader(str(folder / SHARDS))
     saved = reader.read_metadata().state_dict_metadata
     named = _named_tensors(policy)

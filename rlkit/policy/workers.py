@@ -18,7 +18,6 @@ group adds no numerics of its own:
 * **Errors.** A worker's exception comes back as :class:`WorkerError` carrying the worker's traceback.
   When one rank fails while the others are blocked in a collective, the group is marked broken (the ranks
   are out of step) and only ``close()`` is accepted; ``close()`` kills the actors, so it works even then.
-
 * **Checkpoints.** ``save_state``/``load_state`` run on every rank together: each writes or reads its own
   shard of one distributed checkpoint (:mod:`rlkit.policy.state`), so nothing passes through the driver.
   The folder (a relative one is resolved on the driver) must be one every rank can reach (one machine, or a
@@ -29,8 +28,7 @@ group adds no numerics of its own:
   folder is checked on every node and shipped where missing (:mod:`rlkit.cluster_model`); rank 0 hosts the
   rendezvous store on a port the OS picks; a refit can send the weights from rank 0 straight to the engine
   (:meth:`RayPolicyGroup.on_ranks`, used by :class:`rlkit.weight_sync.RanksBroadcastWeightSync`); a worker's
-  output reaches the driver prefixed with its rank
-  (when Ray was joined by address), and a failure names the rank's node.
+  output reaches the driver prefixed with its rank (when Ray was joined by address), and a failure names its node.
 
 Deliberate simplifications: every call waits for all ranks (no overlap of rollout and training); a Ctrl-C
 during a remote call waits for the workers to finish it (they cannot be stopped mid-collective), so a
@@ -51,7 +49,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
+from rlkit.config.components import PolicyConfig
 from rlkit.cluster import package_versions, version_mismatches, worker_env_vars
 from rlkit.cluster_model import folder_problem, model_folder_on_ranks, write_cached_folder
 from rlkit.cluster_placement import RankPlacement, place_ranks, rank_resources
@@ -109,14 +107,9 @@ class _PolicyWorker:
     def __repr__(self) -> str:  # Ray prefixes each line the actor prints with this
         return f"rank {self.rank}"
 
-    def versions(self) -> dict[str, str]:
-        return package_versions()
-
-    def folder_problem(self, path: str, fingerprint: str) -> Optional[str]:
-        return folder_problem(path, fingerprint)
-
-    def write_cached_folder(self, files: dict[str, bytes], fingerprint: str) -> str:
-        return write_cached_folder(files, fingerprint)
+    versions = staticmethod(package_versions)
+    folder_problem = staticmethod(folder_problem)  # the model folder checks of rlkit.cluster_model, on this node
+    write_cached_folder = staticmethod(write_cached_folder)
 
     def host_rendezvous(self, world_size: int) -> tuple[str, int]:
         """Rank 0: start the process group's rendezvous store (on a port the OS picks) and say where it is."""
@@ -172,6 +165,15 @@ class _PolicyWorker:
         if self.policy is not None:
             self.policy.close()
             self.policy = None
+
+
+def _on_every_rank(method: str) -> Callable:
+    """A :class:`RayPolicyGroup` method: the policy's ``method`` on every rank, rank 0's result."""
+    def call(self: "RayPolicyGroup", *args: Any) -> Any:
+        return self._call_all(method, *args)
+
+    call.__name__ = method
+    return call
 
 
 class RayPolicyGroup:
@@ -392,32 +394,23 @@ class RayPolicyGroup:
 
         self._call_all("load_hf_state", ray.put(dict(hf)))
 
-    def set_reference_to_current(self) -> None:
-        self._call_all("set_reference_to_current")
-
-    def keep_reference(self, needed: bool) -> None:
-        self._call_all("keep_reference", needed)
-
-    def reference_residency(self) -> str:
-        return self._call_all("reference_residency") + " (rank 0)"
-
-    def reset_optimizer(self, optimizer: OptimizerConfig, scheduler: SchedulerConfig) -> None:
-        self._call_all("reset_optimizer", optimizer, scheduler)
-
-    def offload_optimizer_state(self) -> None:
-        self._call_all("offload_optimizer_state")
-
-    @property
-    def releases_base_while_generating(self) -> bool:
-        return self._cfg.lora_cfg.releases_base
+    set_reference_to_current = _on_every_rank("set_reference_to_current")
+    keep_reference = _on_every_rank("keep_reference")
+    reset_optimizer = _on_every_rank("reset_optimizer")
+    offload_optimizer_state = _on_every_rank("offload_optimizer_state")
+    restore_optimizer_state = _on_every_rank("restore_optimizer_state")
 
     def release_frozen_base(self) -> int:
         """Every rank frees its shard of the frozen base until its next forward pass, export or HF import reads it
         back (:meth:`rlkit.policy.residency.MemoryResidency.release_frozen_base`); rank 0's bytes freed."""
         return self._call_all("release_frozen_base")
 
-    def restore_optimizer_state(self) -> None:
-        self._call_all("restore_optimizer_state")
+    def reference_residency(self) -> str:
+        return self._call_all("reference_residency") + " (rank 0)"
+
+    @property
+    def releases_base_while_generating(self) -> bool:
+        return self._cfg.lora_cfg.releases_base
 
     def save_state(self, folder: Path) -> None:
         """Every rank writes its shard of one distributed checkpoint into ``folder`` (see the module docstring)."""

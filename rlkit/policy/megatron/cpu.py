@@ -20,8 +20,8 @@ Megatron-Core targets GPUs; on a CPU machine (our CI, a laptop) five things brea
    code) and the tracker's states are all there is, so the CUDA state is an empty tensor and setting it
    does nothing.
 
-The first three and the fifth are process-wide and idempotent. On a CUDA machine :func:`apply_cpu_fallbacks` does nothing, so the
-same policy code runs on GPUs with Megatron's own implementations.
+The first three and the fifth are process-wide and applied once. On a CUDA machine :func:`apply_cpu_fallbacks` does
+nothing, so the same policy code runs on GPUs with Megatron's own implementations.
 """
 
 from __future__ import annotations
@@ -30,31 +30,13 @@ import contextlib
 import functools
 
 import torch
+from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
 from torch.overrides import TorchFunctionMode
 
-_APPLIED = False
 
-
-class CPURNGStatesTracker:
-    """Drop-in for Megatron's ``CudaRNGStatesTracker`` that tracks named CPU generator states."""
-
-    def __init__(self, *_, **__):
-        self.reset()
-
-    def reset(self) -> None:
-        self.states_: dict[str, torch.Tensor] = {}
-        self.seeds_: set[int] = set()
-        self._is_initialized = False
-
-    def is_initialized(self) -> bool:
-        return self._is_initialized
-
-    def get_states(self) -> dict[str, torch.Tensor]:
-        return dict(self.states_)
-
-    def set_states(self, states: dict[str, torch.Tensor]) -> None:
-        self._is_initialized = True
-        self.states_ = dict(states)
+class CPURNGStatesTracker(CudaRNGStatesTracker):
+    """Megatron's ``CudaRNGStatesTracker`` (its bookkeeping: reset, get and set states) over named CPU generator
+    states."""
 
     def add(self, name: str, seed: int) -> None:
         if seed in self.seeds_:
@@ -78,16 +60,13 @@ class CPURNGStatesTracker:
             torch.set_rng_state(outer)
 
 
+@functools.cache
 def apply_cpu_fallbacks() -> bool:
-    """Install the CPU stand-ins if CUDA is unavailable. Returns True when they are in effect."""
-    global _APPLIED
+    """Install the CPU stand-ins (once) if CUDA is unavailable. Returns True when they are in effect."""
     if torch.cuda.is_available():
         return False
-    if _APPLIED:
-        return True
-    from megatron.core.tensor_parallel import random as mcore_random
-
     from megatron.core.fusions import fused_softmax
+    from megatron.core.tensor_parallel import random as mcore_random
 
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
     fused_softmax.get_default_causal_mask = causal_mask_on_cpu
@@ -95,7 +74,6 @@ def apply_cpu_fallbacks() -> bool:
     mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     mcore_random._get_cuda_rng_state = lambda *_, **__: torch.empty(0, dtype=torch.uint8)
     mcore_random._set_cuda_rng_state = lambda *_, **__: None
-    _APPLIED = True
     return True
 
 

@@ -5,11 +5,10 @@ The model runs with its head switched off (:func:`hidden_states_out`) and return
 module then multiplies chunks of it by the output weight (the embedding's when tied), takes each token's
 logprob of its target and the vocabulary-parallel log-sum-exp (three ``[chunk]`` all-reduces over the
 tensor-parallel group), and keeps only the log-sum-exp. Backward recomputes the logits a slice of the vocabulary
-at a time to get the softmax. At a 151,936-token vocabulary and 8 rows of 160 tokens, the unfused head held its
-fp32 logits, the softmax its cross-entropy keeps and their gradient (0.78 GB each); here a chunk or slice is at
-most ``chunk_bytes`` (``policy.megatron_cfg.fused_head_chunk_mib``). Numerics are those of the unfused head: the
-matmul in the weight's dtype, logits in fp32, divided by the sampling temperature, the gradient cast to the
-weight's dtype for the two backward matmuls.
+at a time to get the softmax. Where the unfused head holds its fp32 logits, the softmax its cross-entropy keeps and
+their gradient, a chunk or slice here is at most ``chunk_bytes`` (``policy.megatron_cfg.fused_head_chunk_mib``).
+Numerics are those of the unfused head: the matmul in the weight's dtype, logits in fp32, divided by the sampling
+temperature, the gradient cast to the weight's dtype for the two backward matmuls.
 """
 
 from __future__ import annotations
