@@ -138,13 +138,12 @@ class InProcessPolicy(MemoryResidency):
             longest = min(attention_mask.shape[1], round_up(longest, dynamic.sequence_length_round))
         return self._agreed_length(longest)
 
-    def _scaled(self, logits: Tensor) -> Tensor:
-        """Logits divided by the sampling temperature (the distribution the generator sampled from)."""
-        return logits / self.temperature if self.temperature != 1.0 else logits
-
     def _scores(self, logits: Tensor, input_ids: Tensor, with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
-        """Raw logits [b, t, V(/tp)] -> logprobs (and entropy) [b, t] of the sampling distribution."""
-        return self._token_logprobs_and_entropy(self._scaled(logits), input_ids.to(logits.device), with_entropy)
+        """Raw logits [b, t, V(/tp)] -> logprobs (and entropy) [b, t] of the sampling distribution (the logits
+        divided by the sampling temperature)."""
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
+        return self._token_logprobs_and_entropy(logits, input_ids.to(logits.device), with_entropy)
 
     def _forward_scores(self, input_ids: Tensor, with_entropy: bool,
                         packed: Optional[PackedRows] = None) -> tuple[Tensor, Optional[Tensor]]:
@@ -294,15 +293,6 @@ class InProcessPolicy(MemoryResidency):
         values = self._forward_scores(input_ids[:, :t], with_entropy)
         return [torch.nn.functional.pad(v.to(mask.device) * mask, (0, width - t)) for v in values if v is not None]
 
-    def _micro_loss(self, logits: Tensor, micro: Trajectories, t: int, loss_fn: LossFn,
-                    counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:
-        """The loss of one microbatch from its logits [b, t, V(/tp)] (a pipeline schedule runs the forward pass
-        itself), and its metrics as float64 scalars."""
-        logprobs, _ = self._scores(logits, micro.input_ids[:, :t], with_entropy=False)
-        logprobs = logprobs.to(micro.input_ids.device) * micro.attention_mask[:, :t]
-        logprobs = torch.nn.functional.pad(logprobs, (0, micro.input_ids.shape[1] - t))
-        return self._loss_of(logprobs, micro, loss_fn, counts)
-
     @staticmethod
     def _loss_of(logprobs: Tensor, micro: Trajectories, loss_fn: LossFn,
                  counts: LossCounts) -> tuple[Tensor, dict[str, Tensor]]:
@@ -317,10 +307,15 @@ class InProcessPolicy(MemoryResidency):
         logprobs (0 on padding) and entropy (0 outside the completion), detached, are written into its rows of
         ``kept[0]`` and ``kept[1]``, and the entropy goes to the loss as the logprobs pass's would (its
         ``approx_entropy``). Through a pipeline (no ``kept``: :attr:`returns_step_logprobs`) its schedule runs
-        them, each microbatch's loss from :meth:`_micro_loss`."""
+        them (and the forward pass), each microbatch's loss from its logits [b, t, V(/tp)] by ``micro_loss``."""
         if self._pipeline is not None:
             t = self._forward_length(batch.attention_mask)
-            micro_loss = lambda logits, micro: self._micro_loss(logits, micro, t, loss_fn, counts)  # noqa: E731
+
+            def micro_loss(logits: Tensor, micro: Trajectories) -> tuple[Tensor, dict[str, Tensor]]:
+                logprobs, _ = self._scores(logits, micro.input_ids[:, :t], with_entropy=False)
+                logprobs = logprobs.to(micro.input_ids.device) * micro.attention_mask[:, :t]
+                return self._loss_of(torch.nn.functional.pad(logprobs, (0, micro.input_ids.shape[1] - t)), micro,
+                                     loss_fn, counts)
             return self._pipeline.losses(batch, self.cfg.train_micro_batch_size, t, micro_loss, backward)
         sums: Counter[str] = Counter()  # float64 scalar tensors summed over microbatches
         plan = microbatch_plan(self.cfg, batch.attention_mask, self.cfg.train_micro_batch_size, "train_mb_tokens",

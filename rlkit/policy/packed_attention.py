@@ -54,16 +54,11 @@ def packed_sdpa_attention(module: torch.nn.Module, query: Tensor, key: Tensor, v
     return context, None
 
 
-def no_mask(**unused) -> None:
-    """The mask builder paired with :func:`packed_sdpa_attention`: none (segments come from ``cu_seq_lens_q``)."""
-    return None
-
-
 def register() -> str:
     """Register the function (and its mask builder) with transformers; returns its ``attn_implementation`` name."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(PACKED_SDPA, packed_sdpa_attention)
-    AttentionMaskInterface.register(PACKED_SDPA, no_mask)
+    AttentionMaskInterface.register(PACKED_SDPA, lambda **_: None)  # no mask: segments come from cu_seq_lens_q
     return PACKED_SDPA

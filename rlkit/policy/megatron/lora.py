@@ -42,8 +42,7 @@ from torch import Tensor
 from rlkit.config.components import LORA_FUSED_MODULES, LoraConfig
 from rlkit.policy.megatron import convert
 
-COLUMN = ("linear_qkv", "linear_fc1")
-ROW = ("linear_proj", "linear_fc2")
+COLUMN = ("linear_qkv", "linear_fc1")  # the column-parallel linears; the others are row-parallel
 
 
 class Adapter(torch.nn.Module):
@@ -87,12 +86,6 @@ def _add_update(linear, args, output):
     return out + adapter(args[0]).to(out.dtype), bias
 
 
-def adapted_linears(cfg: LoraConfig) -> tuple[str, ...]:
-    """Megatron's linear names that get adapters under ``cfg`` (the fused ones when all their HF parts are chosen)."""
-    targets = set(cfg.hf_targets())
-    return tuple(n for n, parts in LORA_FUSED_MODULES.items() if set(parts) <= targets)
-
-
 def _initial_a(name: str, rank: int, fan_in: int, seed: int) -> Tensor:
     """The full ``A`` [r, fan_in] of linear ``name``: Kaiming-uniform (a=sqrt(5)), peft's and torch's default,
     drawn from a generator seeded by ``seed`` and the name, so every TP size starts from the same adapters."""
@@ -107,7 +100,8 @@ def add_adapters(model: torch.nn.Module, cfg: LoraConfig, seed: int) -> None:
 
     rank, size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
     sequence_parallel = model.config.sequence_parallel
-    chosen = adapted_linears(cfg)
+    # Megatron's linears that get adapters: the fused ones whose HF parts are all chosen
+    chosen = {n for n, parts in LORA_FUSED_MODULES.items() if set(parts) <= set(cfg.hf_targets())}
     for p in model.parameters():
         p.requires_grad_(False)
     for name, module in list(model.named_modules()):
@@ -138,8 +132,7 @@ def _contiguous_output_grad(head, args, output):
     Why: Megatron's frozen-weight linear computes the input gradient as ``grad_output.matmul(weight)``, and the
     logits' gradient arrives as a transposed view ([s, b, vocab] of a [b, s, vocab] tensor), which torch.matmul
     cannot fold into one [s*b, vocab] @ [vocab, hidden] product: it broadcasts the weight to [s, vocab, hidden]
-    instead (10.4 GB at s=35 for Qwen3-0.6B's 151,936 x 1024 head, measured). A contiguous gradient costs one
-    copy of the logits' size and folds."""
+    instead (gigabytes at a large vocabulary). A contiguous gradient costs one copy of the logits' size and folds."""
     logits, bias = output
     if logits.requires_grad:
         logits.register_hook(torch.Tensor.contiguous)
@@ -201,14 +194,7 @@ def to_peft(layer: int, linear: str, a: Tensor, b: Tensor, arch) -> list[tuple[s
     """One fused adapter (full ``A`` [r, in], ``B`` [out, r]) -> PEFT-named tensors of its HF projections, each with
     the shared ``A`` and its rows of ``B``."""
     block, parts = HF_PARTS[linear]
-    if linear == "linear_qkv":
-        bs = convert.split_qkv(b, arch)
-    elif linear == "linear_fc1":
-        bs = torch.chunk(b, 2, dim=0)
-    else:
-        bs = (b,)
+    bs = convert.split_qkv(b, arch) if linear == "linear_qkv" else torch.chunk(b, len(parts), dim=0)
     prefix = f"base_model.model.model.layers.{layer}.{block}."
-    out = []
-    for part, b_part in zip(parts, bs):
-        out += [(f"{prefix}{part}.lora_A.weight", a.clone()), (f"{prefix}{part}.lora_B.weight", b_part.clone())]
-    return out
+    return [(f"{prefix}{part}.lora_{x}.weight", t.clone()) for part, b_part in zip(parts, bs)
+            for x, t in (("A", a), ("B", b_part))]

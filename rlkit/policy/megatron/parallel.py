@@ -71,9 +71,9 @@ def _drop_megatron_group_references(parallel_state) -> None:
     """Megatron-Core 0.16 keeps two process groups beyond ``destroy_model_parallel()``: that function leaves
     ``_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP`` (and its ``_GLOO`` twin) set, and ``RotaryEmbedding.forward``
     is an ``lru_cache`` on a method, whose keys hold the model's rotary module and with it its ``cp_group``.
-    Either keeps the group's threads and the rendezvous store's sockets alive after the model is gone (a
-    notebook gained 4 threads and 13 files per session). No public call releases them, so the globals that
-    still hold a group are reset here and the caches cleared (they only save recomputing the rotary table)."""
+    Either keeps the group's threads and the rendezvous store's sockets alive after the model is gone. No public
+    call releases them, so the globals that still hold a group are reset here and the caches cleared (they only
+    save recomputing the rotary table)."""
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
     from megatron.core.models.common.embeddings.yarn_rotary_pos_embedding import YarnRotaryEmbedding
 
@@ -82,11 +82,6 @@ def _drop_megatron_group_references(parallel_state) -> None:
             setattr(parallel_state, name, None)
     for rotary in (RotaryEmbedding, YarnRotaryEmbedding):
         rotary.forward.cache_clear()
-
-
-def is_expert_parallel(param) -> bool:
-    """True for a parameter of an expert that only some ranks hold (Megatron marks them ``allreduce=False``)."""
-    return not getattr(param, "allreduce", True)
 
 
 def _seed_tracker(seed: int) -> None:

@@ -128,17 +128,8 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
     def _lora_cfg(self):
         return self.cfg.lora_cfg if self.cfg.lora_cfg.enabled else None
 
-    def _adapter_params(self) -> dict[str, Tensor]:
-        return {n: p for n, p in self.model.named_parameters() if lora.is_adapter(n)}
-
     def _adapters_disabled(self):
         return lora.adapters_disabled(self.model, self._twin.compute if self._twin is not None else None)
-
-    def _adapted(self, name: str) -> Optional[tuple[str, str]]:
-        """The adapter parameter names (A, B) of base weight ``name``, or None if it has no adapter."""
-        stem = name.removesuffix(".weight")
-        a, b = stem + ".adapter.lora_A", stem + ".adapter.lora_B"
-        return (a, b) if self._lora_cfg() is not None and a in self._adapter_params() else None
 
     def export_adapter_tensors(self) -> Iterator[tuple[str, Tensor]]:
         """The adapters as full tensors under their PEFT file names, each fused adapter split into its HF
@@ -218,12 +209,12 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         """Full tensor of parameter ``name`` of this pipeline stage (gathered over tensor parallelism); an
         adapted linear's weight merged with its adapter (``W + alpha/dim * B @ A``)."""
         full = self._full_tensor(name, params)
-        adapter = self._adapted(name)
-        if adapter is None:
+        stem = name.removesuffix(".weight") + ".adapter.lora_"
+        every = dict(self.model.named_parameters()) if self._lora_cfg() is not None else {}
+        if stem + "A" not in every:  # no adapter on this weight
             return full
-        every = dict(self.model.named_parameters())
-        a, b = (self._full_tensor(n, every) for n in adapter)
-        return merged(full, a, b, self.cfg.lora_cfg.scaling)
+        return merged(full, self._full_tensor(stem + "A", every), self._full_tensor(stem + "B", every),
+                      self.cfg.lora_cfg.scaling)
 
     # ---- the frozen base of adapters, released while an engine generates (policy.lora_cfg) ------------
     def release_frozen_base(self) -> int:
@@ -333,8 +324,8 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
     def _forward_scores(self, input_ids: Tensor, with_entropy: bool,
                         packed: Optional[PackedRows] = None) -> tuple[Tensor, Optional[Tensor]]:
         """The decoder's output scored by the fused head (:mod:`.head`) when the [b, t, V/tp] fp32 logits would exceed
-        one of its chunks: they are then never held. Smaller ones go through the full logits, as before the fused head
-        (the two agree within 1e-6, but a long run's trajectory follows the rounding)."""
+        one of its chunks: they are then never held. Smaller ones go through the full logits (the two agree within
+        1e-6, but a long run's trajectory follows the rounding)."""
         t = input_ids.shape[1]
         chunk_bytes = self.cfg.megatron_cfg.fused_head_chunk_bytes
         if input_ids.numel() * (self.arch.vocab_size // self.tp_size) * 4 <= chunk_bytes:
@@ -364,7 +355,7 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         for p in self.model.parameters():
             if p.grad is None or not param_is_not_shared(p):  # (the last stage's copy of a tied embedding)
                 continue
-            if parallel.is_expert_parallel(p):
+            if not getattr(p, "allreduce", True):  # an expert only some ranks hold (Megatron marks it so)
                 expert_sq += sum_of_squares(p.grad)
             elif param_is_not_tensor_parallel_duplicate(p):
                 sq += sum_of_squares(p.grad)
