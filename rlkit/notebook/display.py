@@ -9,7 +9,6 @@ presentation lives in this package.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any, Optional, Union
 
 import torch
@@ -31,7 +30,7 @@ def session_facts(s: Any) -> dict[str, object]:
     facts = {
         "model": f"{cfg.policy.model_name}" + (f" ({arch.family}, {arch.num_layers} layers x {arch.hidden_size})" if arch else ""),
         "backend": backend.title,
-        "policy": f"{type(policy).__name__} on {'cuda' if _cuda() else 'cpu'}",
+        "policy": f"{type(policy).__name__} on {'cuda' if torch.cuda.is_available() else 'cpu'}",
         "parallel layout": backend.layout_words(cfg.policy.num_workers),
         "generator": f"{cfg.policy.generation.backend} ({'colocated' if cfg.generation_colocated else 'separate'}): "
                      f"{s.generator!r}",
@@ -66,11 +65,6 @@ def chat_template_words(kwargs: Any, tools: Any = None) -> str:
 def start_warnings(s: Any) -> list[str]:
     """The warnings shown while the session started (rlkit's own config and data checks, anything unexpected)."""
     return list(getattr(getattr(s, "startup", None), "warnings", []))
-
-
-@functools.lru_cache(maxsize=1)
-def _cuda() -> bool:
-    return torch.cuda.is_available()
 
 
 def session_summary(s: Any) -> str:
