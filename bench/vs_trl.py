@@ -24,7 +24,7 @@ overrides (e.g. ``policy.train_micro_batch_size=1``).
 
 TRL runs in its own environment, bench/.venv-trl (``make bench-trl`` or scripts/setup-bench-trl.sh), never in
 rlkit's lock. Usage: python bench/vs_trl.py [--shape tiny] [--steps 6] [--warmup 2] [--bf16 [--pure-bf16]]
-[--lora R] [--extra K=V ...]
+[--lora R] [--extra K=V ...] [--rlkit-env NAME=VALUE ...]
 Last line: ``rlkit/trl cpu_per_step=<x> peak_rss=<y>`` (with ``--lora``: ``rlkit lora bytes_per_param=<z>``).
 """
 
@@ -114,10 +114,11 @@ def rlkit_side(args) -> dict:
             "threads": torch.get_num_threads(), "steps": len(marks)}
 
 
-def run_side(command: list[str]) -> dict:
-    """Run one side in a fresh process; its last stdout line is its JSON result."""
+def run_side(command: list[str], env: dict[str, str] | None = None) -> dict:
+    """Run one side in a fresh process (``env``: variables for it alone); its last stdout line is its JSON result."""
     done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+                               **(env or {})})
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         raise SystemExit(f"{command[1]} failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -133,6 +134,8 @@ def main() -> None:
     parser.add_argument("--pure-bf16", action="store_true", help="with --bf16: rlkit in pure bf16 as TRL (no masters)")
     parser.add_argument("--lora", type=int, default=0, help="rlkit alone, with adapters of this rank on every linear")
     parser.add_argument("--extra", nargs="*", default=[], help="more rlkit overrides, key=value (rlkit alone)")
+    parser.add_argument("--rlkit-env", nargs="*", default=[], metavar="NAME=VALUE",
+                        help="variables for rlkit's process alone, e.g. GLIBC_TUNABLES=glibc.malloc.hugetlb=1")
     parser.add_argument("--side", choices=["rlkit"], help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--data", help=argparse.SUPPRESS)
@@ -152,7 +155,8 @@ def main() -> None:
         params = count_parameters(model)
         load = [os.getloadavg()[0]]
         ours = run_side([sys.executable, __file__, "--side", "rlkit", "--shape", args.shape, "--model", str(model),
-                         "--data", str(data), "--lora", str(args.lora), *common, *ours_only, "--extra", *args.extra])
+                         "--data", str(data), "--lora", str(args.lora), *common, *ours_only, "--extra", *args.extra],
+                        dict(item.split("=", 1) for item in args.rlkit_env))
         load.append(os.getloadavg()[0])
         if args.lora:
             print(f"shape {args.shape} ({params / 1e6:.0f}M parameters; {prompts} x {generations}, {new_tokens} new "
@@ -169,6 +173,8 @@ def main() -> None:
     print(f"shape {args.shape} ({prompts} prompts x {generations} samples, {new_tokens} new tokens, "
           f"{precision}), {args.steps} steps after {args.warmup} warm-up, 1 thread each; "
           f"load average {min(load):.1f}-{max(load):.1f}")
+    if args.extra or args.rlkit_env:
+        print("rlkit with:", " ".join(args.extra + args.rlkit_env))
     print(f"{'side':<8}{'CPU s/step':>12}{'wall s/step':>13}{'peak RSS MB':>13}")
     for r in (ours, theirs):
         print(f"{r['side']:<8}{r['cpu_s_per_step']:>12.3f}{r['wall_s_per_step']:>13.3f}{r['peak_rss_mb']:>13.0f}")
