@@ -10,7 +10,9 @@ of :data:`MMAP_THRESHOLD_BYTES` or more are unmapped when freed.
 The price is CPU: each such block is fresh pages from the kernel, zeroed on first touch, so it is a choice
 (``policy.return_freed_host_memory``, off by default) for runs that memory limits; the figures at the tiny and the
 Qwen3-0.6B shapes are in docs/measurements.md. glibc's own ``MALLOC_MMAP_THRESHOLD_`` (bytes, set before Python
-starts) does the same for a whole process, and wins: rlkit then leaves the threshold as set.
+starts) does the same for a whole process, and wins: rlkit then leaves the threshold as set. Most of the CPU comes
+back with ``GLIBC_TUNABLES=glibc.malloc.hugetlb=1`` set before Python starts (mapped blocks in transparent huge
+pages: one fault per 2 MiB instead of per 4 KiB).
 A no-op where the C library is not glibc; a preloaded allocator (tcmalloc, jemalloc) is not affected.
 """
 
