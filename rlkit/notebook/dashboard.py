@@ -1,9 +1,9 @@
 """A live dashboard for ``Session.run()``: plots, the latest samples and a stop control.
 
 ``session.dashboard()`` returns a :class:`Dashboard` registered in ``session.listeners``, so ``run()``
-redraws it after every step. It plots reward (and held-out accuracy when evaluated), KL to the reference,
-entropy, clipped fraction, generation length, the generator/trainer logprob mismatch and the seconds per
-stage; shows the latest samples; and has a button that calls ``session.request_stop()``, so ``run()``
+redraws it after every step. It plots reward (with dynamic sampling, over everything sampled, kept or dropped)
+and held-out accuracy when evaluated, KL to the reference, entropy, clipped fraction, generation length, the
+generator/trainer logprob mismatch and the seconds per stage; shows the latest samples; and has a button that calls ``session.request_stop()``, so ``run()``
 ends after the current step and no step is cut in half.
 
 The stop button works while ``run()`` is executing where the frontend sends widget messages on a kernel
@@ -45,7 +45,18 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("generation length", ("rollout/gen_length_mean", "rollout/gen_length_max")),
     ("generator/trainer mismatch", ("train/token_mult_prob_error",)),
 )
+REWARD, REWARD_ALL_SAMPLED = "rollout/reward_mean", "rollout/reward_mean_all_sampled"
 STAGES = ("rollout", "score", "logprobs", "reference_logprobs", "advantages", "train", "refit")  # step()'s order
+
+
+def panels_for(history: list) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """:data:`PANELS` for ``history``. With dynamic sampling (steps carrying ``rollout/reward_mean_all_sampled``)
+    the reward panel plots the reward over everything sampled, kept groups and dropped ones: the kept groups'
+    mean is chosen for its variance and stays near the middle whatever the policy learns
+    (:mod:`rlkit.stages.dynamic_sampling`)."""
+    if not any(REWARD_ALL_SAMPLED in m.values for m in history):
+        return PANELS
+    return tuple((title, tuple(REWARD_ALL_SAMPLED if k == REWARD else k for k in keys)) for title, keys in PANELS)
 
 
 def _series(history: list, key: str) -> list[float]:
@@ -118,7 +129,7 @@ class Dashboard:
         xs = [m.step for m in history]
         panels = []
         notes = flat_panel_notes(self.session)
-        for title, keys in PANELS:
+        for title, keys in panels_for(history):
             series = {label: _series(history, k) for label, k in zip(_labels(keys), keys)}
             series = {k: v for i, (k, v) in enumerate(series.items()) if i == 0 or any(not math.isnan(y) for y in v)}
             note = notes.get(title, "") if _all_zero(series) else ""
@@ -135,7 +146,8 @@ class Dashboard:
             status = "no steps yet: run session.run(n) and this updates after every step"
         else:
             m = history[-1]
-            status = f"step {m.step} · policy version {m.policy_version} · reward {m.get('rollout/reward_mean', math.nan):.3f}"
+            reward = m.get(REWARD_ALL_SAMPLED, m.get(REWARD, math.nan))  # all sampled, with dynamic sampling
+            status = f"step {m.step} · policy version {m.policy_version} · reward {reward:.3f}"
             if not math.isnan(step_seconds(m)):
                 status += f" · {step_seconds(m):.2f} s/step"
         if self._stopping():
@@ -156,7 +168,7 @@ class Dashboard:
         history = self.history
         lines = [f"rlkit dashboard: {len(history)} step(s)" + (" (stop requested)" if self._stopping() else "")]
         notes = flat_panel_notes(self.session)
-        for title, keys in PANELS:
+        for title, keys in panels_for(history):
             values = _series(history, keys[0])
             last = next((v for v in reversed(values) if not math.isnan(v)), math.nan)
             note = f"  ({notes[title]})" if title in notes and _all_zero({title: values}) else ""
@@ -172,7 +184,8 @@ class Dashboard:
         if not history:
             return "rlkit dashboard: no steps yet"
         m = history[-1]
-        shown = " ".join(f"{title.split()[0]}={m.values[keys[0]]:.4g}" for title, keys in PANELS if keys[0] in m.values)
+        shown = " ".join(f"{title.split()[0]}={m.values[keys[0]]:.4g}" for title, keys in panels_for(history)
+                         if keys[0] in m.values)
         return f"step {m.step}: {shown}"
 
     # ---- updating ------------------------------------------------------------------------------------------

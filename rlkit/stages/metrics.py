@@ -1,7 +1,12 @@
 """Per-step metrics under NeMo-RL-style names (``rollout/...``, ``train/...``, ``timing/...``).
 
 Everything measured by the wall clock (seconds per stage, samples and tokens per second) is under ``timing/``,
-so the other groups are exactly reproducible from a checkpoint and a seed."""
+so the other groups are exactly reproducible from a checkpoint and a seed.
+
+With dynamic sampling the ``rollout/`` figures computed here are the kept groups' (the batch trained on), chosen
+for their reward variance; the learning curve is ``rollout/reward_mean_all_sampled``, the mean reward over every
+sample of the step's rounds, kept and dropped, beside ``dynamic_sampling/kept_fraction`` (kept groups / sampled
+groups): see :mod:`rlkit.stages.dynamic_sampling`, which measures both."""
 
 from __future__ import annotations
 

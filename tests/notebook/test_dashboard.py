@@ -258,3 +258,17 @@ def test_in_a_real_kernel_the_end_of_the_cell_ends_the_stop_banner(tmp_path):
     printed = "".join(o.get("text", "") for o in nb.cells[2].outputs if o.output_type == "stream")
     assert "run() stopped after step 1, as you asked" in printed and "stop requested" not in printed
     assert printed.strip().endswith("False")  # the button is enabled again
+
+
+def test_with_dynamic_sampling_the_reward_panel_plots_everything_sampled():
+    """The kept groups' mean (rollout/reward_mean) is chosen for its variance; the reward panel, the status line
+    and the text views show the mean over every sample drawn when the steps carry it."""
+    session = StandInSession()
+    dash = Dashboard(session)
+    session.finish_step(1)
+    session.history[-1].values["rollout/reward_mean_all_sampled"] = 0.03
+    dash.refresh()
+    reward = re.search(r"<svg[^>]*data-title='reward'.*?</svg>", dash.charts_html()).group(0)
+    assert ">reward_mean_all_sampled 0.03</tspan>" in reward and ">reward_mean 0.1<" not in reward
+    assert "reward 0.030" in dash.header_html()
+    assert "reward=0.03 " in dash.text_line() and re.search(r"reward\s+0.03 ", dash.text())
