@@ -102,7 +102,7 @@ class SFTConfig(Section):
 
 class EvalConfig(Section):
     num_prompts: int = Field(500, ge=1)  # held-out prompts scored by evaluate()
-    greedy: bool = True
+    greedy: bool = True  # false: sampled at policy.generation's temperature, top_p, top_k (its stop strings: always)
 
 
 class LoggerConfig(Section):

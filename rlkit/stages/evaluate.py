@@ -1,4 +1,5 @@
-"""Evaluate stage: held-out accuracy with one (greedy by default) completion per prompt."""
+"""Evaluate stage: held-out accuracy with one (greedy by default) completion per prompt, sampled under the
+training rollouts' generation settings (stop strings; temperature, top-p and top-k when not greedy)."""
 
 from __future__ import annotations
 
@@ -40,8 +41,9 @@ def evaluate(generator: Generator, tokenizer: Any, env: Environment, rows: Seque
     environment's conversations are played whole (within ``settings.rollout.max_total_tokens``, needed then), each
     scored by the sum of its turns' rewards."""
     t0 = time.perf_counter()
-    sampling = SamplingSettings(temperature=0.0 if settings.greedy else 1.0, max_new_tokens=settings.max_new_tokens,
-                                seed=settings.seed)
+    sampling = SamplingSettings(temperature=0.0 if settings.greedy else settings.temperature, top_p=settings.top_p,
+                                top_k=settings.top_k, max_new_tokens=settings.max_new_tokens,
+                                stop_strings=settings.stop_strings, seed=settings.seed)
     rewards, batches = [], []
     for start in range(0, len(rows), settings.chunk):
         part = rows[start:start + settings.chunk]

@@ -55,7 +55,9 @@ class ScoreSettings:
 
 @dataclass(frozen=True)
 class EvalSettings:
-    """:func:`rlkit.stages.evaluate`: one completion per held-out prompt, greedy or sampled at temperature 1."""
+    """:func:`rlkit.stages.evaluate`: one completion per held-out prompt, greedy or sampled, under the training
+    rollouts' generation settings (``policy.generation``): the same stop strings, and when sampled the same
+    temperature, top-p and top-k, so held-out accuracy measures the policy as it is sampled in training."""
 
     max_new_tokens: int
     num_prompts: int  # held-out prompts the session evaluates on
@@ -63,11 +65,17 @@ class EvalSettings:
     seed: int = 0
     rollout: RolloutSettings = field(default_factory=RolloutSettings)  # with num_generations 1
     chunk: int = 256  # prompts per engine call
+    temperature: float = 1.0  # when not greedy
+    top_p: float = 1.0
+    top_k: Optional[int] = None
+    stop_strings: tuple[str, ...] = ()
 
     @classmethod
     def from_config(cls, config: RunConfig) -> "EvalSettings":
-        return cls(config.policy.generation.max_new_tokens, config.eval.num_prompts, config.eval.greedy, config.seed,
-                   replace(RolloutSettings.from_config(config), num_generations=1))
+        g = config.policy.generation
+        return cls(g.max_new_tokens, config.eval.num_prompts, config.eval.greedy, config.seed,
+                   replace(RolloutSettings.from_config(config), num_generations=1), temperature=g.temperature,
+                   top_p=g.top_p, top_k=g.top_k, stop_strings=tuple(g.stop_strings))
 
 
 @dataclass(frozen=True)
