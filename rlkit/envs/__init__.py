@@ -1,5 +1,5 @@
 """Reward environments: the ``Environment`` interface, reward-function, reward-model and judge adapters, weighted
-rewards, tools (text and native JSON), the shipped tasks."""
+rewards, tools (text and native JSON), the shipped tasks, reasoning-gym's tasks."""
 
 from rlkit.envs.arithmetic import (
     ArithmeticEnvironment,
@@ -11,6 +11,7 @@ from rlkit.envs.base import Conversation, Environment, EnvReturn, Message
 from rlkit.envs.judge import JudgeEnvironment, RewardComponent, WeightedRewards, last_number_score
 from rlkit.envs.math import MathEnvironment, last_boxed
 from rlkit.envs.native_tools import NativeToolEnvironment
+from rlkit.envs.reasoning_gym import ReasoningGymEnvironment, reasoning_gym_reward
 from rlkit.envs.registry import EnvironmentName, available_environments, make_environment
 from rlkit.envs.reward_fn import RewardFn, RewardFunctionEnvironment
 from rlkit.envs.reward_model import RewardModelEnvironment, ScorerEnvironment
@@ -32,6 +33,7 @@ __all__ = [
     "Message",
     "NativeToolEnvironment",
     "PythonTool",
+    "ReasoningGymEnvironment",
     "RewardComponent",
     "RewardFn",
     "RewardFunctionEnvironment",
@@ -49,5 +51,6 @@ __all__ = [
     "make_arithmetic_rows",
     "make_environment",
     "parse_tool_calls",
+    "reasoning_gym_reward",
     "tool_messages",
 ]

@@ -20,14 +20,16 @@ from rlkit.algorithms.registry import Registry
 from rlkit.envs.arithmetic import ArithmeticEnvironment
 from rlkit.envs.base import Environment
 from rlkit.envs.math import MathEnvironment
+from rlkit.envs.reasoning_gym import ReasoningGymEnvironment
 from rlkit.envs.tool_arithmetic import NativeToolArithmeticEnvironment, ToolArithmeticEnvironment
 from rlkit.errors import ConfigError
 
-EnvironmentName = Literal["arithmetic", "math", "tool_arithmetic", "tool_arithmetic_native"]
+EnvironmentName = Literal["arithmetic", "math", "reasoning_gym", "tool_arithmetic", "tool_arithmetic_native"]
 
 _FACTORIES: Registry[Callable[..., Environment]] = Registry("environment")
 _FACTORIES.register("arithmetic")(ArithmeticEnvironment)
 _FACTORIES.register("math")(MathEnvironment)
+_FACTORIES.register("reasoning_gym")(ReasoningGymEnvironment)  # rows of data.task=reasoning_gym:<name>
 _FACTORIES.register("tool_arithmetic")(ToolArithmeticEnvironment)
 _FACTORIES.register("tool_arithmetic_native")(NativeToolArithmeticEnvironment)
 

@@ -24,7 +24,7 @@ def test_make_each_environment_with_kwargs():
 
 def test_unknown_name_lists_choices_and_suggests():
     with pytest.raises(ConfigError, match=r"env.name: unknown environment 'maths' \(did you mean 'math'\?\); "
-                                          r"available: 'arithmetic', 'math', 'tool_arithmetic', "
+                                          r"available: 'arithmetic', 'math', 'reasoning_gym', 'tool_arithmetic', "
                                           r"'tool_arithmetic_native'$"):
         make_environment("maths")
 
