@@ -111,8 +111,27 @@ def cross_section_problems(sections: Mapping[str, Any]) -> list[str]:
         out += run_name_problems(sections["name"], logger.log_dir if logger is not None else "runs")
     if data is not None:
         out += data.problems()
+        out += reasoning_gym_env_problems(data, sections.get("env"))
     # sft.response_key against the data's columns: checked once the data is loaded (builders.check_sft_columns)
     return out
+
+
+def reasoning_gym_env_problems(data: Any, env: Any) -> list[str]:
+    """reasoning-gym's rows are scored by env.name=reasoning_gym (their task's score_answer), and that environment
+    scores only such rows: either alone is a run whose rewards are silently wrong (or all failures). A reward of
+    yours (env.reward_fn, env.rewards) is not second-guessed."""
+    if env is None or env.reward_fn is not None or env.rewards:
+        return []
+    task = data.task if isinstance(data.task, str) else ""
+    if task.startswith("reasoning_gym:") and env.name != "reasoning_gym":
+        return [f"env.name={env.name!r}: data.task={task!r} rows are scored by their task's own score_answer, "
+                "which env.name=reasoning_gym calls. Fix: set env.name=reasoning_gym (or env.reward_fn to a reward "
+                "of yours)"]
+    if env.name == "reasoning_gym" and task and not task.startswith("reasoning_gym:"):  # a file may hold such rows
+        return [f"env.name='reasoning_gym': it scores rows made by data.task=reasoning_gym:<name> (they carry their "
+                f"task and metadata), and data.task={task!r} rows do not. Fix: set data.task=reasoning_gym:<name> "
+                "(`rlkit tasks` lists them), or another env.name"]
+    return []
 
 
 def precision_problems(policy: Any) -> list[str]:

@@ -6,7 +6,9 @@ column plus whatever else the rows hold, e.g. ``"answer"``):
 - a generated task (``DataParams(task="arithmetic", digits=3, ...)``), made in process from the seed, so the
   quickstart needs no download. Validation holds the first ``num_validation`` *distinct* prompts of the
   stream; train holds the next ``num_train`` rows whose prompt is not among them, so the splits are disjoint
-  by construction (train may repeat a prompt, which matters only for tiny ``digits``);
+  by construction (train may repeat a prompt, which matters only for tiny ``digits``). A reasoning-gym task
+  (``task="reasoning_gym:chain_sum"``, its generator's keys in ``task_config``) is made the same way by
+  :mod:`rlkit.data.reasoning_gym`;
 - a local JSONL or parquet file (``DataParams(path=...)``), its prompt column named by ``prompt_key`` (renamed
   to ``"prompt"``), with validation either from ``validation_path`` or a ``validation_fraction`` of the
   file's distinct prompts, so that duplicated rows cannot leak a validation prompt into train;
@@ -25,26 +27,66 @@ Deliberate simplifications: one prompt column of plain text, not a message list.
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import random
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, Optional, Sequence, Union, get_args
+from typing import Annotated, Any, Callable, Literal, Mapping, Optional, Sequence, Union, get_args
 
 from datasets import Dataset, DatasetDict
-from pydantic import TypeAdapter, ValidationError
+from pydantic import StringConstraints, TypeAdapter, ValidationError, WrapValidator
+from pydantic_core import PydanticCustomError
 
 from rlkit.data.files import JSON_SUFFIXES, PARQUET_SUFFIXES, PromptFile, read_prompt_file
 from rlkit.data.lengths import OverlongPrompts, empty_rows, overlong_rows
 from rlkit.data.named import AnswerFormat, load_named_splits, map_answers, map_columns
+from rlkit.data.reasoning_gym import (
+    is_reasoning_gym_task,
+    reasoning_gym_problems,
+    reasoning_gym_splits,
+    reasoning_gym_tasks,
+    suggest_reasoning_gym_task,
+)
 from rlkit.envs.arithmetic import count_arithmetic_prompts, iter_arithmetic_rows
 from rlkit.envs.tool_arithmetic import iter_native_tool_arithmetic_rows, iter_tool_arithmetic_rows
 from rlkit.errors import ConfigError, describe_invalid
 
 Task = Literal["arithmetic", "tool_arithmetic", "tool_arithmetic_native"]  # tool_*: rows with a tool demonstration
+# one line per generated task, for `rlkit tasks` (a test keeps it in step with Task)
+TASK_DESCRIPTIONS = {
+    "arithmetic": "a+b (or -, *) with operands of up to data.digits digits; the answer is the value",
+    "tool_arithmetic": "arithmetic with a <calc> calculator call (two turns); rows carry SFT demonstrations",
+    "tool_arithmetic_native": "tool_arithmetic with a native JSON tool, add(a, b), rendered by the chat template",
+}
+ReasoningGymTask = Annotated[str, StringConstraints(pattern=r"^reasoning_gym:")]  # "reasoning_gym:<name>"
+
+
+def _unknown_task(task: Any) -> str:
+    own = difflib.get_close_matches(task, get_args(Task), n=1) if isinstance(task, str) else []
+    return (f"unknown task {task!r}; rlkit's generated tasks are {', '.join(map(repr, get_args(Task)))}, and "
+            "reasoning-gym's are named 'reasoning_gym:<name>' (`rlkit tasks` lists them)"
+            + (f"; did you mean {own[0]!r}?" if own else suggest_reasoning_gym_task(task)))
+
+
+def _one_task_problem(value: Any, handler: Any) -> Any:
+    """One problem for a task that is neither of the union's kinds, not one per kind."""
+    try:
+        return handler(value)
+    except ValidationError:
+        raise PydanticCustomError("unknown_task", _unknown_task(value)) from None
+
+
+TaskName = Annotated[Union[Task, ReasoningGymTask], WrapValidator(_one_task_problem)]
 _SUFFIXES = JSON_SUFFIXES + PARQUET_SUFFIXES
 Fit = Callable[[PromptFile, str], PromptFile]  # a file or split and its name -> the rows a rollout can take
+
+
+def generated_tasks() -> list[tuple[str, str]]:
+    """``(data.task value, one-line description)`` of every generated task: rlkit's, then reasoning-gym's
+    (``reasoning_gym:<name>``; :class:`rlkit.envs.reasoning_gym.ReasoningGymMissing` when it is not installed)."""
+    return list(TASK_DESCRIPTIONS.items()) + reasoning_gym_tasks()
 
 
 @dataclass(frozen=True)
@@ -53,8 +95,13 @@ class DataParams:
 
     __pydantic_config__ = {"extra": "forbid"}  # as a section of the run config: unknown keys are errors
 
-    task: Optional[Task] = None  # generated in process
+    # generated in process: rlkit's tasks, or reasoning-gym's by name, "reasoning_gym:chain_sum" (`rlkit tasks`
+    # lists them; "reasoning_gym:composite" is a weighted mix), scored by env.name=reasoning_gym
+    task: Optional[TaskName] = None
     digits: int = 3  # arithmetic: longest operand, the difficulty knob
+    # reasoning_gym tasks: the generator's keys, e.g. {min_digits: 1, max_digits: 2} for chain_sum; the composite's
+    # {datasets: [{name: chain_sum, weight: 2, config: {...}}, {name: leg_counting, weight: 1}]}
+    task_config: dict[str, Any] = field(default_factory=dict)
     num_train: int = 1000  # generated train rows
     num_validation: int = 100  # generated validation rows (distinct prompts)
     path: Optional[str] = None  # local .jsonl / .json / .parquet file
@@ -84,15 +131,21 @@ class DataParams:
                        "task='arithmetic' to generate prompts, path='file.jsonl' to read a file, or "
                        "dataset_name='org/name' (or a local folder) to load a dataset")
         out += self._dataset_problems()
-        if self.task is not None and self.task not in get_args(Task):
-            out.append(f"data.task: unknown task {self.task!r}; the generated tasks are {get_args(Task)}")
-        if self.task is not None:
+        if self.task is not None and not is_reasoning_gym_task(self.task) and self.task not in get_args(Task):
+            out.append(f"data.task: {_unknown_task(self.task)}")
+        if is_reasoning_gym_task(self.task):
+            out += reasoning_gym_problems(self.task, self.task_config)
+        elif self.task_config:
+            out.append("data.task_config: only read with data.task=reasoning_gym:<name> (the generator's keys); "
+                       "remove it, or name a reasoning-gym task")
+        if self.task is not None and not is_reasoning_gym_task(self.task):
             if not isinstance(self.digits, int) or self.digits < 1:
                 out.append(f"data.digits: must be an integer >= 1, got {self.digits!r}")
             elif self.num_validation >= count_arithmetic_prompts(self.digits):
                 out.append(f"data.num_validation: {self.num_validation} distinct prompts requested but digits="
                            f"{self.digits} allows only {count_arithmetic_prompts(self.digits)}, leaving none for "
                            "train; raise data.digits or lower data.num_validation")
+        if self.task is not None:
             for key in ("num_train", "num_validation"):
                 if getattr(self, key) < 1:
                     out.append(f"data.{key}: must be >= 1 (an empty split cannot be sampled), got {getattr(self, key)}")
@@ -192,6 +245,18 @@ def _length_fit(p: DataParams, tokenizer: Any, max_prompt_tokens: Optional[int],
 
 
 def _generate(p: DataParams, fit: Fit) -> DatasetDict:
+    if is_reasoning_gym_task(p.task):
+        splits = reasoning_gym_splits(p.task, p.task_config, p.seed, p.num_train, p.num_validation, p.system_prompt)
+    else:
+        splits = _arithmetic_splits(p)
+    return DatasetDict({
+        name: fit(PromptFile(Dataset.from_list(rows), tuple(f"row {i}" for i in range(len(rows)))),
+                  f"the generated {name} split").dataset
+        for name, rows in splits.items()
+    })
+
+
+def _arithmetic_splits(p: DataParams) -> dict[str, list[dict[str, str]]]:
     rows = {"tool_arithmetic": iter_tool_arithmetic_rows, "tool_arithmetic_native": iter_native_tool_arithmetic_rows}
     stream = rows.get(p.task, iter_arithmetic_rows)(p.digits, p.seed)
     validation: dict[str, dict[str, str]] = {}  # prompt -> its first row
@@ -199,12 +264,7 @@ def _generate(p: DataParams, fit: Fit) -> DatasetDict:
         row = next(stream)
         validation.setdefault(row["prompt"], row)
     train = list(itertools.islice((r for r in stream if r["prompt"] not in validation), p.num_train))
-    splits = {"train": train, "validation": list(validation.values())}
-    return DatasetDict({
-        name: fit(PromptFile(Dataset.from_list(rows), tuple(f"row {i}" for i in range(len(rows)))),
-                  f"the generated {name} split").dataset
-        for name, rows in splits.items()
-    })
+    return {"train": train, "validation": list(validation.values())}
 
 
 def _from_files(p: DataParams, fit: Fit) -> DatasetDict:
