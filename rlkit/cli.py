@@ -11,6 +11,7 @@
     rlkit demo                                     # the component demo: generate, score, train, refit
     rlkit sandbox-check                            # the Python tool's sandbox against its attack table
     rlkit plan math_qwen3 policy.model_name=...    # memory per device and part, before anything loads
+    rlkit tasks [reasoning_gym:chain_sum]          # the generated tasks (data.task=...); one task's config keys
 """
 
 from __future__ import annotations
@@ -98,6 +99,34 @@ def cmd_sandbox_check(args: argparse.Namespace) -> int:
     return check(["--sandbox", args.sandbox])
 
 
+def cmd_tasks(args: argparse.Namespace) -> int:
+    from rlkit.data.prompts import TASK_DESCRIPTIONS, generated_tasks
+    from rlkit.data.reasoning_gym import PREFIX, suggest_reasoning_gym_task
+    from rlkit.envs.reasoning_gym import ReasoningGymMissing, config_defaults, task_description, task_names
+
+    if args.name is not None:  # one task: what data.task_config may set
+        name = args.name.removeprefix(PREFIX)
+        if name in TASK_DESCRIPTIONS:
+            print(f"{name}: {TASK_DESCRIPTIONS[name]} (no data.task_config; data.digits sets its difficulty)")
+            return 0
+        if name not in task_names():
+            raise RLKitError(f"no generated task {args.name!r}{suggest_reasoning_gym_task(name)}; `rlkit tasks` "
+                             "lists them")
+        print(f"{PREFIX}{name}: {task_description(name)}\ndata.task_config keys (defaults):")
+        for key, value in config_defaults(name).items():
+            print(f"  {key}: {json.dumps(value, default=str)}")
+        return 0
+    try:
+        tasks = generated_tasks()
+    except ReasoningGymMissing as exc:
+        tasks = list(TASK_DESCRIPTIONS.items())
+        print(f"(reasoning-gym's tasks are not listed: {exc})", file=sys.stderr)
+    width = max(len(name) for name, _ in tasks)
+    for name, description in tasks:
+        print(f"{name:{width}s}  {description}".rstrip())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlkit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -157,6 +186,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sandbox-check", help="run the attack catalogue against the Python tool's sandbox: held / not held")
     p.add_argument("--sandbox", default="auto", choices=("auto", "bwrap", "unshare", "unsafe-process"))
     p.set_defaults(fn=cmd_sandbox_check)
+
+    p = sub.add_parser("tasks", help="list the generated tasks, data.task=...: rlkit's and reasoning-gym's")
+    p.add_argument("name", nargs="?", help="one task, e.g. reasoning_gym:chain_sum: its data.task_config keys")
+    p.set_defaults(fn=cmd_tasks)
     return parser
 
 

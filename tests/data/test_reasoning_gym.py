@@ -1,5 +1,5 @@
 """reasoning-gym's tasks by name (``data.task=reasoning_gym:<name>``): rows, disjoint splits, config problems, the
-weighted mix, the metadata column. The reference is reasoning-gym itself, called directly."""
+weighted mix, the metadata column, ``rlkit tasks``. The reference is reasoning-gym itself, called directly."""
 
 import json
 import sys
@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 import reasoning_gym
 
+from rlkit.cli import main
 from rlkit.config.loading import load_config
 from rlkit.data import DataParams, load_prompt_dataset
 from rlkit.data.reasoning_gym import VALIDATION_SEED_OFFSET
@@ -157,3 +158,16 @@ def test_rlkit_imports_and_explains_without_reasoning_gym(monkeypatch):
     problems = DataParams(task="reasoning_gym:chain_sum").problems()
     assert len(problems) == 1 and problems[0].startswith("data.task='reasoning_gym:chain_sum': reasoning-gym is not "
                                                          "installed") and "pip install rlkit[reasoning-gym]" in problems[0]
+
+
+def test_rlkit_tasks_lists_both_kinds_and_one_tasks_keys(capsys):
+    assert main(["tasks"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[0] == "arithmetic" and len(lines) == 3 + len(reasoning_gym.factory.DATASETS)
+    assert any(line.split(None, 1) == ["reasoning_gym:chain_sum",
+                                       "Generates simple arithmetic tasks using only + and - operators"] for line in lines)
+    assert main(["tasks", "reasoning_gym:chain_sum"]) == 0
+    out = capsys.readouterr().out
+    assert "  max_digits: 4\n" in out and "  allow_negation: false\n" in out and "seed" not in out
+    assert main(["tasks", "chain_summ"]) == 2
+    assert "did you mean 'reasoning_gym:chain_sum'" in capsys.readouterr().err
