@@ -2,6 +2,7 @@
 
     rlkit train quickstart                         # SFT warm start, then GRPO; writes runs/quickstart/
     rlkit train my.yaml grpo.max_num_steps=50      # any preset or YAML file, with dotted overrides
+    rlkit train my.yaml --export out/my-model      # ... and the trained policy as an HF folder at the end
     rlkit train my.yaml checkpointing.enabled=true --resume   # continue from the newest checkpoint
     rlkit train my.yaml checkpointing.enabled=true --resume-from 40   # continue from the step-40 checkpoint
     rlkit sweep quickstart loss_fn.ratio_clip_max=0.2,0.28 seed=0,1,2   # grid x seeds, table and plot
@@ -42,7 +43,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     allow = [k for k in (args.allow_changes or "").split(",") if k.strip()]
     with sigterm_as_interrupt():  # a scheduler's SIGTERM stops the run as Ctrl-C does, summary written
         summary = run_experiment(config, progress=not args.quiet, resume=args.resume, resume_from=args.resume_from,
-                                 allow_changes=allow)
+                                 allow_changes=allow, export=args.export)
     print(json.dumps(summary, indent=2))
     return 0
 
@@ -151,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
                            help="with --resume/--resume-from: settings (dotted keys or sections, e.g. "
                                 "policy.optimizer.lr,loss_fn) that may differ from the checkpoint's config; any "
                                 "other difference is refused, listed")
+            p.add_argument("--export", metavar="DIR", default=None,
+                           help="at the end, write the trained policy as an HF model folder here (with LoRA: "
+                                "merged, and the PEFT adapter in DIR/adapter); its path goes into summary.json")
         p.set_defaults(fn=fn)
 
     p = sub.add_parser("sweep", help="run a grid of overrides (x seeds) and compare")

@@ -2,7 +2,8 @@
 
 ``rlkit train`` and sweeps call :func:`run_experiment`; a notebook can too. It writes
 ``<log_dir>/<name>/metrics.jsonl`` (one JSON object per step), ``config.yaml`` and ``summary.json``, and
-with ``checkpointing.enabled`` periodic checkpoints that ``rlkit train ... --resume`` continues from.
+with ``checkpointing.enabled`` periodic checkpoints that ``rlkit train ... --resume`` continues from; with
+``export`` (``rlkit train ... --export DIR``) the trained policy as an HF model folder at the end.
 
 What a failure leaves: a run that fails to start (a broken model folder, a damaged checkpoint) leaves the
 run folder as it was, because the records are replaced only once the run has started
@@ -38,8 +39,14 @@ from rlkit.tracking.records import RunRecorder
 
 def run_experiment(config: RunConfig, session: Any = None, progress: bool = True,
                    run_dir: Optional[str | Path] = None, resume: bool = False,
-                   resume_from: Optional[str | int | Path] = None, allow_changes: Sequence[str] = ()) -> dict[str, Any]:
+                   resume_from: Optional[str | int | Path] = None, allow_changes: Sequence[str] = (),
+                   export: Optional[str | Path] = None) -> dict[str, Any]:
     """Run ``config`` end to end and return the summary (also written to ``summary.json``).
+
+    With ``export`` a run that completes writes the trained policy there as an HF model folder after the final
+    evaluation (:meth:`rlkit.Session.export_hf`: transformers and vLLM load it; with adapters the weights are
+    merged and ``adapter/`` holds the PEFT adapter folder), atomically, replacing a folder already there; the
+    summary's ``export`` is its absolute path (None without ``export``, or when the run stopped early).
 
     With ``checkpointing.enabled`` a checkpoint is written after the SFT warm start (``step_000000``) and
     every ``save_period`` RL steps (and after the last), keeping the newest ``keep_last``; a fresh start over
@@ -67,7 +74,7 @@ def run_experiment(config: RunConfig, session: Any = None, progress: bool = True
     run_dir = Path(run_dir or Path(config.logger.log_dir) / config.name)
     with run_folder_lock(run_dir):
         try:
-            return _run(config, session, progress, run_dir, resume, resume_from, allow_changes)
+            return _run(config, session, progress, run_dir, resume, resume_from, allow_changes, export)
         except OSError as error:
             if is_disk_error(error) and not isinstance(error, RunFolderError):
                 raise unwritable(error, run_dir) from error
@@ -75,7 +82,8 @@ def run_experiment(config: RunConfig, session: Any = None, progress: bool = True
 
 
 def _run(config: RunConfig, session: Any, progress: bool, run_dir: Path, resume: bool,
-         resume_from: Optional[str | int | Path], allow_changes: Sequence[str]) -> dict[str, Any]:
+         resume_from: Optional[str | int | Path], allow_changes: Sequence[str],
+         export: Optional[str | Path]) -> dict[str, Any]:
     t0 = time.perf_counter()
     ckpt_cfg, ckpt_dir = config.checkpointing, checkpoint_folder(config, run_dir)
     start = _resume_point(config, ckpt_dir, resume, resume_from)
@@ -138,7 +146,9 @@ def _run(config: RunConfig, session: Any, progress: bool, run_dir: Path, resume:
         except KeyboardInterrupt as stop:
             stopped_early(stop, warm_start, history, "the final evaluation")
             raise
-        summary = _summary(config, warm_start, after, history, resumed_step, setup_s, rl_s, time.perf_counter() - t0)
+        exported = None if export is None or stopped is not None else session.export_hf(export).resolve()
+        summary = _summary(config, warm_start, after, history, resumed_step, setup_s, rl_s, time.perf_counter() - t0,
+                           exported)
         _write_summary(run_dir, summary, None if stopped is None else str(stopped))
         if stopped is not None:
             raise stopped
@@ -168,7 +178,8 @@ def _resume_point(config: RunConfig, ckpt_dir: Path, resume: bool,
 
 
 def _summary(config: RunConfig, warm_start: dict[str, Any], after: Any, history: list[Any],
-             resumed_step: Optional[int], setup_s: float, rl_s: float, wall_s: float) -> dict[str, Any]:
+             resumed_step: Optional[int], setup_s: float, rl_s: float, wall_s: float,
+             exported: Optional[Path] = None) -> dict[str, Any]:
     before_acc = warm_start["accuracy_before_rl"]
     return {
         "name": config.name,
@@ -187,6 +198,7 @@ def _summary(config: RunConfig, warm_start: dict[str, Any], after: Any, history:
         "seconds_sft": warm_start["seconds_sft"],
         "seconds_rl": rl_s,
         "wall_time_s": wall_s,
+        "export": None if exported is None else str(exported),  # the HF folder of the trained policy (export=)
     }
 
 

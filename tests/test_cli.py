@@ -59,3 +59,61 @@ def test_train_on_your_own_file_and_reward_function_with_an_sft_warm_start(tmp_p
     reward = sys.modules["cli_rewards"].reverse_reward
     assert samples["reward"].tolist() == reward(None, list(samples["completion"]), [answers[p] for p in samples["prompt"]])
     sys.modules.pop("cli_rewards", None)
+
+
+def nano_run(tmp_path, **extra):
+    """quickstart_nano shrunk to seconds: the nano model made in tmp_path, 3 SFT steps, one RL step of 4 x 4."""
+    values = {"policy.model_name": str(tmp_path / "model"), "sft.num_steps": 3, "sft.batch_size": 8,
+              "sft.warmup_steps": 0, "grpo.max_num_steps": 1, "grpo.num_prompts_per_step": 4,
+              "grpo.num_generations_per_prompt": 4, "eval.num_prompts": 8, "logger.log_dir": str(tmp_path / "runs")}
+    return [f"{k}={v}" for k, v in dict(values, **extra).items()]
+
+
+def chat_ids(folder):
+    import torch
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    chats = [[{"role": "user", "content": f"{a}+{b}="}, {"role": "assistant", "content": str(a + b)}]
+             for a, b in ((3, 4), (2, 5))]
+    texts = [tok.apply_chat_template(chat, tokenize=False) for chat in chats]
+    return torch.tensor([tok(t, add_special_tokens=False)["input_ids"] for t in texts])  # [2, T], equal lengths
+
+
+def test_train_export_writes_the_trained_policy_that_transformers_loads(tmp_path):
+    """run_experiment(..., export=DIR), what `rlkit train --export DIR` calls: the folder's logits under
+    transformers are the session's policy's after the run, within the fp32 conversion bound (1e-5 of the logits'
+    scale, rlkit.models.compare), and not the base model's (the SFT steps moved the weights by far more)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rlkit.config.loading import load_config
+    from rlkit.experiment import run_experiment
+    from rlkit.models.compare import logits_agreement
+    from rlkit.session import Session
+
+    config = load_config("quickstart_nano", nano_run(tmp_path))
+    with Session(config) as session:
+        summary = run_experiment(config, session=session, progress=False, export=tmp_path / "out")
+        ids = chat_ids(tmp_path / "out")
+        session.policy.model.eval()
+        with torch.no_grad():
+            policy = session.policy._logits(ids)
+    assert summary["export"] == str((tmp_path / "out").resolve()) and summary["rl_steps"] == 1
+    with torch.no_grad():
+        exported, base = (AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()(ids).logits
+                          for folder in (tmp_path / "out", tmp_path / "model"))
+    agreement = logits_agreement(policy, exported)
+    assert agreement.ok and agreement.bound <= 1e-4, agreement
+    assert not logits_agreement(policy, base).ok  # the export is the trained policy, not the folder it started from
+
+
+def test_rlkit_train_export_puts_the_folder_in_the_summary(tmp_path, capsys):
+    """The command line's flag: the folder is written, and its path is in the printed summary and summary.json."""
+    out = tmp_path / "export"
+    assert main(["train", "quickstart_nano", *nano_run(tmp_path), "--export", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads((tmp_path / "runs" / "quickstart_nano" / "summary.json").read_text())
+    assert summary["export"] == json.loads(printed[printed.index("{\n"):])["export"] == str(out.resolve())
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    assert json.loads((out / "config.json").read_text()) == json.loads((tmp_path / "model" / "config.json").read_text())
