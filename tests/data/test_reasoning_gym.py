@@ -4,6 +4,7 @@ weighted mix, the metadata column, ``rlkit tasks``. The reference is reasoning-g
 import json
 import sys
 from collections import Counter
+from typing import get_args
 
 import pytest
 import reasoning_gym
@@ -11,6 +12,7 @@ import reasoning_gym
 from rlkit.cli import main
 from rlkit.config.loading import load_config
 from rlkit.data import DataParams, load_prompt_dataset
+from rlkit.data.prompts import TASK_DESCRIPTIONS, Task
 from rlkit.data.reasoning_gym import VALIDATION_SEED_OFFSET
 from rlkit.envs.reasoning_gym import ReasoningGymMissing, decode_metadata, encode_metadata, import_reasoning_gym
 from rlkit.errors import ConfigError
@@ -161,6 +163,7 @@ def test_rlkit_imports_and_explains_without_reasoning_gym(monkeypatch):
 
 
 def test_rlkit_tasks_lists_both_kinds_and_one_tasks_keys(capsys):
+    assert tuple(TASK_DESCRIPTIONS) == get_args(Task)  # every rlkit task has its line
     assert main(["tasks"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[0] == "arithmetic" and len(lines) == 3 + len(reasoning_gym.factory.DATASETS)
