@@ -23,6 +23,7 @@ from rlkit.errors import CheckpointError, ConfigError
 from rlkit.generation.base import Generator
 from rlkit.generation.openai_server import OpenAIEndpoint
 from rlkit.models import make_model, read_hf_config
+from rlkit.models.pretrained import PRETRAINED, get_model
 from rlkit.models.vocabulary import check_tokenizer_fits
 from rlkit.policy.architecture import load_hf_state
 from rlkit.run.state import RunState
@@ -109,11 +110,13 @@ def start_endpoint(components: Components, config: RunConfig, sampling: Any) -> 
 
 
 def ensure_model(config: RunConfig) -> Path:
-    """The model folder; created from ``policy.model_preset`` when it does not exist yet."""
-    path = Path(config.policy.model_name)
-    if not (path / "config.json").is_file() and config.policy.model_preset is not None:
-        make_model(path, config.policy.model_preset, config.policy.model_family, seed=config.seed,
-                   tokenizer=config.policy.model_tokenizer)
+    """The model folder; created from ``policy.model_preset`` when it does not exist yet (a pretrained model is
+    converted from its package then, :func:`rlkit.models.pretrained.get_model`)."""
+    path, preset = Path(config.policy.model_name), config.policy.model_preset
+    if not (path / "config.json").is_file() and preset in PRETRAINED:
+        get_model(preset, path)
+    elif not (path / "config.json").is_file() and preset is not None:
+        make_model(path, preset, config.policy.model_family, seed=config.seed, tokenizer=config.policy.model_tokenizer)
     read_hf_config(path)  # clear error if it is still missing or unsupported
     return path
 

