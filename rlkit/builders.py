@@ -178,6 +178,8 @@ def build_environment(config: RunConfig):
         return RewardFunctionEnvironment(load_reward_fn(config.env.reward_fn))
     if config.env.name == "math":
         return make_environment("math", timeout_seconds=config.env.math_timeout_s)
+    if config.env.answer_from != "completion":  # the config allows it only for the environments that read it
+        return make_environment(config.env.name, answer_from=config.env.answer_from)
     return make_environment(config.env.name)
 
 

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from rlkit.algorithms import AdvantageEstimatorName, AdvantageParams, LossParams
 from rlkit.data import DataParams
+from rlkit.envs.answers import ANSWER_FROM_ENVS, AnswerFrom
 from rlkit.envs.base import MAX_REWARD_FAILURE_FRACTION
 from rlkit.envs.registry import EnvironmentName
 from rlkit.config.components import PolicyConfig, Section, generation_colocated
@@ -87,6 +89,27 @@ class EnvConfig(Section):
     rewards: list[RewardComponentConfig] = Field(default_factory=list)
     # score() raises RewardError when more than this share of a batch's samples fail (all failing always does)
     max_reward_failure_fraction: float = Field(MAX_REWARD_FAILURE_FRACTION, ge=0, le=1)
+    # which part of a completion is its answer: "completion", the environment's own rule (arithmetic: the whole
+    # completion stripped); "last_number", the last number it writes ("27 + 82 = 109" -> 109; "1,200" -> 1200), what
+    # a chat model answers. env.name=arithmetic and reasoning_gym (inside the <answer> tag when asked for and present)
+    answer_from: AnswerFrom = "completion"
+
+    @field_validator("answer_from")
+    @classmethod
+    def _answer_from_supported(cls, value: str, info: ValidationInfo) -> str:
+        if value == "completion":
+            return value
+        if info.data.get("rewards") or info.data.get("reward_fn") is not None:
+            key = "env.rewards" if info.data.get("rewards") else "env.reward_fn"
+            raise PydanticCustomError("answer_from", f"{value!r} is read by env.name's environment, which {key} "
+                                      "replaces (its rewards read the completion themselves); extract the answer in "
+                                      f"your reward function (rlkit.envs.answers.last_number), or unset {key}")
+        name = info.data.get("name")
+        if name is not None and name not in ANSWER_FROM_ENVS:
+            raise PydanticCustomError("answer_from", f"{value!r} is supported by env.name="
+                                      f"{' or '.join(ANSWER_FROM_ENVS)} only, not env.name={name!r}; set "
+                                      "env.answer_from=completion, or use one of those environments")
+        return value
 
 
 class SFTConfig(Section):

@@ -7,6 +7,7 @@ from rlkit.envs.arithmetic import (
     iter_arithmetic_rows,
     make_arithmetic_rows,
 )
+from rlkit.envs.answers import last_number
 from rlkit.envs.base import Conversation, Environment, EnvReturn, Message
 from rlkit.envs.judge import JudgeEnvironment, RewardComponent, WeightedRewards, last_number_score
 from rlkit.envs.math import MathEnvironment, last_boxed
@@ -47,6 +48,7 @@ __all__ = [
     "count_arithmetic_prompts",
     "iter_arithmetic_rows",
     "last_boxed",
+    "last_number",
     "last_number_score",
     "make_arithmetic_rows",
     "make_environment",

@@ -10,8 +10,12 @@ Operand distribution (each operand independently): a length ``d`` is drawn unifo
 operands as common as long ones (uniform values would make nearly every operand ``digits`` long). The
 operation is drawn uniformly from ``operations``. ``"-"`` can give negative answers (``"3-7"`` -> ``"-4"``).
 
-Deliberate simplifications: no chain-of-thought format (the whole completion is the answer); exact match,
-so ``"0168"`` or ``"168."`` score 0.
+The answer is the whole completion, stripped (``answer_from="completion"``), or with ``answer_from="last_number"``
+(``env.answer_from``) the last number it writes (:mod:`rlkit.envs.answers`): what a chat model asked "What is 27+82?"
+answers, ``"27 + 82 = 109"``.
+
+Deliberate simplifications: no chain-of-thought format; exact text match of the answer, so ``"0168"`` (and with
+``completion``, ``"168."``) score 0, and ``"168.0"`` scores 0 under either rule.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import itertools
 import random
 from typing import Any, Iterator, Literal, Sequence, get_args
 
+from rlkit.envs.answers import AnswerFrom, answer_of, check_answer_from
 from rlkit.envs.base import Conversation, Environment, EnvReturn, check_batch, completion_of, sample_error
 
 Operation = Literal["+", "-", "*"]
@@ -66,23 +71,30 @@ def count_arithmetic_prompts(digits: int, operations: Sequence[str] = ("+",)) ->
 
 
 class ArithmeticEnvironment(Environment):
-    """Reward 1.0 when the completion, stripped of whitespace, equals ``row["answer"]``, else 0.0.
+    """Reward 1.0 when the answer equals ``row["answer"]`` (both as text, stripped), else 0.0. The answer: the
+    completion stripped, or with ``answer_from="last_number"`` the last number in it (none: reward 0).
 
-    Metadata per sample: ``parsed`` (the stripped completion) and ``correct`` (bool).
+    Metadata per sample: ``parsed`` (the answer read, None without a number) and ``correct`` (bool).
     """
 
     name = "arithmetic"
+
+    def __init__(self, answer_from: AnswerFrom = "completion"):
+        self.answer_from = check_answer_from(answer_from)
 
     def step(self, conversations: list[Conversation], rows: list[dict[str, Any]]) -> EnvReturn:
         check_batch(conversations, rows)
         rewards, metadata, errors = [], [], []
         for i, (conversation, row) in enumerate(zip(conversations, rows)):
             try:
-                parsed = completion_of(conversation).strip()
-                correct = parsed == str(row["answer"]).strip()
+                parsed = answer_of(completion_of(conversation), self.answer_from)
+                correct = parsed is not None and parsed == str(row["answer"]).strip()
             except Exception as exc:  # noqa: BLE001 - one bad sample must not fail the batch
                 errors.append(sample_error(i, exc))
                 parsed, correct = None, False
             rewards.append(1.0 if correct else 0.0)
             metadata.append({"parsed": parsed, "correct": correct})
         return EnvReturn.single_turn(rewards, metadata, errors)
+
+    def __repr__(self) -> str:
+        return f"ArithmeticEnvironment(name={self.name!r}, answer_from={self.answer_from!r})"

@@ -17,8 +17,12 @@ what its scorer needs, so a row scores itself whatever mix it came from:
 The answer handed to ``score_answer``: with ``answer_tag``, reasoning-gym's own extractor
 (``reasoning_gym.utils.extract_answer``: the last ``<answer>`` tag's text, None without one, which its scorers give
 0 or their floor); else the completion's text, stripped: a chat model asked a plain question answers in plain text.
-The entry handed to it is rebuilt from the row: ``question`` (the prompt the completion answers), ``answer``,
-``metadata``.
+With ``answer_from="last_number"`` (``env.answer_from``, :mod:`rlkit.envs.answers`) it is the last number written in
+the tag's text when the prompt asks for a tag and the completion has one, else in the whole completion (None without
+a number): the lenient rule, for numeric tasks and a chat model that writes its working ("27 + 82 = 109"); it does not
+demand the tag. The entry handed to it is rebuilt from the row: ``question`` (the prompt the completion answers, as
+``data.prompt_template`` made it; no reasoning-gym scorer reads it), ``answer``, ``metadata``. The environment's
+metadata gives each sample's answer as ``parsed``.
 
 reasoning-gym is imported on first use, so rlkit imports without it; :func:`import_reasoning_gym` says what to
 install. The reward goes through :class:`rlkit.envs.reward_fn.RewardFunctionEnvironment`, so a completion whose
@@ -35,6 +39,8 @@ import functools
 import json
 from typing import Any, Optional, Sequence
 
+from rlkit.envs.answers import AnswerFrom, check_answer_from, last_number
+from rlkit.envs.base import Conversation, EnvReturn, completion_of
 from rlkit.envs.reward_fn import RewardFunctionEnvironment
 from rlkit.errors import RLKitError
 
@@ -150,15 +156,19 @@ def decode_metadata(text: str) -> Any:
 # --- the reward ---------------------------------------------------------------------------------------------------
 
 
-def extract_answer(completion: str, answer_tag: bool) -> Optional[str]:
+def extract_answer(completion: str, answer_tag: bool, answer_from: AnswerFrom = "completion") -> Optional[str]:
     """The answer ``score_answer`` is given: the last ``<answer>`` tag's text when the prompt asks for the tag
-    (reasoning-gym's own extractor; None without a tag), else the completion stripped."""
-    if not answer_tag:
-        return completion.strip()
-    import_reasoning_gym()
-    from reasoning_gym.utils import extract_answer as extract
+    (reasoning-gym's own extractor; None without a tag), else the completion stripped. With
+    ``answer_from="last_number"``: the last number in the tag's text when there is a tag, else in the completion."""
+    tagged = None
+    if answer_tag:
+        import_reasoning_gym()
+        from reasoning_gym.utils import extract_answer as extract
 
-    return extract(completion)
+        tagged = extract(completion)
+    if answer_from == "last_number":
+        return last_number(completion if tagged is None else tagged)
+    return tagged if answer_tag else completion.strip()
 
 
 @functools.lru_cache(maxsize=256)
@@ -171,8 +181,10 @@ def scorer(task: str, task_config: str) -> Any:
 
 def reasoning_gym_reward(prompts: Sequence[str], completions: Sequence[str], *, task: Sequence[str],
                          task_config: Sequence[str], answer: Sequence[Optional[str]], metadata: Sequence[str],
-                         answer_tag: Optional[Sequence[bool]] = None, **_: Any) -> list[float]:
-    """Each completion scored by its row's task: ``score_answer(extract_answer(completion), entry)``, ``[B]`` floats.
+                         answer_tag: Optional[Sequence[bool]] = None, answer_from: AnswerFrom = "completion",
+                         **_: Any) -> list[float]:
+    """Each completion scored by its row's task, ``[B]`` floats:
+    ``score_answer(extract_answer(completion, tag, answer_from), entry)``.
 
     The columns are the rows' (:mod:`rlkit.data.reasoning_gym`), as lists; other columns are ignored.
     """
@@ -180,17 +192,35 @@ def reasoning_gym_reward(prompts: Sequence[str], completions: Sequence[str], *, 
     out = []
     for i, completion in enumerate(completions):
         entry = {"question": prompts[i], "answer": answer[i], "metadata": decode_metadata(metadata[i])}
-        out.append(float(scorer(task[i], task_config[i]).score_answer(extract_answer(completion, bool(tags[i])),
-                                                                      entry)))
+        given = extract_answer(completion, bool(tags[i]), answer_from)
+        out.append(float(scorer(task[i], task_config[i]).score_answer(given, entry)))
     return out
 
 
 class ReasoningGymEnvironment(RewardFunctionEnvironment):
     """The reward of rows made by ``data.task: reasoning_gym:<name>``: each task's own ``score_answer``."""
 
-    def __init__(self) -> None:
+    def __init__(self, answer_from: AnswerFrom = "completion") -> None:
         import_reasoning_gym()  # refuse at build time, naming the install, not at the first scored batch
-        super().__init__(reasoning_gym_reward, name="reasoning_gym")
+        self.answer_from = check_answer_from(answer_from)
+        # the plain function by default, which a checkpoint of a session given this environment can import again
+        fn = reasoning_gym_reward if answer_from == "completion" else functools.partial(reasoning_gym_reward,
+                                                                                         answer_from=answer_from)
+        super().__init__(fn, name="reasoning_gym")
+
+    def step(self, conversations: list[Conversation], rows: list[dict[str, Any]]) -> EnvReturn:
+        """The reward function's return, each sample's metadata with ``parsed``: the answer its scorer was given
+        (None where there was none, or where the completion could not be read)."""
+        out = super().step(conversations, rows)
+        metadata = []
+        for conversation, row, facts in zip(conversations, rows, out.metadata):
+            try:
+                parsed = extract_answer(completion_of(conversation), bool(row.get("answer_tag")), self.answer_from)
+            except Exception:  # noqa: BLE001 - the reward already reported this sample's failure in errors
+                parsed = None
+            metadata.append({**facts, "parsed": parsed})
+        return dataclasses.replace(out, metadata=metadata)
 
     def __repr__(self) -> str:
-        return "ReasoningGymEnvironment()"
+        return "ReasoningGymEnvironment()" if self.answer_from == "completion" else \
+            f"ReasoningGymEnvironment(answer_from={self.answer_from!r})"
