@@ -17,6 +17,10 @@ column plus whatever else the rows hold, e.g. ``"answer"``):
   (:mod:`rlkit.data.named`); train is ``split``, validation is ``validation_split`` or a
   ``validation_fraction`` of train's distinct prompts, as for a file.
 
+``data.prompt_template`` (``"What is {prompt}? Answer with just the number."``) puts every row's prompt, from any
+source, into one text as it loads (:mod:`rlkit.data.templates`), before the length filter; the generated arithmetic
+task draws its operation from ``data.operations``.
+
 ``render_prompts`` applies the tokenizer's chat template, which is where the system prompt goes. Given the
 tokenizer and the longest prompt a rollout can take, ``load_prompt_dataset`` drops (or refuses) prompts that
 are too long when it loads them (:mod:`rlkit.data.lengths`); files are read by :mod:`rlkit.data.files`, whose
@@ -49,14 +53,15 @@ from rlkit.data.reasoning_gym import (
     reasoning_gym_tasks,
     suggest_reasoning_gym_task,
 )
-from rlkit.envs.arithmetic import count_arithmetic_prompts, iter_arithmetic_rows
+from rlkit.data.templates import apply_template, template_problems
+from rlkit.envs.arithmetic import OPERATIONS, Operation, count_arithmetic_prompts, iter_arithmetic_rows
 from rlkit.envs.tool_arithmetic import iter_native_tool_arithmetic_rows, iter_tool_arithmetic_rows
 from rlkit.errors import ConfigError, describe_invalid
 
 Task = Literal["arithmetic", "tool_arithmetic", "tool_arithmetic_native"]  # tool_*: rows with a tool demonstration
 # one line per generated task, for `rlkit tasks` (a test keeps it in step with Task)
 TASK_DESCRIPTIONS = {
-    "arithmetic": "a+b (or -, *) with operands of up to data.digits digits; the answer is the value",
+    "arithmetic": "a+b (or -, *: data.operations) with operands of up to data.digits digits; the answer is the value",
     "tool_arithmetic": "arithmetic with a <calc> calculator call (two turns); rows carry SFT demonstrations",
     "tool_arithmetic_native": "tool_arithmetic with a native JSON tool, add(a, b), rendered by the chat template",
 }
@@ -99,6 +104,9 @@ class DataParams:
     # lists them; "reasoning_gym:composite" is a weighted mix), scored by env.name=reasoning_gym
     task: Optional[TaskName] = None
     digits: int = 3  # arithmetic: longest operand, the difficulty knob
+    # arithmetic and tool_arithmetic: the operations drawn, uniformly, e.g. ["+", "-", "*"] ("-" can give negative
+    # answers); tool_arithmetic_native's add tool takes "+" only
+    operations: tuple[Operation, ...] = ("+",)
     # reasoning_gym tasks: the generator's keys, e.g. {min_digits: 1, max_digits: 2} for chain_sum; the composite's
     # {datasets: [{name: chain_sum, weight: 2, config: {...}}, {name: leg_counting, weight: 1}]}
     task_config: dict[str, Any] = field(default_factory=dict)
@@ -116,6 +124,9 @@ class DataParams:
     validation_fraction: float = 0.1  # share of the file's distinct prompts held out for validation
     seed: int = 0
     system_prompt: Optional[str] = None  # passed to render_prompts by the rollout stage
+    # every row's prompt (any source) put into this text at load time, where {prompt} stands, e.g. "What is
+    # {prompt}? Answer with just the number."; rollouts, SFT, evaluation and the length filter see the result
+    prompt_template: Optional[str] = None
     # keyword arguments of every apply_chat_template call (rollouts, SFT, evaluation, the length filter), e.g.
     # {enable_thinking: false} for Qwen3's template
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -139,12 +150,19 @@ class DataParams:
             out.append("data.task_config: only read with data.task=reasoning_gym:<name> (the generator's keys); "
                        "remove it, or name a reasoning-gym task")
         if self.task is not None and not is_reasoning_gym_task(self.task):
+            ops = self._operation_problems()
+            out += ops
             if not isinstance(self.digits, int) or self.digits < 1:
                 out.append(f"data.digits: must be an integer >= 1, got {self.digits!r}")
-            elif self.num_validation >= count_arithmetic_prompts(self.digits):
+            elif not ops and self.num_validation >= count_arithmetic_prompts(self.digits, self.operations):
+                count = count_arithmetic_prompts(self.digits, self.operations)
                 out.append(f"data.num_validation: {self.num_validation} distinct prompts requested but digits="
-                           f"{self.digits} allows only {count_arithmetic_prompts(self.digits)}, leaving none for "
-                           "train; raise data.digits or lower data.num_validation")
+                           f"{self.digits} with operations {list(self.operations)} allows only {count}, leaving none "
+                           "for train; raise data.digits, add data.operations or lower data.num_validation")
+        elif tuple(self.operations) != ("+",):
+            out.append("data.operations: only read by data.task=arithmetic or tool_arithmetic (the generated "
+                       "arithmetic rows); remove it, or set data.task")
+        out += template_problems(self.prompt_template)
         if self.task is not None:
             for key in ("num_train", "num_validation"):
                 if getattr(self, key) < 1:
@@ -164,6 +182,17 @@ class DataParams:
                 out.append(f"data.{key}: no such file {value!r}; check the path (relative paths start at "
                            f"{Path.cwd()})")
         return out
+
+    def _operation_problems(self) -> list[str]:
+        ops = self.operations
+        if isinstance(ops, str) or not isinstance(ops, Sequence) or not ops or any(op not in OPERATIONS for op in ops):
+            return [f"data.operations: must be a non-empty list of {', '.join(map(repr, OPERATIONS))}, got {ops!r}; "
+                    "e.g. data.operations=[+,-]"]
+        if self.task == "tool_arithmetic_native" and tuple(ops) != ("+",):
+            return [f"data.operations={list(ops)}: tool_arithmetic_native's native tool is add(a, b), so its rows are "
+                    "sums only; use data.task=tool_arithmetic (a calculator) for other operations, or remove "
+                    "data.operations"]
+        return []
 
     def _dataset_problems(self) -> list[str]:
         """Keys that only ``dataset_name`` reads, and a name that is plainly a local path that is not there."""
@@ -229,17 +258,18 @@ def load_prompt_dataset(source: Union[DataParams, Mapping[str, Any], str, Path],
 
 def _length_fit(p: DataParams, tokenizer: Any, max_prompt_tokens: Optional[int],
                 tools: Optional[Sequence[Mapping[str, Any]]] = None) -> Fit:
-    """The rows of a file or split that a rollout can take: not empty, and (given a tokenizer) not over-long."""
+    """The rows of a file or split that a rollout can take: not empty, templated (``data.prompt_template``) and,
+    given a tokenizer, not over-long."""
 
     def fit(file: PromptFile, source: str) -> PromptFile:
-        keep = empty_rows(file.dataset.with_format("arrow")["prompt"], file.labels, source)
+        keep = empty_rows(file.dataset.with_format("arrow")["prompt"], file.labels, source)  # before the template
+        file = file if len(keep) == len(file.labels) else file.select(keep)
+        file = PromptFile(apply_template(file.dataset, p.prompt_template), file.labels)
         if tokenizer is not None:
-            prompts = file.dataset["prompt"]
-            kept = overlong_rows([prompts[i] for i in keep], [file.labels[i] for i in keep], source, tokenizer,
-                                 max_prompt_tokens, p.system_prompt, p.overlong_prompts,
-                                 p.chat_template_kwargs, tools)
-            keep = [keep[i] for i in kept]
-        return file if len(keep) == len(file.labels) else file.select(keep)
+            keep = overlong_rows(list(file.dataset["prompt"]), file.labels, source, tokenizer, max_prompt_tokens,
+                                 p.system_prompt, p.overlong_prompts, p.chat_template_kwargs, tools)
+            file = file if len(keep) == len(file.labels) else file.select(keep)
+        return file
 
     return fit
 
@@ -257,8 +287,11 @@ def _generate(p: DataParams, fit: Fit) -> DatasetDict:
 
 
 def _arithmetic_splits(p: DataParams) -> dict[str, list[dict[str, str]]]:
-    rows = {"tool_arithmetic": iter_tool_arithmetic_rows, "tool_arithmetic_native": iter_native_tool_arithmetic_rows}
-    stream = rows.get(p.task, iter_arithmetic_rows)(p.digits, p.seed)
+    if p.task == "tool_arithmetic_native":  # sums only: its add tool (DataParams.problems)
+        stream = iter_native_tool_arithmetic_rows(p.digits, p.seed)
+    else:
+        rows = iter_tool_arithmetic_rows if p.task == "tool_arithmetic" else iter_arithmetic_rows
+        stream = rows(p.digits, p.seed, tuple(p.operations))
     validation: dict[str, dict[str, str]] = {}  # prompt -> its first row
     while len(validation) < p.num_validation:
         row = next(stream)
