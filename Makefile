@@ -1,11 +1,15 @@
 # The two commands a new machine needs are `make quickstart` and `make test`; both set everything up first.
-.PHONY: setup quickstart demo test test-slow test-browser bench bench-trl docs
+.PHONY: setup quickstart quickstart-real demo test test-slow test-browser bench bench-trl docs
 
 setup:
 	scripts/setup.sh
 
 quickstart: setup
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline .venv/bin/rlkit train quickstart
+
+# The real-model recipe: SmolLM2-135M-Instruct (from its pinned wheel, converted once) on 2-digit arithmetic in chat form
+quickstart-real: setup
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline .venv/bin/rlkit train smollm2_quickstart
 
 demo: setup
 	HF_HUB_OFFLINE=1 .venv/bin/rlkit demo
