@@ -32,6 +32,7 @@ import torch
 
 from rlkit.errors import ModelError
 from rlkit.models.compare import LogitsAgreement, logits_agreement
+from rlkit.models.factory import count_parameters
 from rlkit.models.families import SUPPORTED_ARCHITECTURES, family_of
 
 Dtype = Literal["float32", "bfloat16"]
@@ -101,7 +102,7 @@ def convert_gguf(gguf_file: str | Path, folder: str | Path, dtype: Dtype = "floa
     try:
         eos = _write_folder(model, tokenizer, partial, dtype)
         check = _check_folder(model, tokenizer, partial, dtype)
-        conversion = Conversion(folder, str(gguf_file), sha, dtype, architecture, _stored_parameters(partial), eos,
+        conversion = Conversion(folder, str(gguf_file), sha, dtype, architecture, count_parameters(partial), eos,
                                 check, time.perf_counter() - t0)
         (partial / RECORD_FILE).write_text(json.dumps(conversion.record(), indent=2) + "\n")
         folder.parent.mkdir(parents=True, exist_ok=True)
@@ -179,8 +180,3 @@ def _check_folder(reference, tokenizer, folder: Path, dtype: Dtype) -> LogitsAgr
                          "in the conversion; please report it with the GGUF file's name")
     return agreement
 
-
-def _stored_parameters(folder: Path) -> int:
-    from rlkit.models.factory import count_parameters
-
-    return count_parameters(folder)
