@@ -18,8 +18,8 @@ Shapes (``--shape``): ``tiny`` (the quickstart's ~0.8M-parameter Llama, its 16 x
 vocabulary 151,936, tied embeddings; random weights saved in bf16; the issue's 2 x 4 workload with 128 new
 tokens) and ``qwen3-0.6b-4l`` (the same with 4 layers). Models and data go to a temporary folder.
 
-``--lora R`` runs rlkit alone with rank-R adapters on every linear layer (bench/vs_trl_real.py runs adapters on both sides) and
-reports its peak RSS per base parameter, the figure issue 29 bounds. ``--extra key=value ...`` adds rlkit
+``--lora R`` runs rlkit alone with rank-R adapters on every linear layer (bench/vs_trl_real.py runs adapters on
+both sides) and reports its peak RSS per base parameter, the figure issue 29 bounds. ``--extra key=value ...`` adds rlkit
 overrides (e.g. ``policy.train_micro_batch_size=1``).
 
 TRL runs in its own environment, bench/.venv-trl (``make bench-trl`` or scripts/setup-bench-trl.sh), never in
