@@ -116,7 +116,8 @@ def main() -> None:
         tokenizer.save_pretrained(args.merged_out)
     (c0, w0), (c1, w1) = marks[args.warmup], marks[-1]
     timed = lengths[args.warmup:]
-    print(json.dumps({"side": "trl", "cpu_s_per_step": (c1 - c0) / args.steps, "wall_s_per_step": (w1 - w0) / args.steps,
+    print(json.dumps({"side": "trl", "cpu_s_per_step": (c1 - c0) / args.steps,
+                      "wall_s_per_step": (w1 - w0) / args.steps,
                       "peak_rss_mb": peak_rss_mb, "threads": torch.get_num_threads(), "steps": len(marks) - 1,
                       "completion_tokens_mean": sum(timed) / len(timed) if timed else None,
                       "step_prompts": step_prompts}))

@@ -19,8 +19,8 @@ vocabulary 151,936, tied embeddings; random weights saved in bf16; the issue's 2
 tokens) and ``qwen3-0.6b-4l`` (the same with 4 layers). Models and data go to a temporary folder.
 
 ``--lora R`` runs rlkit alone with rank-R adapters on every linear layer (bench/vs_trl_real.py runs adapters on
-both sides) and reports its peak RSS per base parameter, the figure issue 29 bounds. ``--extra key=value ...`` adds rlkit
-overrides (e.g. ``policy.train_micro_batch_size=1``).
+both sides) and reports its peak RSS per base parameter, the figure issue 29 bounds. ``--extra key=value ...``
+adds rlkit overrides (e.g. ``policy.train_micro_batch_size=1``).
 
 TRL runs in its own environment, bench/.venv-trl (``make bench-trl`` or scripts/setup-bench-trl.sh), never in
 rlkit's lock. Usage: python bench/vs_trl.py [--shape tiny] [--steps 6] [--warmup 2] [--bf16 [--pure-bf16]]
@@ -161,7 +161,8 @@ def main() -> None:
         if args.lora:
             print(f"shape {args.shape} ({params / 1e6:.0f}M parameters; {prompts} x {generations}, {new_tokens} new "
                   f"tokens, {'bf16' if args.bf16 else 'fp32'}), rank-{args.lora} adapters on every linear layer, "
-                  f"{args.steps} steps after {args.warmup} warm-up, 1 thread; load average {min(load):.1f}-{max(load):.1f}")
+                  f"{args.steps} steps after {args.warmup} warm-up, 1 thread; "
+                  f"load average {min(load):.1f}-{max(load):.1f}")
             print(f"rlkit: {ours['cpu_s_per_step']:.3f} CPU-s/step, peak RSS {ours['peak_rss_mb']:.0f} MB")
             print(f"rlkit lora bytes_per_param={ours['peak_rss_mb'] * 2**20 / params:.2f}")
             return

@@ -148,7 +148,8 @@ def rlkit_side(args) -> dict:
     s.close()
     (c0, w0), (c1, w1) = marks[args.warmup], marks[-1]
     timed = lengths[args.warmup:]
-    return {"side": "rlkit", "preset": preset, "cpu_s_per_step": (c1 - c0) / args.steps, "wall_s_per_step": (w1 - w0) / args.steps,
+    return {"side": "rlkit", "preset": preset, "cpu_s_per_step": (c1 - c0) / args.steps,
+            "wall_s_per_step": (w1 - w0) / args.steps,
             "peak_rss_mb": peak_rss_mb, "threads": torch.get_num_threads(), "steps": len(marks) - 1,
             "completion_tokens_mean": sum(timed) / len(timed), "step_prompts": prompts}
 
@@ -293,7 +294,8 @@ def main() -> None:
                                    heldout=str(tmp / "heldout.jsonl"), full=args.full)
         load_config(rlkit_preset(), rlkit_overrides(check))  # every override problem before any side starts
         before = None if args.cost else accuracy(folder, tmp / "heldout.jsonl")
-        warmup, steps = (args.warmup, args.steps) if args.cost else (min(1, args.steps - 1), args.steps - min(1, args.steps - 1))
+        warmup, steps = ((args.warmup, args.steps) if args.cost
+                         else (min(1, args.steps - 1), args.steps - min(1, args.steps - 1)))
         pairs = []
         for seed in seeds:
             pairs.append(run_pair(args, seed, model, folder, tmp, warmup, steps, merged=args.learn))
@@ -301,7 +303,8 @@ def main() -> None:
     if args.learn:
         args.steps = warmup + steps  # the table and the JSON count every step trained
     figures = report(args, pairs, before, load)
-    out = ROOT / "bench" / "results" / f"vs_trl_real-{figures['mode']}-{figures['weights']}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out = (ROOT / "bench" / "results"
+           / f"vs_trl_real-{figures['mode']}-{figures['weights']}-{time.strftime('%Y%m%d-%H%M%S')}.json")
     out.write_text(json.dumps(figures, indent=2) + "\n")
     print(f"wrote {out.relative_to(ROOT)}")
 

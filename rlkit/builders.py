@@ -165,7 +165,8 @@ def build_generation(config: RunConfig) -> tuple[Generator, WeightSync]:
 
     generator = RemoteGenerator(p.model_name, g, **engine, ray_address=p.ray_address,
                                 actor_extension=BroadcastReceiver)
-    return generator, (RanksBroadcastWeightSync if _in_workers(config) else BroadcastWeightSync)(generator, bucket_bytes)
+    return generator, (RanksBroadcastWeightSync if _in_workers(config) else BroadcastWeightSync)(
+        generator, bucket_bytes)
 
 
 def build_environment(config: RunConfig):

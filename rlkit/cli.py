@@ -151,7 +151,8 @@ def cmd_tasks(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rlkit", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="rlkit", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
     for name, fn, text in (("train", cmd_train, "SFT warm start (if enabled), then GRPO"),
@@ -190,7 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("make-model", help="create a tiny HF-format model folder")
     p.add_argument("folder")
     p.add_argument("--preset", default="tiny",
-                   help="nano | tiny | small | medium (dense); nano-moe | tiny-moe (Mixture-of-Experts: --family mixtral, qwen2-moe or qwen3-moe)")
+                   help="nano | tiny | small | medium (dense); nano-moe | tiny-moe "
+                        "(Mixture-of-Experts: --family mixtral, qwen2-moe or qwen3-moe)")
     p.add_argument("--family", default="llama", choices=MODEL_FAMILIES)
     p.add_argument("--tie", action="store_true", help="tie input and output embeddings")
     p.add_argument("--tokenizer", default="char", choices=("char", "bpe"),
@@ -222,7 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*")
     p.set_defaults(fn=cmd_plan)
 
-    p = sub.add_parser("sandbox-check", help="run the attack catalogue against the Python tool's sandbox: held / not held")
+    p = sub.add_parser("sandbox-check",
+                       help="run the attack catalogue against the Python tool's sandbox: held / not held")
     p.add_argument("--sandbox", default="auto", choices=("auto", "bwrap", "unshare", "unsafe-process"))
     p.set_defaults(fn=cmd_sandbox_check)
 

@@ -69,7 +69,8 @@ def run_experiment(config: RunConfig, session: Any = None, progress: bool = True
     (Ctrl-C, or SIGTERM under ``rlkit train``: :func:`sigterm_as_interrupt`) during the RL steps ends the step
     as ``Session.run`` does, writes the summary with the reason (``stopped_early``; no final evaluation) and
     re-raises; a stop during the warm start (SFT, the evaluation before RL) or the final evaluation writes the
-    summary saying so, too. A write that fails for want of room or permission is a RunFolderError naming the path and the fix.
+    summary saying so, too. A write that fails for want of room or permission is a RunFolderError naming the path
+    and the fix.
     """
     run_dir = Path(run_dir or Path(config.logger.log_dir) / config.name)
     with run_folder_lock(run_dir):
@@ -171,7 +172,8 @@ def _resume_point(config: RunConfig, ckpt_dir: Path, resume: bool,
     existing = list_checkpoints(ckpt_dir)
     if config.checkpointing.enabled and existing:
         raise CheckpointError(
-            f"{ckpt_dir} already holds checkpoints of a run named {config.name!r} ({', '.join(p.name for p in existing)}), "
+            f"{ckpt_dir} already holds checkpoints of a run named {config.name!r} "
+            f"({', '.join(p.name for p in existing)}), "
             "and a fresh start would mix its own with them. Fix: continue that run (rlkit train ... --resume, or "
             "--resume-from STEP), give this run another name (name=...), or move those checkpoints away")
     return None

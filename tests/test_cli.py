@@ -57,7 +57,8 @@ def test_train_on_your_own_file_and_reward_function_with_an_sft_warm_start(tmp_p
     assert len(samples) == grpo["num_prompts_per_step"] * grpo["num_generations_per_prompt"] > 8
     answers = {r["prompt"]: r["answer"] for r in map(json.loads, data.read_text().splitlines())}
     reward = sys.modules["cli_rewards"].reverse_reward
-    assert samples["reward"].tolist() == reward(None, list(samples["completion"]), [answers[p] for p in samples["prompt"]])
+    assert samples["reward"].tolist() == reward(None, list(samples["completion"]),
+                                                [answers[p] for p in samples["prompt"]])
     sys.modules.pop("cli_rewards", None)
 
 

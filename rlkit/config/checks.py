@@ -82,14 +82,16 @@ def cross_section_problems(sections: Mapping[str, Any]) -> list[str]:
                        f"grpo.num_prompts_per_step x grpo.num_generations_per_prompt = {samples}")
         if policy.train_micro_batch_size < global_batch and global_batch % policy.train_micro_batch_size:
             out.append(f"policy.train_micro_batch_size={policy.train_micro_batch_size}: must divide "
-                       f"the global batch ({global_batch}); e.g. use {_divisor_near(global_batch, policy.train_micro_batch_size)}")
+                       f"the global batch ({global_batch}); "
+                       f"e.g. use {_divisor_near(global_batch, policy.train_micro_batch_size)}")
         out += _data_parallel_problems(policy, "policy.train_global_batch_size", global_batch)
         if policy.generation.max_new_tokens >= policy.max_total_sequence_length:
             out.append(f"policy.generation.max_new_tokens={policy.generation.max_new_tokens}: leaves no room for "
                        f"the prompt in policy.max_total_sequence_length={policy.max_total_sequence_length}")
     if grpo is not None:
         if grpo.use_dynamic_sampling and grpo.num_generations_per_prompt < 2:
-            out.append("grpo.use_dynamic_sampling: needs grpo.num_generations_per_prompt >= 2 (a group of one has no variance)")
+            out.append("grpo.use_dynamic_sampling: needs grpo.num_generations_per_prompt >= 2 "
+                       "(a group of one has no variance)")
         if grpo.advantage_estimator in ("grpo", "rloo") and grpo.num_generations_per_prompt < 2:
             out.append(f"grpo.num_generations_per_prompt=1: the {grpo.advantage_estimator!r} baseline needs >= 2 "
                        "samples per prompt (or use advantage_estimator=reinforce_baseline)")
@@ -100,7 +102,8 @@ def cross_section_problems(sections: Mapping[str, Any]) -> list[str]:
             out.append(f"{keys}: enable exactly one training backend")
         if policy.generation.colocated.enabled is False and policy.generation.backend != "vllm":
             out.append(f"policy.generation.colocated.enabled=false: runs vLLM in a Ray actor, but "
-                       f"policy.generation.backend={policy.generation.backend!r}; set backend=vllm or colocated.enabled=true")
+                       f"policy.generation.backend={policy.generation.backend!r}; "
+                       "set backend=vllm or colocated.enabled=true")
         out += _model_problems(policy)
         out += _token_budget_problems(policy, "dynamic_batching") + _token_budget_problems(policy, "sequence_packing")
         out += _sequence_packing_problems(policy)
@@ -298,7 +301,8 @@ def _token_budget_problems(policy: Any, name: str) -> list[str]:
         return []
     out = [f"policy.{name}.{key}={budget}: smaller than one sequence (policy.max_total_sequence_length="
            f"{policy.max_total_sequence_length}); raise it to at least that, or leave it unset"
-           for key, budget in (("train_mb_tokens", section.train_mb_tokens), ("logprob_mb_tokens", section.logprob_mb_tokens))
+           for key, budget in (("train_mb_tokens", section.train_mb_tokens),
+                               ("logprob_mb_tokens", section.logprob_mb_tokens))
            if budget is not None and budget < policy.max_total_sequence_length]
     if policy.backend.pipelined():
         out.append(f"policy.{name}.enabled: not with pipeline parallelism (Megatron's schedule runs microbatches "

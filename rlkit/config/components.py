@@ -157,13 +157,15 @@ class MegatronConfig(BackendSection):
         return []
 
     def data_parallel_size(self, num_workers: int) -> int:
-        model_parallel = self.tensor_model_parallel_size * self.pipeline_model_parallel_size * self.context_parallel_size
+        model_parallel = (self.tensor_model_parallel_size * self.pipeline_model_parallel_size
+                          * self.context_parallel_size)
         return max(1, num_workers // model_parallel)
 
     def layout_words(self, num_workers: int) -> str:
         return (f"TP={self.tensor_model_parallel_size} PP={self.pipeline_model_parallel_size} "
                 f"CP={self.context_parallel_size} EP={self.expert_model_parallel_size} "
-                f"DP={self.data_parallel_size(num_workers)}" + (" (sequence parallel)" if self.sequence_parallel else ""))
+                f"DP={self.data_parallel_size(num_workers)}"
+                + (" (sequence parallel)" if self.sequence_parallel else ""))
 
     def pipelined(self) -> bool:
         return self.pipeline_model_parallel_size > 1
@@ -362,9 +364,12 @@ class RayClusterConfig(Section):
     worker besides those the driver imported, and how a local model folder reaches nodes that do not see it
     (see rlkit.cluster and the README's "Running on a Ray cluster")."""
 
-    placement_timeout_s: float = Field(120.0, gt=0)  # a group that cannot be placed in this time fails, naming what is missing
-    py_modules: tuple[str, ...] = ()  # more local modules or packages (paths, or names importable here) shipped to every worker
-    ship_model_max_mb: float = Field(1024.0, ge=0)  # a model folder up to this size is copied to nodes that lack it; 0: never
+    # a group that cannot be placed in this time fails, naming what is missing
+    placement_timeout_s: float = Field(120.0, gt=0)
+    # more local modules or packages (paths, or names importable here) shipped to every worker
+    py_modules: tuple[str, ...] = ()
+    # a model folder up to this size is copied to nodes that lack it; 0: never
+    ship_model_max_mb: float = Field(1024.0, ge=0)
 
 
 def default_model_folder(model_preset: Optional[str], model_family: str, tokenizer: str = "char") -> str:

@@ -1,7 +1,8 @@
 """The run config: one typed section per component, composed. NeMo-RL's key names where it has them.
 
 Sections whose knobs belong to a pure-function layer reuse that layer's own frozen dataclass
-(``loss_fn`` is :class:`rlkit.algorithms.LossParams`, ``data`` is :class:`rlkit.data.DataParams`), so each default is written exactly once.
+(``loss_fn`` is :class:`rlkit.algorithms.LossParams`, ``data`` is :class:`rlkit.data.DataParams`), so each
+default is written exactly once.
 """
 
 from __future__ import annotations

@@ -94,7 +94,8 @@ def config_defaults(name: str) -> dict[str, Any]:
     for f in dataclasses.fields(_registry()[name][1]):
         if f.name not in SET_BY_RLKIT:
             has_factory = f.default_factory is not dataclasses.MISSING
-            out[f.name] = f.default_factory() if has_factory else None if f.default is dataclasses.MISSING else f.default
+            out[f.name] = (f.default_factory() if has_factory
+                           else None if f.default is dataclasses.MISSING else f.default)
     return out
 
 

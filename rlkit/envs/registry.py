@@ -63,18 +63,21 @@ def load_reward_fn(path: str) -> Callable[..., list[float]]:
     there). ConfigError names ``env.reward_fn``, what failed and where it looked."""
     module_name, sep, attr = path.partition(":") if isinstance(path, str) else ("", "", "")
     if not sep or not module_name or not attr:
-        raise ConfigError([f"env.reward_fn: {path!r} is not of the form 'module:function' (e.g. my_rewards:reverse_reward, "
+        raise ConfigError([f"env.reward_fn: {path!r} is not of the form 'module:function' "
+                           "(e.g. my_rewards:reverse_reward, "
                            "a function in my_rewards.py in the working directory)"])
     try:
         module = _import_here_or_cwd(module_name)
     except Exception as exc:  # noqa: BLE001 - an import error of the user's module, reported with the key
-        raise ConfigError([f"env.reward_fn: cannot import module {module_name!r} ({type(exc).__name__}: {exc}); it must "
+        raise ConfigError([f"env.reward_fn: cannot import module {module_name!r} "
+                           f"({type(exc).__name__}: {exc}); it must "
                            f"be importable from the working directory ({os.getcwd()}) or PYTHONPATH"]) from exc
     fn: Any = module
     for part in attr.split("."):
         fn = getattr(fn, part, None)
     if not callable(fn):
-        raise ConfigError([f"env.reward_fn: module {module_name!r} ({getattr(module, '__file__', '?')}) has no function "
+        raise ConfigError([f"env.reward_fn: module {module_name!r} "
+                           f"({getattr(module, '__file__', '?')}) has no function "
                            f"{attr!r}" + ("" if fn is None else f" (it is a {type(fn).__name__})")])
     return fn
 

@@ -3,8 +3,8 @@
 ``session.dashboard()`` returns a :class:`Dashboard` registered in ``session.listeners``, so ``run()``
 redraws it after every step. It plots reward (with dynamic sampling, over everything sampled, kept or dropped)
 and held-out accuracy when evaluated, KL to the reference, entropy, clipped fraction, generation length, the
-generator/trainer logprob mismatch and the seconds per stage; shows the latest samples; and has a button that calls ``session.request_stop()``, so ``run()``
-ends after the current step and no step is cut in half.
+generator/trainer logprob mismatch and the seconds per stage; shows the latest samples; and has a button that
+calls ``session.request_stop()``, so ``run()`` ends after the current step and no step is cut in half.
 
 The stop button works while ``run()`` is executing where the frontend sends widget messages on a kernel
 subshell, which the kernel handles on another thread (JupyterLab >= 4.4 with ipykernel >= 7, checked in a
@@ -17,8 +17,8 @@ Without ipywidgets the dashboard degrades to text: a summary with sparklines tha
 
 In a notebook the dashboard also follows the cells (IPython's ``pre_run_cell`` / ``post_run_cell`` events): a
 stop request reads "stop requested" only while a cell runs; once ``run()`` has returned, the header says at which
-step it stopped and the button goes dark until a cell runs again. Panels that sit at 0 for a known reason say so (no KL penalty:
-no reference pass; one update per rollout: the ratio is 1, nothing is clipped).
+step it stopped and the button goes dark until a cell runs again. Panels that sit at 0 for a known reason say so
+(no KL penalty: no reference pass; one update per rollout: the ratio is 1, nothing is clipped).
 
 Deliberate simplifications: the charts are plain SVG strings (see :mod:`rlkit.notebook.charts`), redrawn
 whole after each step; the dashboard reads ``session.history``, so steps taken by hand (``session.train``)
@@ -174,7 +174,8 @@ class Dashboard:
             note = f"  ({notes[title]})" if title in notes and _all_zero({title: values}) else ""
             lines.append(f"  {title:<28}{last:>10.4g}  {sparkline(values)}{note}")
         if history:
-            times = [f"{s}={history[-1].values[f'timing/{s}']:.3f}s" for s in STAGES if f"timing/{s}" in history[-1].values]
+            times = [f"{s}={history[-1].values[f'timing/{s}']:.3f}s" for s in STAGES
+                     if f"timing/{s}" in history[-1].values]
             lines.append("  seconds per stage: " + " ".join(times))
         return "\n".join(lines)
 
@@ -281,7 +282,8 @@ class Dashboard:
             part.add_class(f"rlkit-dashboard-{name}")
         self._parts["stop"].on_click(self._on_click)
         _handle_clicks_where_the_frontend_sends_them(self._parts["stop"])
-        self.widget = w.VBox([self._parts["header"], self._parts["charts"], self._parts["stop"], self._parts["samples"]])
+        self.widget = w.VBox([self._parts["header"], self._parts["charts"], self._parts["stop"],
+                              self._parts["samples"]])
         self.widget.add_class("rlkit-dashboard")
 
     def _ipython_display_(self) -> None:

@@ -36,7 +36,8 @@ def test_a_task_loads_by_name_as_reasoning_gym_makes_it(name, config):
         assert rows["prompt"] == [e["question"] for e in reference]
         assert rows["answer"] == [e["answer"] for e in reference]
         assert [decode_metadata(m) for m in rows["metadata"]] == [e["metadata"] for e in reference]
-    assert set(ds["train"]["task"]) == {name} and set(ds["train"]["task_config"]) == {json.dumps(config, sort_keys=True)}
+    assert set(ds["train"]["task"]) == {name} and set(ds["train"]["task_config"]) == {
+        json.dumps(config, sort_keys=True)}
     assert not any(ds["train"]["answer_tag"])
 
 
@@ -158,8 +159,9 @@ def test_rlkit_imports_and_explains_without_reasoning_gym(monkeypatch):
     with pytest.raises(ReasoningGymMissing, match=r"pip install rlkit\[reasoning-gym\]"):
         import_reasoning_gym()
     problems = DataParams(task="reasoning_gym:chain_sum").problems()
-    assert len(problems) == 1 and problems[0].startswith("data.task='reasoning_gym:chain_sum': reasoning-gym is not "
-                                                         "installed") and "pip install rlkit[reasoning-gym]" in problems[0]
+    assert (len(problems) == 1
+            and problems[0].startswith("data.task='reasoning_gym:chain_sum': reasoning-gym is not installed")
+            and "pip install rlkit[reasoning-gym]" in problems[0])
 
 
 def test_rlkit_tasks_lists_both_kinds_and_one_tasks_keys(capsys):
@@ -168,7 +170,8 @@ def test_rlkit_tasks_lists_both_kinds_and_one_tasks_keys(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[0] == "arithmetic" and len(lines) == 3 + len(reasoning_gym.factory.DATASETS)
     assert any(line.split(None, 1) == ["reasoning_gym:chain_sum",
-                                       "Generates simple arithmetic tasks using only + and - operators"] for line in lines)
+                                       "Generates simple arithmetic tasks using only + and - operators"]
+               for line in lines)
     assert main(["tasks", "reasoning_gym:chain_sum"]) == 0
     out = capsys.readouterr().out
     assert "  max_digits: 4\n" in out and "  allow_negation: false\n" in out and "seed" not in out

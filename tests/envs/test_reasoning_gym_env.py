@@ -65,7 +65,8 @@ def test_a_mix_scores_each_row_by_its_own_task_as_the_composite_does():
     assert set(rows["task"]) == {"chain_sum", "spell_backward"}
     from reasoning_gym.composite import DatasetSpec
 
-    composite = reasoning_gym.create_dataset("composite", datasets=[DatasetSpec(**d, config={}) for d in mix["datasets"]],
+    composite = reasoning_gym.create_dataset("composite",
+                                             datasets=[DatasetSpec(**d, config={}) for d in mix["datasets"]],
                                              seed=VALIDATION_SEED_OFFSET, size=8)
     env = ReasoningGymEnvironment()
     for i, row in enumerate(rows):
@@ -73,7 +74,8 @@ def test_a_mix_scores_each_row_by_its_own_task_as_the_composite_does():
         assert entry["question"] == row["prompt"]
         completions = answers_to_try(entry["answer"])
         expected = [composite.score_answer(c.strip(), entry) for c in completions]
-        assert env.step(conversations(row["prompt"], completions), [row] * 5).rewards.tolist() == pytest.approx(expected)
+        assert (env.step(conversations(row["prompt"], completions), [row] * 5).rewards.tolist()
+                == pytest.approx(expected))
 
 
 def test_a_row_that_cannot_be_scored_costs_only_its_own_reward():

@@ -3,8 +3,9 @@ and Qwen2-MoE (Qwen expert names, unrenormalised top-k, the gated shared expert)
 
 Per family, against independent references (fp32): HF -> Megatron logits vs transformers' own model (max abs
 within 1e-5 of the logits' scale, :func:`rlkit.models.compare.logits_agreement`; on these tiny models that is
-also within the absolute 1e-4 the check used before, so it is no looser), export round trip exact, vLLM's sampled-token logprobs vs the policy after a train step + refit (max
-1e-3, mean 1e-4), and one parallel layout (TP=2 dense, EP=2 MoE) equal to one process (1e-5). Each new knob
+also within the absolute 1e-4 the check used before, so it is no looser), export round trip exact, vLLM's
+sampled-token logprobs vs the policy after a train step + refit (max 1e-3, mean 1e-4), and one parallel
+layout (TP=2 dense, EP=2 MoE) equal to one process (1e-5). Each new knob
 has a negative control: the same logits check with the knob ignored or mis-mapped fails, by > 100x 1e-4.
 """
 
@@ -34,8 +35,8 @@ def folder(model_factory):
 
 def logits_error(path, policy=None) -> LogitsAgreement:
     """The Megatron policy's logits against transformers' on the same folder (max abs difference, the bound
-    relative to the logits' scale), over 400 positions: far enough that Llama 3's scaling of the slow RoPE frequencies shows (at 48 positions, ignoring
-    it moves the logits by only 5e-5)."""
+    relative to the logits' scale), over 400 positions: far enough that Llama 3's scaling of the slow RoPE
+    frequencies shows (at 48 positions, ignoring it moves the logits by only 5e-5)."""
     ids = torch.randint(3, 100, (2, 400), generator=torch.Generator().manual_seed(0))
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     own = policy is None

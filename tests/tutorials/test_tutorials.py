@@ -24,7 +24,8 @@ def test_the_thirteen_tutorials_exist_with_outputs_stripped():
     for name in TUTORIAL_FILES:
         nb = nbformat.read(str(TUTORIALS / name), as_version=4)
         nbformat.validate(nb)
-        assert outputs_stripped(nb), f"{name}: strip the outputs before committing (e.g. jupyter nbconvert --clear-output)"
+        assert outputs_stripped(nb), (f"{name}: strip the outputs before committing "
+                                      "(e.g. jupyter nbconvert --clear-output)")
         last_code = [c.source for c in nb.cells if c.cell_type == "code"][-3:]
         assert any("assert " in src for src in last_code), f"{name}: its last cells must assert on its results"
 
@@ -33,7 +34,8 @@ def test_the_thirteen_tutorials_exist_with_outputs_stripped():
 def test_tutorial_runs_and_its_checks_pass(name, venv_kernel, tmp_path):
     nb, seconds, skipped = execute(TUTORIALS / name, tmp_path)
     print(f"{name}: {seconds:.1f}s, skipped gpu cells {skipped}")
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
     assert not errors
     EXECUTED.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(tmp_path / name, EXECUTED / f".{name}.tmp")
