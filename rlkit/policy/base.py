@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Protocol, runtime_checkable
+from typing import Callable, Iterator, Mapping, Optional, Protocol, runtime_checkable
 
 from torch import Tensor
 
@@ -59,12 +59,15 @@ class Policy(Protocol):
     returns_step_logprobs: bool  # whether train_step(return_logprobs=True) can return its forward's logprobs
 
     # ---- logprobs ---------------------------------------------------------------------------------
-    def logprobs(self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False) -> TokenLogprobs:
-        """Per-token logprobs (and entropy) [B, T] of right-padded ``input_ids`` [B, T] under the current weights."""
+    def logprobs(self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False,
+                 scored: Optional[Tensor] = None) -> TokenLogprobs:
+        """Per-token logprobs (and entropy) [B, T] of right-padded ``input_ids`` [B, T] under the current weights;
+        where ``scored`` [B, T] (bool, e.g. the loss mask) is False the values may be 0 (not computed)."""
         ...
 
-    def reference_logprobs(self, input_ids: Tensor, attention_mask: Tensor) -> TokenLogprobs:
-        """Per-token logprobs [B, T] under the frozen reference weights."""
+    def reference_logprobs(self, input_ids: Tensor, attention_mask: Tensor, *,
+                           scored: Optional[Tensor] = None) -> TokenLogprobs:
+        """Per-token logprobs [B, T] under the frozen reference weights (``scored`` as in :meth:`logprobs`)."""
         ...
 
     # ---- training ---------------------------------------------------------------------------------

@@ -145,11 +145,12 @@ class InProcessPolicy(MemoryResidency):
             logits = logits / self.temperature
         return self._token_logprobs_and_entropy(logits, input_ids.to(logits.device), with_entropy)
 
-    def _forward_scores(self, input_ids: Tensor, with_entropy: bool,
-                        packed: Optional[PackedRows] = None) -> tuple[Tensor, Optional[Tensor]]:
+    def _forward_scores(self, input_ids: Tensor, with_entropy: bool, packed: Optional[PackedRows] = None,
+                        scored: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
         """One forward pass of ``input_ids`` [b, t] (or of the ``packed`` rows, whose ids they are) -> logprobs
         (and entropy) [b, t] of the sampling distribution; a backend that fuses its head with the scores
-        supplies its own."""
+        supplies its own, which may leave 0 where ``scored`` ([b, t] bool, the ids' layout) is False (here every
+        position is scored)."""
         logits = self._logits(input_ids) if packed is None else self._packed_logits(packed)
         return self._scores(logits, input_ids, with_entropy)
 
@@ -253,9 +254,12 @@ class InProcessPolicy(MemoryResidency):
 
     # ---- logprobs -----------------------------------------------------------------------------------
     @torch.no_grad()
-    def logprobs(self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False) -> TokenLogprobs:
+    def logprobs(self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False,
+                 scored: Optional[Tensor] = None) -> TokenLogprobs:
         """Per-token logprobs (and entropy) [B, T] of ``input_ids`` [B, T] in chunks of
-        ``logprob_batch_size`` rows, each trimmed to its longest row; 0 at position 0 and on padding."""
+        ``logprob_batch_size`` rows, each trimmed to its longest row; 0 at position 0 and on padding, and
+        possibly 0 where ``scored`` [B, T] (bool, e.g. the loss mask) is False: only the positions it marks
+        are needed (a fused head then skips the others' logits)."""
         self._frozen_base_in()
         self.model.eval()
         if self._pipeline is not None:
@@ -264,12 +268,15 @@ class InProcessPolicy(MemoryResidency):
         out = torch.zeros((1 + with_entropy, *input_ids.shape), device=input_ids.device)  # logprobs (, entropy)
         for rows in microbatch_plan(self.cfg, attention_mask, self.cfg.logprob_batch_size, "logprob_mb_tokens",
                                     self._rows_group(), self.device):
-            out[:, rows] = torch.stack(self._per_token(input_ids[rows], attention_mask[rows], with_entropy)).to(out.device)
+            needed = None if scored is None else scored[rows]
+            values = self._per_token(input_ids[rows], attention_mask[rows], with_entropy, needed)
+            out[:, rows] = torch.stack(values).to(out.device)
         return TokenLogprobs(out[0], out[1] if with_entropy else None)
 
-    def reference_logprobs(self, input_ids: Tensor, attention_mask: Tensor) -> TokenLogprobs:
+    def reference_logprobs(self, input_ids: Tensor, attention_mask: Tensor, *,
+                           scored: Optional[Tensor] = None) -> TokenLogprobs:
         with self._reference_weights_in():
-            return self.logprobs(input_ids, attention_mask)
+            return self.logprobs(input_ids, attention_mask, scored=scored)
 
     # ---- training -----------------------------------------------------------------------------------
     def global_counts(self, loss_mask: Tensor) -> LossCounts:
@@ -279,18 +286,21 @@ class InProcessPolicy(MemoryResidency):
         total = sum_metrics_over_ranks({k: v.double() for k, v in local.items()}, self._rows_group(), self.device)
         return LossCounts(**{k: int(v) for k, v in total.items()})
 
-    def _per_token(self, input_ids: Tensor, attention_mask: Tensor, with_entropy: bool) -> list[Tensor]:
+    def _per_token(self, input_ids: Tensor, attention_mask: Tensor, with_entropy: bool,
+                   scored: Optional[Tensor] = None) -> list[Tensor]:
         """[logprobs] or with ``with_entropy`` [logprobs, entropy] of the rows ``input_ids`` [b, T], each [b, T]
-        with 0 at position 0 and on padding, from one forward pass (the rows packed into one sequence with
-        ``policy.sequence_packing``, else trimmed to :meth:`_forward_length`)."""
+        with 0 at position 0 and on padding (and possibly where ``scored`` [b, T] is False), from one forward
+        pass (the rows packed into one sequence with ``policy.sequence_packing``, else trimmed to
+        :meth:`_forward_length`)."""
         width = input_ids.shape[1]
         if self.cfg.sequence_packing.enabled:
             packed = self._pack(input_ids, attention_mask)
-            values = self._forward_scores(packed.input_ids, with_entropy, packed)
+            needed = None if scored is None else packed.pack(scored.to(torch.int8)).bool()
+            values = self._forward_scores(packed.input_ids, with_entropy, packed, needed)
             return [packed.unpack(v, width).to(input_ids.device) for v in values if v is not None]
         t = self._forward_length(attention_mask)
         mask = attention_mask[:, :t]
-        values = self._forward_scores(input_ids[:, :t], with_entropy)
+        values = self._forward_scores(input_ids[:, :t], with_entropy, scored=None if scored is None else scored[:, :t])
         return [torch.nn.functional.pad(v.to(mask.device) * mask, (0, width - t)) for v in values if v is not None]
 
     @staticmethod
@@ -324,7 +334,9 @@ class InProcessPolicy(MemoryResidency):
             micro = batch.select(rows)
             if backward:
                 self._microbatch_starting(i, len(plan))
-            logprobs, *entropy = self._per_token(micro.input_ids, micro.attention_mask, with_entropy=kept is not None)
+            # the loss reads the logprobs where the loss mask is (0 elsewhere, as every per-token field)
+            logprobs, *entropy = self._per_token(micro.input_ids, micro.attention_mask, with_entropy=kept is not None,
+                                                 scored=micro.loss_mask)
             if kept is not None:
                 micro = micro.with_(entropy=torch.where(micro.loss_mask, entropy[0].detach(), 0.0))
                 kept[0][rows], kept[1][rows] = logprobs.detach(), micro.entropy

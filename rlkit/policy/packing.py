@@ -72,6 +72,17 @@ class PackedRows:
         index = torch.where(kept, starts.unsqueeze(1) + j, 0)
         return values[0][index] * kept
 
+    def pack(self, values: Tensor) -> Tensor:
+        """Per-token values [rows, T] (e.g. a loss mask) -> [1, L] at the packed positions of each row's tokens
+        (the filler, if any, 0): what :func:`pack_rows` does to the ids."""
+        starts = self.cu_seqlens[: len(self.lengths)].to(values.device, torch.long)
+        lengths = torch.tensor(self.lengths, device=values.device)
+        j = torch.arange(values.shape[1], device=values.device)
+        kept = j < lengths.unsqueeze(1)  # [rows, T]
+        out = values.new_zeros((1, int(self.cu_seqlens[-1])))
+        out[0, (starts.unsqueeze(1) + j)[kept]] = values[kept]
+        return out
+
 
 def pack_rows(input_ids: Tensor, lengths: Sequence[int], multiple_of: int = 1, pad_id: int = 0) -> PackedRows:
     """Rows of ``input_ids`` [rows, T] (row ``i``'s first ``lengths[i]`` tokens are real) as one sequence, its

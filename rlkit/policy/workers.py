@@ -327,14 +327,17 @@ class RayPolicyGroup:
         size = b // dp
         return [batch.select(slice(d * size, (d + 1) * size)) for d in range(dp)]
 
-    def logprobs(self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False) -> TokenLogprobs:
+    def logprobs(self, input_ids: Tensor, attention_mask: Tensor, *, with_entropy: bool = False,
+                 scored: Optional[Tensor] = None) -> TokenLogprobs:
         """Per-token logprobs (and entropy) [B, T]: rows split over the data-parallel ranks, results in order."""
         return self._logprobs("logprobs", input_ids, attention_mask, with_entropy=with_entropy)
 
-    def reference_logprobs(self, input_ids: Tensor, attention_mask: Tensor) -> TokenLogprobs:
+    def reference_logprobs(self, input_ids: Tensor, attention_mask: Tensor, *,
+                           scored: Optional[Tensor] = None) -> TokenLogprobs:
         return self._logprobs("reference_logprobs", input_ids, attention_mask)
 
     def _logprobs(self, method: str, input_ids: Tensor, attention_mask: Tensor, **kwargs: Any) -> TokenLogprobs:
+        """(``scored`` is not sent: the ranks score every position, which the contract allows.)"""
         b, dp = input_ids.shape[0], self.dp_size
         size = -(-b // dp)
         # the rows, then copies of the last row, so that every rank runs as many forward passes

@@ -23,9 +23,11 @@ def logprobs(batch: Trajectories, policy: Policy, with_reference: bool = True,
     a value past ``1 + mismatch_warning_threshold`` warns (stale weights, a wrong refit, bf16 drift).
     """
     t0 = time.perf_counter()
-    scores = policy.logprobs(batch.input_ids, batch.attention_mask, with_entropy=True)
+    mask = batch.loss_mask  # the completion: the only positions kept (a fused head computes no others)
+    scores = policy.logprobs(batch.input_ids, batch.attention_mask, with_entropy=True, scored=mask)
     t1 = time.perf_counter()
-    ref = policy.reference_logprobs(batch.input_ids, batch.attention_mask).logprobs if with_reference else None
+    ref = policy.reference_logprobs(batch.input_ids, batch.attention_mask, scored=mask).logprobs \
+        if with_reference else None
     t2 = time.perf_counter()
     out = _with_trainer_logprobs(batch, scores.logprobs, scores.entropy, policy.version, mismatch_warning_threshold)
     return out.with_(ref_logprobs=_on_completion(ref, batch.loss_mask), info=dict(

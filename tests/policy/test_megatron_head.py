@@ -116,3 +116,34 @@ def test_logits_within_one_chunk_go_through_the_unfused_head(model_factory, monk
         assert calls == [1] and (fused - small).abs().max() < 1e-6
     finally:
         policy.close()
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_the_fused_head_computes_logits_only_where_scored(model_factory, monkeypatch, packing):
+    """With ``scored`` (the loss mask: a short reply's row is mostly prompt), the head multiplies only the rows that
+    predict a scored token: the logprobs and entropy there equal the unscored pass's (1e-6), 0 elsewhere; a train
+    step's gradients are those of the unfused head (test above), and its head gets only the completion's rows."""
+    policy = MegatronPolicy(PolicyConfig(model_name=str(model_factory("nano", "llama")), train_micro_batch_size=8,
+                                         sequence_packing=SequencePackingConfig(enabled=packing)))
+    rows = []  # the rows (tokens) each fused-head call gets
+    apply = head._ChunkedHeadLogprobs.apply
+    monkeypatch.setattr(head._ChunkedHeadLogprobs, "apply", lambda r, *a: rows.append(r.shape[0]) or apply(r, *a))
+    try:
+        chunk_of(policy, monkeypatch, 4)
+        batch = random_batch(b=6, t=24, prompt_len=10)
+        every = policy.logprobs(batch.input_ids, batch.attention_mask, with_entropy=True)
+        all_rows, rows[:] = sum(rows), []
+        some = policy.logprobs(batch.input_ids, batch.attention_mask, with_entropy=True, scored=batch.loss_mask)
+        scored_rows, rows[:] = sum(rows), []
+        policy.train_step(batch, pg_token_mean_loss)
+        train_rows = sum(rows)
+    finally:
+        policy.close()
+    mask = batch.loss_mask
+    for a, b in ((some.logprobs, every.logprobs), (some.entropy, every.entropy)):
+        assert (a[mask] - b[mask]).abs().max() < 1e-6 and (a[~mask] == 0).all()
+    prompt = ~mask & batch.attention_mask
+    prompt[:, 0] = False  # (position 0 predicts nothing)
+    assert every.logprobs[prompt].abs().min() > 0  # the unscored pass fills the prompt
+    assert scored_rows == int(mask.sum()) < all_rows / 2
+    assert train_rows == scored_rows

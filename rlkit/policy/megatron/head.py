@@ -42,12 +42,15 @@ def output_weight(gpt) -> Tensor:
 
 
 def head_scores(hidden: Tensor, weight: Tensor, input_ids: Tensor, temperature: float, sequence_parallel: bool,
-                with_entropy: bool, chunk_bytes: int) -> tuple[Tensor, Optional[Tensor]]:
+                with_entropy: bool, chunk_bytes: int,
+                scored: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
     """hidden [s(/tp), b, h] (the final norm's output; split over TP ranks under sequence parallelism), this
     rank's head weight [V/tp, h], input_ids [b, s] -> logprobs [b, s] (position t: log p(input_ids[t] | ...),
     position 0: 0; differentiable w.r.t. ``hidden`` and ``weight``) and, with ``with_entropy``, the entropy
     [b, s] of the distribution that predicted each token (position 0: 0; no gradient), else None. No working
-    tensor of the logits' size exceeds ``chunk_bytes``.
+    tensor of the logits' size exceeds ``chunk_bytes``. With ``scored`` [b, s] (bool), only the positions it marks
+    get logits (a completion's tokens, say: the prompt's are most of a short reply's row); the others' logprobs
+    and entropy are 0 and pass no gradient.
 
     The hidden states enter through the mapping the column-parallel head uses, so their gradient is reduced over
     tensor-parallel ranks as the unfused head's is (all-reduce, or reduce-scatter under sequence parallelism)."""
@@ -64,8 +67,17 @@ def head_scores(hidden: Tensor, weight: Tensor, input_ids: Tensor, temperature: 
         rows = copy_to_tensor_model_parallel_region(rows)
     rows = rows.to(weight.dtype)
     targets = torch.nn.functional.pad(input_ids[:, 1:], (0, 1)).t().reshape(-1).to(rows.device)  # last: predicts nothing
-    logprobs, entropy = _ChunkedHeadLogprobs.apply(rows, weight, targets, temperature, group, with_entropy,
-                                                  chunk_bytes)
+    # position p's row predicts token p + 1: it is needed when that token is scored
+    needed = None if scored is None else torch.nn.functional.pad(scored[:, 1:], (0, 1)).t().reshape(-1).nonzero()
+    if needed is None or needed.numel() == 0:  # (nothing scored: every row, so that the loss keeps its graph)
+        logprobs, entropy = _ChunkedHeadLogprobs.apply(rows, weight, targets, temperature, group, with_entropy,
+                                                      chunk_bytes)
+    else:
+        needed = needed.squeeze(1)
+        some = _ChunkedHeadLogprobs.apply(rows[needed], weight, targets[needed], temperature, group, with_entropy,
+                                          chunk_bytes)
+        logprobs, entropy = (torch.zeros(s * b, dtype=v.dtype, device=v.device).index_copy(0, needed, v)
+                             for v in some)
     shift = lambda v: torch.nn.functional.pad(v.view(s, b).t()[:, :-1], (1, 0))  # noqa: E731
     return shift(logprobs), shift(entropy) if with_entropy else None
 

@@ -321,23 +321,28 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         return {"packed_seq_params": PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
                                                      max_seqlen_q=packed.max_seqlen, max_seqlen_kv=packed.max_seqlen)}
 
-    def _forward_scores(self, input_ids: Tensor, with_entropy: bool,
-                        packed: Optional[PackedRows] = None) -> tuple[Tensor, Optional[Tensor]]:
+    def _forward_scores(self, input_ids: Tensor, with_entropy: bool, packed: Optional[PackedRows] = None,
+                        scored: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
         """The decoder's output scored by the fused head (:mod:`.head`) when the [b, t, V/tp] fp32 logits would exceed
-        one of its chunks: they are then never held. Smaller ones go through the full logits (the two agree within
-        1e-6, but a long run's trajectory follows the rounding)."""
+        one of its chunks: they are then never held, and only the positions ``scored`` marks (the ids' layout)
+        get logits. Smaller ones go through the full logits (the two agree within 1e-6, but a long run's
+        trajectory follows the rounding)."""
         t = input_ids.shape[1]
         chunk_bytes = self.cfg.megatron_cfg.fused_head_chunk_bytes
         if input_ids.numel() * (self.arch.vocab_size // self.tp_size) * 4 <= chunk_bytes:
             return super()._forward_scores(input_ids, with_entropy, packed)
-        ids, positions, kwargs = torch.nn.functional.pad(input_ids, (0, self._padded_length(t) - t)), None, {}
+        pad = (0, self._padded_length(t) - t)
+        ids, positions, kwargs = torch.nn.functional.pad(input_ids, pad), None, {}
+        if scored is not None and packed is None:
+            scored = torch.nn.functional.pad(scored, pad)
         if packed is not None:
             ids, positions, kwargs = packed.input_ids, packed.position_ids, self._packed_params(packed)
         gpt = unwrap_model(self._forward_module)
         with head.hidden_states_out(gpt):
             hidden = self._stage_forward(ids, positions, **kwargs)
         values = head.head_scores(hidden, head.output_weight(gpt), ids.to(self.device), self.temperature,
-                                  self.layout.sequence_parallel, with_entropy, chunk_bytes)
+                                  self.layout.sequence_parallel, with_entropy, chunk_bytes,
+                                  None if scored is None else scored.to(self.device))
         return tuple(v if v is None else v[:, :t] for v in values)
 
     def _rows_group(self):
