@@ -30,8 +30,6 @@ from torch import Tensor
 from rlkit.algorithms.registry import Registry
 from rlkit.algorithms.returns import discounted_returns
 
-AdvantageEstimatorName = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_baseline"]
-
 
 @dataclass(frozen=True)
 class AdvantageParams:
@@ -267,3 +265,6 @@ def reinforce_baseline(
     adv = r - baseline
     state.update(batch_mean, cfg.baseline_momentum)
     return _to_tokens(adv, mask)
+
+
+AdvantageEstimatorName = Literal[ADVANTAGE_ESTIMATORS.names()]  # type: ignore[valid-type]  # the registered names

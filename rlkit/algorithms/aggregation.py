@@ -23,8 +23,6 @@ from torch import Tensor
 from rlkit.algorithms.registry import Registry
 from rlkit.trajectories import LossCounts
 
-AggregationName = Literal["token_mean", "seq_mean_token_mean", "seq_sum_constant"]
-
 
 class AggregationFn(Protocol):
     def __call__(
@@ -69,6 +67,9 @@ def seq_sum_constant(values: Tensor, mask: Tensor, counts: LossCounts, constant:
         raise ValueError("seq_sum_constant needs a positive constant (Dr. GRPO uses the max generation length): "
                          "set seq_sum_constant=<max_new_tokens>")
     return _masked(values, mask).sum() / (max(counts.num_sequences, 1) * constant)
+
+
+AggregationName = Literal[AGGREGATIONS.names()]  # type: ignore[valid-type]  # the registered names
 
 
 def aggregate(

@@ -37,8 +37,6 @@ from rlkit.algorithms.losses import LOG_RATIO_CLAMP
 from rlkit.algorithms.registry import Registry
 from rlkit.trajectories import LossCounts
 
-CorrectionName = Literal["none", "tis", "seq_mask"]
-
 
 @dataclass(frozen=True)
 class CorrectionParams:
@@ -112,6 +110,9 @@ def sequence_mask(
     keep = (seq_ratio >= params.seq_mask_low) & (seq_ratio <= params.seq_mask_high)  # [B]
     weights = keep.to(log_ratio.dtype)[:, None].expand_as(log_ratio)
     return Correction(weights, log_ratio.exp(), ~keep[:, None] & mask)
+
+
+CorrectionName = Literal[CORRECTIONS.names()]  # type: ignore[valid-type]  # the registered names
 
 
 def mult_prob_error_sum(prev_logprobs: Tensor, generator_logprobs: Tensor, mask: Tensor) -> Tensor:  # 0-dim

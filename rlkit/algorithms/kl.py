@@ -25,7 +25,6 @@ from torch import Tensor
 from rlkit.algorithms.losses import LOG_RATIO_CLAMP
 from rlkit.algorithms.registry import Registry
 
-KLEstimatorName = Literal["k1", "k2", "k3"]
 KLEstimatorFn = Callable[[Tensor], Tensor]  # log_ratio [B, T] -> kl [B, T]
 
 KL_ESTIMATORS: Registry[KLEstimatorFn] = Registry("KL estimator")
@@ -48,6 +47,9 @@ def k3(log_ratio: Tensor) -> Tensor:
     """``k3 = pi_ref / pi - 1 - log(pi_ref / pi)``, with ``log_ratio`` clamped to ``[-20, 20]`` (module docstring)."""
     log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return torch.exp(log_ratio) - 1 - log_ratio
+
+
+KLEstimatorName = Literal[KL_ESTIMATORS.names()]  # type: ignore[valid-type]  # the registered names
 
 
 def kl_penalty(

@@ -42,7 +42,6 @@ from torch import Tensor
 
 from rlkit.algorithms.registry import Registry
 
-PolicyLossName = Literal["ppo_clip", "gspo", "cispo", "reinforce"]
 LOG_RATIO_CLAMP = 20.0  # |log r_t| bound before exp(); exp(20) ~ 4.9e8 stays finite in fp32 and bf16
 GSPO_SEQ_LOG_RATIO_MAX = 10.0  # upper bound of GSPO's (length-normalised) sequence log-ratio
 POLICY_LOSS_METRICS = (
@@ -190,3 +189,6 @@ def reinforce(
     loss = -advantages.detach() * logprobs
     none = torch.zeros_like(mask)
     return torch.where(mask, loss, 0.0), _metrics(ratio, ratio, none, none, none)
+
+
+PolicyLossName = Literal[POLICY_LOSSES.names()]  # type: ignore[valid-type]  # the registered names

@@ -58,13 +58,13 @@ from rlkit.envs.arithmetic import OPERATIONS, Operation, count_arithmetic_prompt
 from rlkit.envs.tool_arithmetic import iter_native_tool_arithmetic_rows, iter_tool_arithmetic_rows
 from rlkit.errors import ConfigError, describe_invalid
 
-Task = Literal["arithmetic", "tool_arithmetic", "tool_arithmetic_native"]  # tool_*: rows with a tool demonstration
-# one line per generated task, for `rlkit tasks` (a test keeps it in step with Task)
+# rlkit's generated tasks, each with its line for `rlkit tasks` (tool_*: rows with a tool demonstration)
 TASK_DESCRIPTIONS = {
     "arithmetic": "a+b (or -, *: data.operations) with operands of up to data.digits digits; the answer is the value",
     "tool_arithmetic": "arithmetic with a <calc> calculator call (two turns); rows carry SFT demonstrations",
     "tool_arithmetic_native": "tool_arithmetic with a native JSON tool, add(a, b), rendered by the chat template",
 }
+Task = Literal[tuple(TASK_DESCRIPTIONS)]  # type: ignore[valid-type]
 ReasoningGymTask = Annotated[str, StringConstraints(pattern=r"^reasoning_gym:")]  # "reasoning_gym:<name>"
 
 

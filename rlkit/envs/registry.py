@@ -1,7 +1,7 @@
 """Environments by name, so a config can say ``env.name: math`` and a notebook ``make_environment("math")``.
 
-The names are a ``Literal`` (``EnvironmentName``) so type checkers and the config validator know the valid
-choices; a test keeps the ``Literal`` and the table below in step.
+The names are a ``Literal`` (``EnvironmentName``), derived from the table below, so the config validator knows
+the valid choices.
 
 A reward function of yours needs no registry line: name it by import path (``env.reward_fn: my_module:my_reward``,
 :func:`load_reward_fn`), or wrap it with ``RewardFunctionEnvironment(fn)`` and hand the environment to the session.
@@ -24,14 +24,13 @@ from rlkit.envs.reasoning_gym import ReasoningGymEnvironment
 from rlkit.envs.tool_arithmetic import NativeToolArithmeticEnvironment, ToolArithmeticEnvironment
 from rlkit.errors import ConfigError
 
-EnvironmentName = Literal["arithmetic", "math", "reasoning_gym", "tool_arithmetic", "tool_arithmetic_native"]
-
 _FACTORIES: Registry[Callable[..., Environment]] = Registry("environment")
 _FACTORIES.register("arithmetic")(ArithmeticEnvironment)
 _FACTORIES.register("math")(MathEnvironment)
 _FACTORIES.register("reasoning_gym")(ReasoningGymEnvironment)  # rows of data.task=reasoning_gym:<name>
 _FACTORIES.register("tool_arithmetic")(ToolArithmeticEnvironment)
 _FACTORIES.register("tool_arithmetic_native")(NativeToolArithmeticEnvironment)
+EnvironmentName = Literal[_FACTORIES.names()]  # type: ignore[valid-type]
 
 
 def available_environments() -> tuple[str, ...]:

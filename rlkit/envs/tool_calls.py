@@ -36,9 +36,6 @@ import jsonschema
 
 from rlkit.envs.tools import Tool, bounded, run_tools
 
-ToolCallFormat = Literal["hermes", "llama3"]
-TOOL_CALL_FORMATS: tuple[str, ...] = ("hermes", "llama3")
-
 _HERMES_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 _PYTHON_TAG = "<|python_tag|>"
 
@@ -146,6 +143,8 @@ def _parse_llama3(text: str) -> ParsedCalls:
 
 
 _PARSERS: dict[str, Callable[[str], ParsedCalls]] = {"hermes": _parse_hermes, "llama3": _parse_llama3}
+TOOL_CALL_FORMATS: tuple[str, ...] = tuple(_PARSERS)
+ToolCallFormat = Literal[TOOL_CALL_FORMATS]  # type: ignore[valid-type]
 
 
 def parse_tool_calls(text: str, format: ToolCallFormat = "hermes") -> ParsedCalls:
