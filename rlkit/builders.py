@@ -3,7 +3,6 @@ what is rebuilt when ``configure()`` or ``reset()`` changes the config (:data:`R
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 import warnings
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -26,36 +25,14 @@ from rlkit.models import make_model, read_hf_config
 from rlkit.models.pretrained import PRETRAINED, get_model
 from rlkit.models.vocabulary import check_tokenizer_fits
 from rlkit.policy.architecture import load_hf_state
+from rlkit.run.components import Components
+from rlkit.run.run import Run, needs_reference
 from rlkit.run.state import RunState
 from rlkit.stages.conversations import rollout_tools
 from rlkit.stages.settings import RolloutSettings
 from rlkit.startup import generator_engine, policy_engine
-from rlkit.weight_sync import (BroadcastReceiver, BroadcastWeightSync, ColocatedWeightSync, RanksBroadcastWeightSync,
-                               WeightSync)
-
-
-@dataclass
-class Components:
-    """What a session is built from and keeps for its life; :meth:`close` releases the engines."""
-
-    tokenizer: Any
-    dataset: Any  # DatasetDict of prompt rows: "train" and "validation"
-    env: Any
-    policy: Any
-    generator: Optional[Generator]
-    weight_sync: Optional[WeightSync]  # refits the generator: built as one pair with it
-    loss_fn: Callable  # build_loss(config), or a loss function of yours
-    config_env: Any = None  # the environment built from the config's env.* (None: one given to the session)
-    endpoint: Any = None  # the OpenAI-compatible endpoint over the generator, started on first use
-
-    def close(self) -> None:
-        """Close the endpoint, the generator, the weight sync, the policy and the environment, in that order; each
-        becomes None. Safe twice."""
-        for part in ("endpoint", "generator", "weight_sync", "policy", "env"):
-            component = getattr(self, part)
-            if component is not None and hasattr(component, "close"):
-                component.close()
-            setattr(self, part, None)
+from rlkit.weight_sync import (BroadcastReceiver, BroadcastWeightSync, ColocatedWeightSync, Handoff,
+                               RanksBroadcastWeightSync, WeightSync, before_engine_starts)
 
 
 def build_components(config: RunConfig, start: Any, env: Any = None, loss_fn: Optional[Callable] = None) -> Components:
@@ -78,20 +55,13 @@ def build_components(config: RunConfig, start: Any, env: Any = None, loss_fn: Op
             check_sft_columns(config, dataset)
     with start.part("policy", engine=policy_engine(config)):
         policy = build_policy(config)
-        if getattr(policy, "releases_base_while_generating", False):  # (policy.lora_cfg) out before the engine loads
-            policy.release_frozen_base()
+        before_engine_starts(policy)  # (policy.lora_cfg) a frozen base out while generating leaves first
     with start.part("generator", engine=generator_engine(config)):
         generator, weight_sync = build_generation(config)
     loss_fn = loss_fn if loss_fn is not None else build_loss(config)
     policy.keep_reference(needs_reference(loss_fn))  # a reference copy only if the loss reads one
-    return Components(tokenizer, dataset, env, policy, generator, weight_sync, loss_fn,
+    return Components(tokenizer, dataset, env, policy, generator, weight_sync, Handoff(policy, generator), loss_fn,
                       config_env=env if env_from_config else None)
-
-
-def needs_reference(loss_fn: Callable) -> bool:
-    """The one rule for whether reference logprobs are computed (and the reference weights kept): the loss says so
-    (RLLoss: a KL penalty, or KL folded into the reward); a loss function of yours that does not say gets them."""
-    return getattr(loss_fn, "needs_reference", True)
 
 
 def build_loss(config: RunConfig) -> RLLoss:
@@ -229,37 +199,37 @@ def check_sft_columns(config: RunConfig, dataset: Any) -> None:
                        "(RL only)"])
 
 
-def _new_loss(session: Any, old: RunConfig, keys: list[str]) -> None:
+def _new_loss(run: Run, old: RunConfig, keys: list[str]) -> None:
     """The RLLoss of the new config, if the loss is the RLLoss of ``old``'s ``loss_fn``; any other loss (given to
     the constructor or assigned) is the user's: it is kept, and a warning says so."""
-    if type(session.loss_fn) is RLLoss and session.loss_fn.params == old.loss_fn:
-        session.loss_fn = build_loss(session.config)
-        session.policy.keep_reference(needs_reference(session.loss_fn))
+    if type(run.loss_fn) is RLLoss and run.loss_fn.params == old.loss_fn:
+        run.loss_fn = build_loss(run.config)
+        run.policy.keep_reference(needs_reference(run.loss_fn))
         return
     warnings.warn(f"{', '.join(keys)} changed, but this session trains with a loss function you supplied "
-                  f"({session.loss_fn!r}); it is kept and does not read the config, so the change does not "
+                  f"({run.loss_fn!r}); it is kept and does not read the config, so the change does not "
                   "reach it (assign session.loss_fn to replace it)", stacklevel=4)
 
 
-def _new_run(session: Any, old: RunConfig, keys: list[str]) -> None:
+def _new_run(run: Run, old: RunConfig, keys: list[str]) -> None:
     """``reset()``: the model folder's weights in the policy (also its reference), then in the generator; a new
     optimizer and schedule; a fresh run state and rollout source; the RNGs seeded as at construction."""
-    new, policy = session.config, session.policy
+    new, policy = run.config, run.policy
     policy.load_hf_state(load_hf_state(new.policy.model_name))
     policy.reset_optimizer(new.policy.optimizer, new.policy.scheduler)
     policy.set_reference_to_current()
     policy.version = 0
-    session._start_run(RunState.fresh(new, session.dataset))
-    session.refit()
+    run.start(RunState.fresh(new, run.components.dataset))
+    run.refit()
     rng.seed(new.seed)  # as at construction: python, numpy, torch and a live backend's tracker
 
 
-# What a session rebuilds for each kind of change (LIVE: nothing; SESSION: refused), in this order.
-REBUILDS: dict[Change, Callable[[Any, RunConfig, list[str]], None]] = {
+# What a run rebuilds for each kind of change (LIVE: nothing; SESSION: refused), in this order.
+REBUILDS: dict[Change, Callable[[Run, RunConfig, list[str]], None]] = {
     Change.LOSS: _new_loss,
-    Change.OPTIMIZER: lambda session, old, keys: session.policy.reset_optimizer(session.config.policy.optimizer,
-                                                                                session.config.policy.scheduler),
-    Change.ROLLOUTS: lambda session, old, keys: session._start_run(session.run_state),
+    Change.OPTIMIZER: lambda run, old, keys: run.policy.reset_optimizer(run.config.policy.optimizer,
+                                                                        run.config.policy.scheduler),
+    Change.ROLLOUTS: lambda run, old, keys: run.start(run.state),
     Change.RUN: _new_run,
 }
 
@@ -297,24 +267,24 @@ def companions_note(old: RunConfig, overrides: Sequence[str] | Mapping[str, Any]
             "to keep another value")
 
 
-def rebuild(session: Any, overrides: Sequence[str] | Mapping[str, Any] | RunConfig, where: str,
+def rebuild(run: Run, overrides: Sequence[str] | Mapping[str, Any] | RunConfig, where: str,
             refused: set[Change], always: Optional[Change] = None) -> dict[str, Change]:
     """``session.configure()`` and ``reset()``: take the config ``overrides`` gives and rebuild what its changes
-    (and ``always``) need, in :data:`REBUILDS`' order; a change ``where`` refuses raises ConfigError first, and
-    nothing is changed. Returns each key's need."""
+    (and ``always``) need in ``run``, in :data:`REBUILDS`' order; a change ``where`` refuses raises ConfigError
+    first, and nothing is changed. Returns each key's need."""
     if not isinstance(overrides, RunConfig):
         overrides = parse_overrides(overrides)
-        overrides.update(loss_companions(session.config, overrides))
-    new = overrides if isinstance(overrides, RunConfig) else load_config(session.config.model_dump(), overrides)
-    changes = changes_needed(session.config, new)
+        overrides.update(loss_companions(run.config, overrides))
+    new = overrides if isinstance(overrides, RunConfig) else load_config(run.config.model_dump(), overrides)
+    changes = changes_needed(run.config, new)
     problems = refusals(changes, set(Change) - refused, where)
     if problems:
         raise ConfigError(problems)
-    old, session.config = session.config, new
+    old, run.config = run.config, new
     needed = set(changes.values()) | ({always} if always else set())
     if Change.RUN in needed:
         needed -= {Change.OPTIMIZER, Change.ROLLOUTS}  # a new run makes both anew
     for change, action in REBUILDS.items():
         if change in needed:
-            action(session, old, [key for key, c in changes.items() if c is change])
+            action(run, old, [key for key, c in changes.items() if c is change])
     return changes

@@ -110,6 +110,9 @@ def _run(config: RunConfig, session: Any, progress: bool, run_dir: Path, resume:
                               f"kept as {moved}", stacklevel=2)
         setup_s = time.perf_counter() - t0
 
+        def save(path: Path) -> Path:  # the run's checkpoints keep the warm start's figures beside the session
+            return session.save(path, {"warm_start": warm_start})
+
         def stopped_early(stop: KeyboardInterrupt, warm: dict[str, Any], history: list[Any], where: str = "",
                           rl_s: float = 0.0) -> None:
             """A stop: the summary (no final evaluation) says where, then the stop goes on."""
@@ -124,13 +127,13 @@ def _run(config: RunConfig, session: Any, progress: bool, run_dir: Path, resume:
                 stopped_early(stop, NO_WARM_START, [], "the warm start (SFT, then the evaluation before RL)")
                 raise
             if ckpt_cfg.enabled:
-                save_periodic(session, ckpt_dir, ckpt_cfg.keep_last, _extra(session, warm_start))
+                save_periodic(save, ckpt_dir, session.step_count, ckpt_cfg.keep_last)
         total = config.grpo.max_num_steps
 
         def on_step(metrics):  # timed parts of the next step's record (see Session.run); the session logged it
             if ckpt_cfg.enabled and (metrics.step % ckpt_cfg.save_period == 0 or metrics.step == total):
                 with session.timed("checkpoint"):
-                    save_periodic(session, ckpt_dir, ckpt_cfg.keep_last, _extra(session, warm_start))
+                    save_periodic(save, ckpt_dir, session.step_count, ckpt_cfg.keep_last)
 
         t_rl, steps_before, stopped = time.perf_counter(), session.step_count, None
         try:
@@ -202,11 +205,6 @@ def _summary(config: RunConfig, warm_start: dict[str, Any], after: Any, history:
         "wall_time_s": wall_s,
         "export": None if exported is None else str(exported),  # the HF folder of the trained policy (export=)
     }
-
-
-def _extra(session: Any, warm_start: dict[str, Any]) -> dict[str, Any]:
-    """What the run's checkpoints keep beside the session: the warm start's figures, which environment."""
-    return {"warm_start": warm_start, "environment": session.environment_record()}
 
 
 NO_WARM_START = dict(accuracy_before_rl=None, sft_steps=0, sft_final_loss=None, seconds_sft=0.0)  # none was made

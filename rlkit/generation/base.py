@@ -56,6 +56,15 @@ class Generator(Protocol):
     """Sampling and weight loading only: how weights reach an engine in another process is a weight sync's
     business (:mod:`rlkit.weight_sync`), built together with its generator by :mod:`rlkit.builders`."""
 
+    # what the engine lets go of for a colocated policy (:class:`rlkit.weight_sync.handoff.Handoff` acts on it)
+    sleeps_between_rollouts: bool  # asleep between rollouts (vLLM in this process on a GPU)
+    releases_weights_for_training: bool  # frees its weights for the policy's passes (the CPU's stand-in for sleep)
+    weights_released: bool  # its weights are out now: a refit must rebuild them before the next rollout
+
+    def release_weights(self) -> int:
+        """Free the engine's weights until the next refit (where ``releases_weights_for_training``); the bytes freed."""
+        ...
+
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingSettings) -> Generation:
         """``n`` samples for each prompt (token ids, chat template already applied), their texts decoded."""
         ...
@@ -70,3 +79,15 @@ class Generator(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class KeepsItsMemory:
+    """The hand-off declarations of an engine with nothing to let go of for a colocated policy (transformers'
+    ``generate``, which holds no cache between calls; an engine in its own process)."""
+
+    sleeps_between_rollouts = False
+    releases_weights_for_training = False
+    weights_released = False
+
+    def release_weights(self) -> int:
+        return 0

@@ -15,10 +15,10 @@ from typing import Iterable
 import torch
 
 from rlkit.config.components import GenerationConfig
-from rlkit.generation.base import Generation, SamplingSettings
+from rlkit.generation.base import Generation, KeepsItsMemory, SamplingSettings
 
 
-class HFGenerator:
+class HFGenerator(KeepsItsMemory):
     def __init__(self, model_path: str | Path, cfg: GenerationConfig, max_model_len: int, seed: int = 0):
         from transformers import AutoModelForCausalLM, AutoTokenizer
 

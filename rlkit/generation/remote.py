@@ -32,7 +32,7 @@ from transformers import AutoTokenizer
 from rlkit.config.components import GenerationConfig
 from rlkit.cluster import worker_env_vars
 from rlkit.distributed import ensure_ray
-from rlkit.generation.base import Generation, SamplingSettings
+from rlkit.generation.base import Generation, KeepsItsMemory, SamplingSettings
 from rlkit.generation.vllm import VllmGenerator, decode_completions
 from rlkit.notebook.html import CodeRepr
 
@@ -56,7 +56,7 @@ def split_cores(cores: int, engine_threads: int) -> int:
     return before
 
 
-class RemoteGenerator(CodeRepr):
+class RemoteGenerator(CodeRepr, KeepsItsMemory):
     """A vLLM engine in a Ray actor presenting the Generator protocol (generate, update_weights,
     reset_prefix_cache, close). Starts a local Ray instance when none is up, and then shuts it down on
     ``close()``. ``threads``: OpenMP threads of the actor (CPU only; default half the cores). When the engine

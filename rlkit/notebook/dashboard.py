@@ -82,14 +82,14 @@ def step_seconds(m: Any) -> float:
     return float(sum(stages)) if stages else math.nan
 
 
-def flat_panel_notes(session: Any) -> dict[str, str]:
+def flat_panel_notes(run: Any) -> dict[str, str]:
     """Why a panel sits at 0, when the session's settings say so: KL is only measured with a reference pass
     (the loss asks for one when ``loss_fn.reference_policy_kl_penalty`` > 0 or KL is folded into the reward);
     with one optimizer update per rollout the importance ratio is exactly 1 (the trainer's logprobs are taken
     with the weights it then updates), so nothing is clipped."""
     notes = {}
-    config = getattr(session, "config", None)
-    if getattr(session, "needs_reference", None) is False:  # the session's rule (Session.needs_reference)
+    config = getattr(run, "config", None)
+    if getattr(run, "needs_reference", None) is False:  # the run's rule (rlkit.run.run.needs_reference)
         notes["KL to reference"] = "KL penalty 0: not measured"
     if config is not None and config.updates_per_step == 1:
         notes["clipped fraction"] = "on-policy: ratio 1"
@@ -99,8 +99,8 @@ def flat_panel_notes(session: Any) -> dict[str, str]:
 class Dashboard:
     """Live plots of a session's run; see the module docstring. ``close()`` detaches it."""
 
-    def __init__(self, session: Any, samples: int = 6):
-        self.session = session
+    def __init__(self, run: Any, samples: int = 6):
+        self.run = run  # what it reads: history, batch, stop_requested, listeners, request_stop(), config
         self.samples = samples
         self.widget = None  # the ipywidgets.VBox, or None in text mode
         self._handle = None  # display handle of the text view (text mode, in a notebook)
@@ -114,21 +114,21 @@ class Dashboard:
             ipywidgets = None
         if ipywidgets is not None:
             self._build(ipywidgets)
-        session.listeners.append(self.update)
+        run.listeners.append(self.update)
         self.refresh()
 
     # ---- what is shown --------------------------------------------------------------------------------
     @property
     def history(self) -> list:
         """The session's step metrics, oldest first (a copy: the plots read it while a run appends)."""
-        return list(getattr(self.session, "history", []))
+        return list(getattr(self.run, "history", []))
 
     def charts_html(self) -> str:
         """Every panel as inline SVG in a wrapping grid."""
         history = self.history
         xs = [m.step for m in history]
         panels = []
-        notes = flat_panel_notes(self.session)
+        notes = flat_panel_notes(self.run)
         for title, keys in panels_for(history):
             series = {label: _series(history, k) for label, k in zip(_labels(keys), keys)}
             series = {k: v for i, (k, v) in enumerate(series.items()) if i == 0 or any(not math.isnan(y) for y in v)}
@@ -158,7 +158,7 @@ class Dashboard:
 
     def samples_html(self) -> str:
         """A table of the latest batch's first samples (prompt, completion, reward, advantage)."""
-        batch = getattr(self.session, "batch", None)
+        batch = getattr(self.run, "batch", None)
         if batch is None:
             return ""
         return table(SAMPLE_COLUMNS, sample_rows(batch, self.samples), "latest samples")
@@ -167,7 +167,7 @@ class Dashboard:
         """The text view: latest value and a sparkline per metric, plus seconds per stage."""
         history = self.history
         lines = [f"rlkit dashboard: {len(history)} step(s)" + (" (stop requested)" if self._stopping() else "")]
-        notes = flat_panel_notes(self.session)
+        notes = flat_panel_notes(self.run)
         for title, keys in panels_for(history):
             values = _series(history, keys[0])
             last = next((v for v in reversed(values) if not math.isnan(v)), math.nan)
@@ -193,7 +193,7 @@ class Dashboard:
     def update(self, metrics: Any = None) -> None:
         """Called by ``run()`` after every step (``metrics`` is that step's StepMetrics)."""
         if metrics is not None:  # run() ends after this step if a stop is requested; else a run is going on
-            self._stopped_after = metrics.step if getattr(self.session, "stop_requested", False) else None
+            self._stopped_after = metrics.step if getattr(self.run, "stop_requested", False) else None
         self.refresh()
         if self.widget is None and self._handle is None and getattr(ipython_shell(), "kernel", None) is None:
             print(self.text_line())
@@ -225,7 +225,7 @@ class Dashboard:
     def _stopping(self) -> bool:
         """A stop was requested and has not ended a run yet, which may still be executing (no cell is known
         to have ended since)."""
-        return (bool(getattr(self.session, "stop_requested", False)) and self._stopped_after is None
+        return (bool(getattr(self.run, "stop_requested", False)) and self._stopped_after is None
                 and self._cell_running is not False)
 
     def _cell_started(self, *info: Any) -> None:
@@ -239,7 +239,7 @@ class Dashboard:
         no longer pending: the header says where the run stopped, and the button goes dark (disabled, "no run()
         going") until a cell runs again."""
         self._cell_running = False
-        if getattr(self.session, "stop_requested", False) and self._stopped_after is None and self.history:
+        if getattr(self.run, "stop_requested", False) and self._stopped_after is None and self.history:
             self._stopped_after = self.history[-1].step  # clicked after the last redraw of the run
         self.refresh()
 
@@ -250,7 +250,7 @@ class Dashboard:
             self._parts["header"].value = self.header_html().replace(
                 "</div>", " · nothing is running: the button stops a running session.run()</div>")
             return
-        self.session.request_stop()
+        self.run.request_stop()
         self._stopped_after = None
         button.disabled = True
         button.description = "Stopping after this step"
@@ -258,7 +258,7 @@ class Dashboard:
 
     def close(self) -> None:
         """Stop updating (removes the listener) and close the widget."""
-        listeners = getattr(self.session, "listeners", [])
+        listeners = getattr(self.run, "listeners", [])
         if self.update in listeners:
             listeners.remove(self.update)
         if self._events is not None:

@@ -19,12 +19,13 @@ from rlkit.notebook.html import CELL, MUTED, STYLE, diverging, esc, fmt, key_val
 SAMPLE_COLUMNS = ("#", "group", "prompt", "completion", "reward", "advantage", "length", "finish")
 
 
-# ---- session ---------------------------------------------------------------------------------------------
-def session_facts(s: Any) -> dict[str, object]:
-    cfg = s.config
-    if s.policy is None:
+# ---- session -----------------------------------------------------------------------------------------------
+def session_facts(run: Any, startup: Any = None) -> dict[str, object]:
+    """The session card's facts, read from its run (a :class:`rlkit.run.run.Run`) and its ``startup`` report."""
+    cfg = run.config
+    if run.policy is None:
         return {"state": "closed (create a new Session to continue)"}
-    policy = s.policy
+    policy, env = run.policy, run.components.env
     arch = getattr(policy, "arch", None)
     backend = cfg.policy.backend  # the section build_policy built
     facts = {
@@ -33,22 +34,21 @@ def session_facts(s: Any) -> dict[str, object]:
         "policy": f"{type(policy).__name__} on {'cuda' if torch.cuda.is_available() else 'cpu'}",
         "parallel layout": backend.layout_words(cfg.policy.num_workers),
         "generator": f"{cfg.policy.generation.backend} ({'colocated' if cfg.generation_colocated else 'separate'}): "
-                     f"{s.generator!r}",
-        "environment": getattr(s.env, "name", type(s.env).__name__),
-        "chat template": chat_template_words(cfg.data.chat_template_kwargs, getattr(s.env, "tool_schemas", None)),
-        "loss": repr(s.loss_fn),
+                     f"{run.generator!r}",
+        "environment": getattr(env, "name", type(env).__name__),
+        "chat template": chat_template_words(cfg.data.chat_template_kwargs, getattr(env, "tool_schemas", None)),
+        "loss": repr(run.loss_fn),
         # read from the policy's own record (no method call: a Ray group would wait on its workers)
         "reference weights": (ref.residency() if (ref := vars(policy).get("_reference")) is not None else "-"),
         "advantages": cfg.grpo.advantage_estimator,
-        "step": s.step_count,
+        "step": run.state.step,
         "policy version": policy.version,
-        "generator weights": f"version {s.generator_version}"
-                             + (" (STALE: call session.refit())" if s.stale else " (in sync)"),
-        "last reward": f"{s.history[-1]['rollout/reward_mean']:.3f}" if s.history else "-",
+        "generator weights": f"version {run.generator_version}"
+                             + (" (STALE: call session.refit())" if run.stale else " (in sync)"),
+        "last reward": f"{run.state.history[-1]['rollout/reward_mean']:.3f}" if run.state.history else "-",
     }
-    if getattr(s, "rollouts", None) is not None:  # the rollout source: plain, dynamic sampling, async GRPO
-        facts["rollouts"] = repr(s.rollouts)
-    startup = getattr(s, "startup", None)
+    if run.rollouts is not None:  # the rollout source: plain, dynamic sampling, async GRPO
+        facts["rollouts"] = repr(run.rollouts)
     if startup is not None:
         facts["start-up"] = startup.breakdown() + ("" if startup.verbose else
                                                    f" ({startup.held_back} known third-party notices held back)")
@@ -62,31 +62,31 @@ def chat_template_words(kwargs: Any, tools: Any = None) -> str:
     return words + (f"; tools: {', '.join(names)}" if names else "")
 
 
-def start_warnings(s: Any) -> list[str]:
+def start_warnings(startup: Any) -> list[str]:
     """The warnings shown while the session started (rlkit's own config and data checks, anything unexpected)."""
-    return list(getattr(getattr(s, "startup", None), "warnings", []))
+    return list(getattr(startup, "warnings", []))
 
 
-def session_summary(s: Any) -> str:
-    f = session_facts(s)
+def session_summary(run: Any, startup: Any = None) -> str:
+    f = session_facts(run, startup)
     if "state" in f:
         return f"Session({f['state']})"
     keys = ("model", "backend", "parallel layout", "environment", "step", "policy version", "generator weights",
             "last reward")
     return ("Session(" + ", ".join(f"{k}={f[k]}" for k in keys) + ")"
-            + "".join(f"\n  warning at start: {w}" for w in start_warnings(s)))
+            + "".join(f"\n  warning at start: {w}" for w in start_warnings(startup)))
 
 
-def session_html(s: Any) -> str:
+def session_html(run: Any, startup: Any = None) -> str:
     """The session card: rlkit's warnings from the start on top (easy to miss among cell output), then the facts."""
-    shown = start_warnings(s)
+    shown = start_warnings(startup)
     box = ""
     if shown:
         items = "".join(f"<li>{esc(w)}</li>" for w in shown)
         box = (f"<div class='rlkit-start-warnings' style='background:#fff3cd;border:1px solid #e0b000;padding:4px 8px;"
                f"margin-bottom:4px;font-family:monospace;font-size:12px'><b>{len(shown)} warning(s) at start</b>"
                f"<ul style='margin:2px 0'>{items}</ul></div>")
-    return box + key_values("rlkit Session", session_facts(s))
+    return box + key_values("rlkit Session", session_facts(run, startup))
 
 
 # ---- trajectories ------------------------------------------------------------------------------------------

@@ -1,9 +1,12 @@
 """The backend contract: everything the session, the stages and the checkpoints ask of a policy.
 
-Three backends implement all of it: the in-process Megatron-Core policy, the in-process DTensor (FSDP2)
-policy (both on :class:`rlkit.policy.in_process.InProcessPolicy`, which holds what they share), and the Ray
-worker group, which runs one of them per rank. Callers use only these methods: no caller reaches for a
-backend's model, optimizer or private helpers, so a new backend is this list and nothing else. The test
+Four implement all of it: the in-process Megatron-Core, DTensor (FSDP2) and plain-transformers (``hf``) policies
+(on :class:`rlkit.policy.in_process.InProcessPolicy`, which holds what they share), and the Ray worker group,
+which runs one of them per rank. The stages, the run and the checkpoints use these methods; what still reads an
+in-process policy's model or private state is the what-if machinery (weight snapshots for replay and forks,
+:mod:`rlkit.policy.snapshots` and :mod:`rlkit.policy.state`; per-token gradients, :mod:`rlkit.stages.compare`)
+and the session card's reference line, none of which a Ray worker group offers. What each side lets go of for a
+colocated engine is declared here too and acted on by :class:`rlkit.weight_sync.Handoff` alone. The test
 ``tests/policy/test_contract.py`` runs every method against every backend.
 
 Word use: a policy's *logprobs* are per-token log-probabilities of given tokens; *rewards* (the session's
@@ -105,6 +108,17 @@ class Policy(Protocol):
         """Move the optimizer state (and free the gradient buffers) to host memory while a colocated engine
         generates; the session's refit calls it when the engine sleeps between rollouts. Nothing happens where
         the weights live on the CPU already."""
+        ...
+
+    def release_gradient_buffers(self) -> None:
+        """Free the gradient buffers until the next step (which reallocates them): what a policy on the CPU lets go
+        of while a colocated engine that released its weights for the step rebuilds them and generates."""
+        ...
+
+    releases_base_while_generating: bool  # adapters: the frozen base is out while a colocated engine generates
+
+    def release_frozen_base(self) -> int:
+        """Free the frozen base weights until the next use reads them back from the model folder; the bytes freed."""
         ...
 
     def restore_optimizer_state(self) -> None:

@@ -4,8 +4,9 @@ contract except the model itself.
 A backend subclass builds ``self.model`` and supplies only what differs: the forward pass (``_logits``, raw
 logits), logprobs and entropy from logits (vocabulary-parallel or not), the group its rows are split over,
 gradient reductions and the gradient norm, HF import/export, and how its parameters are named in a checkpoint.
-The calls run one way: this loop calls the backend's hooks, and no hook calls back into the loop (a backend
-that pipelines its microbatches supplies a ``_pipeline`` runner, to which the loop hands its own functions).
+The calls run this loop -> the backend's hooks, with one hook that calls back: Megatron's fused head hands rows
+whose logits fit one chunk to this loop's unfused scores (``super()._forward_scores``). A backend that pipelines
+its microbatches supplies a ``_pipeline`` runner, to which the loop hands its own functions.
 Everything else is here once: the chunked logprob loop, global token counts, the microbatch loop, the
 all-or-nothing optimizer step with Ctrl-C deferred, the KL reference (resident only when used:
 :mod:`rlkit.policy.reference`), the learning-rate schedule and the checkpoint state. What leaves memory while a

@@ -401,6 +401,7 @@ class RayPolicyGroup:
     keep_reference = _on_every_rank("keep_reference")
     reset_optimizer = _on_every_rank("reset_optimizer")
     offload_optimizer_state = _on_every_rank("offload_optimizer_state")
+    release_gradient_buffers = _on_every_rank("release_gradient_buffers")
     restore_optimizer_state = _on_every_rank("restore_optimizer_state")
 
     def release_frozen_base(self) -> int:

@@ -2,10 +2,11 @@
 but each own their weights (the adapters only, with adapters on), optimizer and schedule state, run state (step,
 history, sampler position, baseline), config and loss, and RNG.
 
-How: one branch at a time is *active*, its state live in the session; the others are *parked* as copies
-(:class:`Parked`). Using a branch (``a.step()``, ``a.run(30)``, ``a.configure([...])``, ``a.evaluate()``, any
-session attribute through it) first activates it: the active branch is parked (its state copied out), the branch's
-state copied in, and the generator marked stale, so the next step or evaluation refits it with the branch's
+How: one branch at a time is *active*, its state live in the run (:class:`rlkit.run.run.Run`); the others are
+*parked* as copies (:class:`Parked`). Using a branch (``a.step()``, ``a.run(30)``, ``a.configure([...])``,
+``a.evaluate()``, any session attribute through it: a branch forwards to the facade that forked it, the Session)
+first activates it: the active branch is parked (its state copied out), the branch's state copied in, and the
+generator marked stale, so the next step or evaluation refits it with the branch's
 weights (one vLLM engine serves every branch). ``swap_seconds`` records what each activation cost (the refit
 is on the step's clock, under ``timing/refit``). The session's own state before the first fork is the branch
 ``"main"``; ``session.branches`` lists all of them, the active one marked.
@@ -22,6 +23,7 @@ optimizer moments (``Branch.nbytes``).
 from __future__ import annotations
 
 import copy
+import itertools
 import string
 import time
 from dataclasses import dataclass, field
@@ -51,38 +53,37 @@ class Parked:
         return self.policy.nbytes
 
 
-def park(session: Any) -> Parked:
-    """A copy of the session's branch state (the session keeps running on its own)."""
-    return Parked(capture_state(session.policy), session.run_state, session.rollouts, session.config,
-                  session.loss_fn, rng.capture())
+def park(run: Any) -> Parked:
+    """A copy of the run's branch state (the run keeps going on its own)."""
+    return Parked(capture_state(run.policy), run.state, run.rollouts, run.config, run.loss_fn, rng.capture())
 
 
-def enter(session: Any, parked: Parked) -> None:
-    """Make ``parked`` the session's state; the generator is stale until the next refit."""
-    load_state(session.policy, parked.policy)
-    session.run_state, session.rollouts = parked.run_state, parked.rollouts
-    session.config, session.loss_fn = parked.config, parked.loss_fn
+def enter(run: Any, parked: Parked) -> None:
+    """Make ``parked`` the run's state; the generator is stale until the next refit."""
+    load_state(run.policy, parked.policy)
+    run.state, run.rollouts = parked.run_state, parked.rollouts
+    run.config, run.loss_fn = parked.config, parked.loss_fn
     rng.restore(*parked.rng)
-    session.generator_version = -1  # the engine holds the previous branch's weights
+    run.generator_version = -1  # the engine holds the previous branch's weights
 
 
-def _copy(session: Any, parked: Parked) -> Parked:
+def _copy(run: Any, parked: Parked) -> Parked:
     """An independent copy of ``parked`` for a new branch: its own weights, optimizer state, run state and source."""
-    run = RunState.fresh(parked.config, session.dataset)
-    run.load_state_dict(parked.run_state.state_dict())
-    source = rollout_source(parked.config, session._sample, session._score, run, -1,
-                            lambda: session.config.updates_per_step)
+    state = RunState.fresh(parked.config, run.components.dataset)
+    state.load_state_dict(parked.run_state.state_dict())
+    source = rollout_source(parked.config, run.sample, run.score_fresh, state, -1, lambda: run.config.updates_per_step)
     p = parked.policy
     policy = PolicyState({k: v.clone() for k, v in p.weights.items()}, copy.deepcopy(p.optimizer),
                          copy.deepcopy(p.scheduler), p.version)
-    return Parked(policy, run, source, parked.config, parked.loss_fn, parked.rng)
+    return Parked(policy, state, source, parked.config, parked.loss_fn, parked.rng)
 
 
 @dataclass
 class Forks:
-    """The branches of one session and which one is active."""
+    """The branches of one run, which one is active, and the facade every branch forwards to."""
 
-    session: Any
+    run: Any  # rlkit.run.run.Run
+    facade: Any  # what a branch's attributes are read from once it is active (the Session)
     branches: dict[str, "Branch"] = field(default_factory=dict)
     active: Optional["Branch"] = None
 
@@ -106,20 +107,20 @@ class Branch:
         return self._parked.nbytes if self._parked is not None else self._parked_bytes
 
     def activate(self) -> "Branch":
-        """Make this branch's state the session's (nothing to do when it is active already)."""
+        """Make this branch's state the run's (nothing to do when it is active already)."""
         forks = self._forks
         if self.name not in forks.branches:
             raise KeyError(f"branch {self.name!r} was dropped")
         if forks.active is self:
             return self
         t0 = time.perf_counter()
-        session = forks.session
-        session._refuse_if_closed("fork")
-        with session.rollouts.exclusive():
+        run = forks.run
+        run.refuse_if_closed("fork")
+        with run.rollouts.exclusive():
             previous = forks.active
-            previous._parked = park(session)
+            previous._parked = park(run)
             previous._parked_bytes = previous._parked.nbytes
-            enter(session, self._parked)
+            enter(run, self._parked)
             self._parked, forks.active = None, self
         self.swap_seconds.append(time.perf_counter() - t0)
         return self
@@ -136,54 +137,59 @@ class Branch:
         if name.startswith("_"):
             raise AttributeError(name)
         self.activate()
-        return getattr(self._forks.session, name)
+        return getattr(self._forks.facade, name)
 
     def __repr__(self) -> str:
         state = "active" if self.active else f"parked, {self.nbytes / 2**20:.1f} MiB"
-        step = (self._forks.session.step_count if self.active else
+        step = (self._forks.run.state.step if self.active else
                 self._parked.run_state.step if self._parked is not None else "?")
         return f"Branch({self.name!r}, step {step}, {state})"
 
 
-def forks_of(session: Any) -> Forks:
-    """The session's branches, the session's own state becoming branch ``"main"`` on first use."""
-    forks = getattr(session, "_forks", None)
-    if forks is None:
-        forks = session._forks = Forks(session)
-        main = Branch("main", forks, None)
-        forks.branches["main"], forks.active = main, main
-    return forks
+def forks_of(run: Any, facade: Any) -> Forks:
+    """The run's branches, its own state becoming branch ``"main"`` on first use."""
+    if run.forks is None:
+        run.forks = Forks(run, facade)
+        main = Branch("main", run.forks, None)
+        run.forks.branches["main"], run.forks.active = main, main
+    return run.forks
 
 
-def fork(session: Any, n: Optional[int] = None) -> Any:
+def _new_name(taken: dict) -> str:
+    """The first free name of a, b, ..., z, branch0, branch1, ..."""
+    for c in string.ascii_lowercase:
+        if c not in taken:
+            return c
+    return next(f"branch{i}" for i in itertools.count() if f"branch{i}" not in taken)
+
+
+def fork(run: Any, n: Optional[int], facade: Any) -> Any:
     """``n`` new branches (one Branch for ``n=None``, else a list) from the active branch's state now; the active
     branch stays active."""
-    session._refuse_if_closed("fork")
-    if session.config.grpo.async_grpo.enabled:
+    if run.config.grpo.async_grpo.enabled:
         raise NotImplementedError("fork() with async GRPO: its producer samples ahead with the active weights; "
                                   "fork a session with grpo.async_grpo.enabled=false")
-    forks = forks_of(session)
-    with session.rollouts.exclusive():
-        now = park(session)
+    forks = forks_of(run, facade)
+    with run.rollouts.exclusive():
+        now = park(run)
     made = []
     for _ in range(1 if n is None else n):
-        name = next(c for c in list(string.ascii_lowercase) + [f"branch{i}" for i in range(10**6)]
-                    if c not in forks.branches)
-        made.append(forks.branches.setdefault(name, Branch(name, forks, _copy(session, now))))
+        name = _new_name(forks.branches)
+        made.append(forks.branches.setdefault(name, Branch(name, forks, _copy(run, now))))
     return made[0] if n is None else made
 
 
-def compare_branches(session: Any, num_prompts: Optional[int] = None, greedy: Optional[bool] = None) -> Any:
-    """Held-out accuracy of every branch (``session.evaluate`` on each, the same prompts), as a DataFrame with
+def compare_branches(run: Any, facade: Any, num_prompts: Optional[int] = None, greedy: Optional[bool] = None) -> Any:
+    """Held-out accuracy of every branch (the run's ``evaluate`` on each, the same prompts), as a DataFrame with
     the branch's step and policy version; the branch active before stays active."""
-    forks = forks_of(session)
+    forks = forks_of(run, facade)
     was = forks.active
     rows = []
     try:
         for name, branch in list(forks.branches.items()):
             branch.activate()
-            result = session.evaluate(num_prompts, greedy)
-            rows.append({"branch": name, "step": session.step_count, "policy_version": session.policy.version,
+            result = run.evaluate(num_prompts, greedy)
+            rows.append({"branch": name, "step": run.state.step, "policy_version": run.policy.version,
                          "accuracy": result.accuracy})
     finally:
         was.activate()

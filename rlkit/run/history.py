@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, ContextManager, Optional
 
 from torch import Tensor
 
@@ -128,29 +128,28 @@ def weights_at(history: RolloutHistory, config: Any, step: Optional[int] = None)
     return found.get(step) if step is not None else dict(sorted(found.items()))
 
 
-# ---- what the step loop calls (functions of the session, like rlkit.run.loop's) ---------------------------
-def before_train(session: Any) -> None:
-    """Snapshot the weights the coming update starts from, when ``history.*`` asks for it and the weights are in
-    this process (a Ray worker group's are not: its steps keep no snapshot)."""
-    cfg = session.config.history
-    wanted = cfg.snapshots and (cfg.full_weight_snapshots or session.config.policy.lora_cfg.enabled)
-    if wanted and getattr(session.policy, "model", None) is not None:
-        session.run_state.store.add_snapshot(session.step_count + 1, capture_weights(session.policy), cfg.snapshots)
+# ---- what a run's train() calls ------------------------------------------------------------------------
+def before_train(store: RolloutHistory, policy: Any, config: Any, step: int) -> None:
+    """Snapshot the weights the coming update (of step ``step + 1``) starts from, when ``history.*`` asks for it and
+    the weights are in this process (a Ray worker group's are not: its steps keep no snapshot)."""
+    cfg = config.history
+    wanted = cfg.snapshots and (cfg.full_weight_snapshots or config.policy.lora_cfg.enabled)
+    if wanted and getattr(policy, "model", None) is not None:
+        store.add_snapshot(step + 1, capture_weights(policy), cfg.snapshots)
 
 
-def after_train(session: Any, batch: Trajectories, metrics: StepMetrics, version_before: int, seed: int) -> None:
-    """Keep the completed step's record (``seed``: its sampling seed) in memory and, while the session records,
-    on disk."""
-    cfg, config = session.config.history, session.config
-    record = StepRecord(metrics.step, batch, seed, version_before, metrics.policy_version, session.loss_fn,
-                        config.grpo.advantage_estimator, config.grpo.advantage_params(), session.settings.train,
-                        metrics)
-    session.run_state.store.add(record, cfg.max_steps, cfg.max_bytes)
-    records = getattr(session, "records", None)
+def after_train(store: RolloutHistory, records: Any, config: Any, batch: Trajectories, metrics: StepMetrics,
+                version_before: int, seed: int, loss_fn: LossFn, train: TrainSettings,
+                timed: Callable[[str], ContextManager[None]]) -> None:
+    """Keep the completed step's record (``seed``: its sampling seed; ``loss_fn`` and ``train``: what it trained
+    with) in memory and, while the run records (``records``: its RunRecorder, else None), on disk."""
+    cfg = config.history
+    record = StepRecord(metrics.step, batch, seed, version_before, metrics.policy_version, loss_fn,
+                        config.grpo.advantage_estimator, config.grpo.advantage_params(), train, metrics)
+    store.add(record, cfg.max_steps, cfg.max_bytes)
     if records is not None:
-        store = session.run_state.store
         if store.files is None or store.files.run_dir != records.run_dir:
             store.files = RolloutFiles(records.run_dir)
-        with session.timed("tables"):
+        with timed("tables"):
             store.files.write(batch, StepFacts(metrics.step, metrics.policy_version, seed), cfg.disk_max_rows,
                               cfg.disk_max_bytes)

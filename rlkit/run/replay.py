@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from torch import Tensor
 
@@ -31,6 +31,7 @@ from rlkit.policy.base import LossFn
 from rlkit.policy.per_token import TokenLoss, evaluate_loss_per_token
 from rlkit.policy.snapshots import gradient, weights_swapped_in
 from rlkit.rng import capture, restore
+from rlkit.run.history import RolloutHistory
 from rlkit import stages
 from rlkit.stages.compare import token_frame
 from rlkit.trajectories import Trajectories
@@ -89,12 +90,12 @@ class ReplayReport:
                 f"recorded {self.recorded['loss']:.6g}, {self.recorded['grad_norm']:.6g})")
 
 
-def replay(session: Any, step: int, loss: Any = None, estimator: Any = None, **overrides: Any) -> ReplayReport:
-    """Step ``step`` (``session.history[k].step``) replayed with ``loss`` (a policy loss name, a loss function, or
-    None: the step's own), ``estimator`` (an advantage estimator name: the step's rewards get its advantages) and
-    ``overrides`` (``loss_fn.*`` keys without the prefix, e.g. ``ratio_clip_max=0.28``)."""
-    session._refuse_if_closed("replay")
-    store = session.run_state.store
+def replay(policy: Any, store: RolloutHistory, step: int, loss: Any = None, estimator: Any = None,
+           **overrides: Any) -> ReplayReport:
+    """Step ``step`` (``session.history[k].step``) of the run whose rollout history is ``store``, replayed on
+    ``policy`` with ``loss`` (a policy loss name, a loss function, or None: the step's own), ``estimator`` (an
+    advantage estimator name: the step's rewards get its advantages) and ``overrides`` (``loss_fn.*`` keys without
+    the prefix, e.g. ``ratio_clip_max=0.28``). The caller keeps the generator's other users out meanwhile."""
     record, weights = store.record(step), store.weights(step)
     batch = record.batch
     if estimator is not None:
@@ -102,11 +103,11 @@ def replay(session: Any, step: int, loss: Any = None, estimator: Any = None, **o
     loss_fn = loss_variant(record.loss_fn, loss, overrides)
     rng = capture()
     try:
-        with session.rollouts.exclusive(), weights_swapped_in(session.policy, weights):
-            taken = gradient(session.policy, record.batch, record.loss_fn)
+        with weights_swapped_in(policy, weights):
+            taken = gradient(policy, record.batch, record.loss_fn)
             same = loss_fn is record.loss_fn and batch is record.batch
-            replayed = taken if same else gradient(session.policy, batch, loss_fn)
-            tokens = evaluate_loss_per_token(session.policy, batch, loss_fn)
+            replayed = taken if same else gradient(policy, batch, loss_fn)
+            tokens = evaluate_loss_per_token(policy, batch, loss_fn)
     finally:
         restore(*rng)
     values = record.metrics.values
@@ -117,8 +118,9 @@ def replay(session: Any, step: int, loss: Any = None, estimator: Any = None, **o
                          "grad_norm": values.get("train/grad_norm", float("nan"))})
 
 
-def named_losses(session: Any, losses: Any) -> dict[str, LossFn]:
+def named_losses(base: LossFn, losses: Any, companions: Callable[[Any], dict[str, Any]]) -> dict[str, LossFn]:
     """``compare_losses``'s losses by name: a mapping name -> policy loss name or loss function, or a sequence of
-    policy loss names; a name switched to brings its preset's companion settings, as ``configure`` does."""
+    policy loss names, each a variant of ``base``; a name switched to brings the companion settings
+    ``companions(name)`` gives (its preset's, as ``configure`` does)."""
     named = losses if isinstance(losses, dict) else {name: name for name in losses}
-    return {key: loss_variant(session.loss_fn, value, session._companions(value)) for key, value in named.items()}
+    return {key: loss_variant(base, value, companions(value)) for key, value in named.items()}

@@ -15,7 +15,7 @@ Why atomic: a run that dies while writing (SIGKILL, out of memory, a full disk) 
 checkpoint loadable. Everything is written into a hidden sibling folder, each file fsynced, and only then
 renamed into place (a rename within a directory is atomic on POSIX). Overwriting an existing folder takes
 two renames (old aside, new in); a crash between them leaves the old one as ``.<name>.old-*``, which
-:func:`load_session` falls back to. Periodic checkpoints never overwrite: each step has its own folder,
+:func:`resolve_checkpoint` falls back to. Periodic checkpoints never overwrite: each step has its own folder,
 and pruning renames a folder away before deleting it, so a half-deleted folder never looks valid. A resume
 takes the newest checkpoint that reads whole (:func:`resumable_checkpoint`, which warns about each damaged
 newer one) or the one the user chose (:func:`chosen_checkpoint`).
@@ -120,34 +120,35 @@ def _json_dump(obj: Any, path: Path) -> None:
 
 
 # ---- save -----------------------------------------------------------------------------------------------
-def save_session(session: Any, path: str | Path, extra: Optional[Mapping[str, Any]] = None) -> Path:
-    """Write ``session`` to the folder ``path`` atomically (see the module docstring); returns ``path``.
+def save_checkpoint(path: str | Path, policy: Any, run_state: Any, config: RunConfig,
+                    extra: Optional[Mapping[str, Any]] = None) -> Path:
+    """Write a run to the folder ``path`` atomically (see the module docstring): the ``policy``'s state, the
+    ``run_state`` (a :class:`rlkit.run.state.RunState`), the RNG states and ``config``; returns ``path``. The caller
+    keeps async GRPO's producer off the sampler meanwhile (the run's ``rollouts.exclusive()``).
 
     Take it between steps or between stages; ``extra`` (JSON-able) is stored and returned by
     :func:`read_checkpoint_state` (the experiment runner keeps its before-RL accuracy there).
     """
-    policy = session.policy
     if policy is None:
         raise CheckpointError("this session is closed: nothing to save")
-    with session.rollouts.exclusive():  # async GRPO: keep its producer off the sampler meanwhile
-        rng_tensors, rng_meta = rng.capture()
-        state = {
-            "format": FORMAT,
-            "format_version": FORMAT_VERSION,
-            "saved_at": time.time(),
-            "run_state": session.run_state.state_dict(),
-            "rng": rng_meta,
-            "extra": dict(extra or {}),
-        }
+    rng_tensors, rng_meta = rng.capture()
+    state = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "saved_at": time.time(),
+        "run_state": run_state.state_dict(),
+        "rng": rng_meta,
+        "extra": dict(extra or {}),
+    }
 
-        def write(folder: Path) -> None:
-            policy.save_state(folder / POLICY_DIR)  # every rank writes its shard here
-            save_file(rng_tensors, str(folder / "rng.safetensors"), metadata={"format": "pt"})
-            (folder / "config.yaml").write_text(config_to_yaml(session.config))
-            state["files"] = {str(f.relative_to(folder)): f.stat().st_size for f in folder.rglob("*") if f.is_file()}
-            _json_dump(state, folder / "state.json")  # last: its presence says the others are complete
+    def write(folder: Path) -> None:
+        policy.save_state(folder / POLICY_DIR)  # every rank writes its shard here
+        save_file(rng_tensors, str(folder / "rng.safetensors"), metadata={"format": "pt"})
+        (folder / "config.yaml").write_text(config_to_yaml(config))
+        state["files"] = {str(f.relative_to(folder)): f.stat().st_size for f in folder.rglob("*") if f.is_file()}
+        _json_dump(state, folder / "state.json")  # last: its presence says the others are complete
 
-        return write_atomically(path, write)
+    return write_atomically(path, write)
 
 
 # ---- read and load ----------------------------------------------------------------------------------------
@@ -194,38 +195,20 @@ def read_checkpoint_state(path: str | Path) -> dict[str, Any]:
     return state
 
 
-def restore_session_state(session: Any, path: str | Path) -> dict[str, Any]:
-    """Put the state of the checkpoint at ``path`` into a live ``session`` built from a matching config.
-
-    Restores the policy's state (weights, reference, optimizer, schedule, version); then the run state through
-    ``session.restore_run_state`` (which restarts the rollout source and refits the generator); then the RNG
-    states (last, so that nothing after them draws). Returns the checkpoint's ``state.json``.
-    """
-    state = read_checkpoint_state(path)
-    folder = Path(state["folder"])
-    session.policy.load_state(folder / POLICY_DIR)  # refuses another layout before loading anything
-    session.restore_run_state(state["run_state"])
-    rng.restore(load_file(str(folder / "rng.safetensors")), state["rng"])
-    return state
+def restore_rng(state: Mapping[str, Any]) -> None:
+    """The RNG states of the checkpoint whose ``state.json`` is ``state`` (:func:`read_checkpoint_state`): restored
+    last, after the policy and the run state, so that nothing after them draws."""
+    rng.restore(load_file(str(Path(state["folder"]) / "rng.safetensors")), state["rng"])
 
 
-def load_session(cls: Any, path: str | Path, config: Any = None, overrides: Sequence[str] | Mapping = (),
-                 **kwargs: Any) -> Any:
-    """A ``cls`` session built from the checkpoint's config (or ``config``, e.g. to extend a run; plus
-    ``overrides``) with the checkpoint's state restored and the generator refit. ``kwargs`` go to ``cls``
-    (e.g. ``env=``, ``loss_fn=``)."""
-    folder = Path(read_checkpoint_state(path)["folder"])
+def checkpoint_config(folder: str | Path, config: Any = None, overrides: Sequence[str] | Mapping = ()) -> RunConfig:
+    """The run config a session resuming the checkpoint in ``folder`` is built from: the checkpoint's own (or
+    ``config``, e.g. to extend a run), with ``overrides``."""
     if config is None:
-        config = load_config(str(folder / "config.yaml"), overrides)
-    elif overrides:
-        config = load_config(config.model_dump(mode="json") if isinstance(config, RunConfig) else config, overrides)
-    session = cls(config, **kwargs)
-    try:
-        restore_session_state(session, folder)
-    except BaseException:
-        session.close()
-        raise
-    return session
+        return load_config(str(Path(folder) / "config.yaml"), overrides)
+    if overrides:
+        return load_config(config.model_dump(mode="json") if isinstance(config, RunConfig) else config, overrides)
+    return config
 
 
 # ---- periodic checkpoints ------------------------------------------------------------------------------------
@@ -320,23 +303,22 @@ def prune_checkpoints(folder: str | Path, keep_last: int) -> list[Path]:
     return removed
 
 
-def save_periodic(session: Any, folder: str | Path, keep_last: int,
-                  extra: Optional[Mapping[str, Any]] = None) -> Path:
-    """``folder/step_<N>`` for the session's step count, then prune to ``keep_last``."""
+def save_periodic(save: Callable[[Path], Path], folder: str | Path, step: int, keep_last: int) -> Path:
+    """``save(folder/step_<step>)`` (a session's ``save``), then prune ``folder`` to ``keep_last`` checkpoints."""
     clean_stale_temporaries(folder)
-    path = save_session(session, Path(folder) / f"step_{session.step_count:06d}", extra)
+    path = save(Path(folder) / f"step_{step:06d}")
     prune_checkpoints(folder, keep_last)
     return path
 
 
 # ---- export -------------------------------------------------------------------------------------------------
-def export_hf(session: Any, path: str | Path) -> Path:
-    """The policy's current weights as an HF model folder (transformers and vLLM load it), atomically; with
+def export_hf(policy: Any, cfg: Any, path: str | Path) -> Path:
+    """The ``policy``'s current weights as an HF model folder (transformers and vLLM load it), atomically, with the
+    config and tokenizer files of the model folder ``cfg.model_name`` (``cfg``: the run's ``policy`` section); with
     adapters, merged, and the PEFT adapter folder in ``adapter/`` (:func:`rlkit.tracking.export.export_hf_folder`)."""
-    if session.policy is None:
+    if policy is None:
         raise CheckpointError("this session is closed: nothing to export")
-    cfg = session.config.policy
-    return write_atomically(path, lambda tmp: export_hf_folder(session.policy, cfg.model_name, tmp, cfg.lora_cfg))
+    return write_atomically(path, lambda tmp: export_hf_folder(policy, cfg.model_name, tmp, cfg.lora_cfg))
 
 
 @dataclass(frozen=True)

@@ -166,43 +166,47 @@ class Tripwire:
         return "Tripwire()"
 
 
+def run_view(config, policy, env, step=0, generator_version=0, history=()):
+    """A stand-in for the card's run (attributes only: rlkit.run.run.Run's names)."""
+    return SimpleNamespace(config=config, policy=policy, generator=Tripwire(), components=SimpleNamespace(env=env),
+                           loss_fn="RLLoss(ppo_clip)", state=SimpleNamespace(step=step, history=list(history)),
+                           generator_version=generator_version, stale=generator_version != policy.version,
+                           rollouts=None)
+
+
 def test_session_display_reads_attributes_only():
     cfg = load_config("quickstart")
     arch = SimpleNamespace(family="llama", num_layers=2, hidden_size=64)
-    session = SimpleNamespace(
-        config=cfg, policy=Tripwire(version=5, arch=arch, layout=SimpleNamespace(sequence_parallel=False)),
-        generator=Tripwire(), env=SimpleNamespace(name="arithmetic"), loss_fn="RLLoss(ppo_clip)",
-        step_count=5, generator_version=4, history=[StepMetrics(5, 5, {"rollout/reward_mean": 0.25})], rollouts=None,
-    )
-    session.stale = session.generator_version != session.policy.version
+    run = run_view(cfg, Tripwire(version=5, arch=arch, layout=SimpleNamespace(sequence_parallel=False)),
+                   SimpleNamespace(name="arithmetic"), step=5, generator_version=4,
+                   history=[StepMetrics(5, 5, {"rollout/reward_mean": 0.25})])
     from rlkit.notebook.display import session_html, session_summary
 
-    text = session_summary(session)
+    text = session_summary(run)
     assert "step=5" in text and "STALE" in text and "last reward=0.250" in text and "TP=1" in text
-    html = session_html(session)
+    html = session_html(run)
     assert "STALE: call session.refit()" in html and "version 4" in html and "ppo_clip" in html
-    session.policy = None
-    assert session_summary(session).startswith("Session(closed")
+    run.policy = None
+    assert session_summary(run).startswith("Session(closed")
 
 
 def test_session_display_names_the_backend_in_use():
     """A DTensor session shows DTensor and its FSDP layout, not Megatron-Core's TP/PP/CP/EP."""
     from rlkit.notebook.display import session_html, session_summary
 
-    facts = dict(config=None, generator=Tripwire(), env=SimpleNamespace(name="arithmetic"), loss_fn="RLLoss(ppo_clip)",
-                 step_count=0, generator_version=0, stale=False, history=[], rollouts=None)
-    dtensor = SimpleNamespace(**facts)
-    dtensor.config = load_config("quickstart", {"policy.dtensor_cfg.enabled": True, "policy.megatron_cfg.enabled": False})
-    dtensor.policy = Tripwire(version=0, arch=None, dp_size=1)
+    env = SimpleNamespace(name="arithmetic")
+    dtensor = run_view(load_config("quickstart", {"policy.dtensor_cfg.enabled": True,
+                                                  "policy.megatron_cfg.enabled": False}),
+                       Tripwire(version=0, arch=None, dp_size=1), env)
     text = session_summary(dtensor)
     assert "backend=DTensor (FSDP2)" in text and "FSDP2 DP=1" in text and "TP=" not in text
     assert "Megatron" not in text and "Megatron" not in session_html(dtensor)
 
-    megatron = SimpleNamespace(**facts)
-    megatron.config = load_config("quickstart")
-    megatron.policy = Tripwire(version=0, arch=None, layout=SimpleNamespace(sequence_parallel=False))
+    megatron = run_view(load_config("quickstart"),
+                        Tripwire(version=0, arch=None, layout=SimpleNamespace(sequence_parallel=False)), env)
     text = session_summary(megatron)
     assert "backend=Megatron-Core" in text and "TP=1 PP=1 CP=1 EP=1" in text
+
 
 def test_charts_carry_their_points_and_skip_missing_values():
     svg = line_chart("reward", [1, 2, 3, 4], {"mean": [0.1, float("nan"), 0.3, 0.4]})

@@ -1,5 +1,5 @@
 """The policy's optimizer state offloaded to host memory while a colocated engine generates
-(:meth:`rlkit.policy.in_process.InProcessPolicy.offload_optimizer_state`, wired in :mod:`rlkit.stages.refit`).
+(:meth:`rlkit.policy.in_process.InProcessPolicy.offload_optimizer_state`, wired in :class:`rlkit.weight_sync.Handoff`).
 
 On the CPU the offload does nothing by design (the weights live in host memory already), so the CPU tests make
 the policy believe its weights sit on an accelerator (``_offload_frees_memory`` returns True): the real code
@@ -22,6 +22,7 @@ from rlkit.config.components import DTensorConfig, OptimizerConfig, PolicyConfig
 from rlkit.policy.factory import in_process_policy
 from rlkit.policy.in_process import InProcessPolicy
 from rlkit.stages import refit
+from rlkit.weight_sync import Handoff
 from tests.helpers import pg_token_mean_loss, random_batch
 
 ON_CUDA = torch.cuda.is_available()
@@ -153,6 +154,7 @@ class SleepingEngine:
     only: records when it wakes, loads, generates and sleeps, and whether the policy's state was offloaded."""
 
     sleeps_between_rollouts = True
+    releases_weights_for_training = weights_released = False
 
     def __init__(self, policy: InProcessPolicy, log: list[str]):
         self.policy, self.log = policy, log
@@ -192,6 +194,7 @@ def test_hand_off_order_through_a_sleeping_engine(cfg):
     policy.optimizer.register_step_pre_hook(before_optimizer_step)
     try:
         for _ in range(2):
+            Handoff(policy, engine).before_refit()
             refit(policy, engine)
             engine.generate()
             policy.logprobs(B1.input_ids, B1.attention_mask)
@@ -204,6 +207,7 @@ def test_hand_off_order_through_a_sleeping_engine(cfg):
                        f"optimizer.step (IN PLACE, {n} state tensors)"]
         log.clear()
         SleepingEngine.sleeps_between_rollouts = False
+        Handoff(policy, engine).before_refit()
         refit(policy, engine)
         assert log == ["wake+load (IN PLACE)"]
     finally:

@@ -220,14 +220,14 @@ def test_sigterm_stops_rlkit_train_like_ctrl_c_with_a_summary_and_a_nonzero_exit
     folder, cfg = copy_run(finished_run, tmp_path, **{"grpo.max_num_steps": 40})
     config_path = tmp_path / "run.yaml"
     config_path.write_text(config_to_yaml(cfg))
-    show = loop._show_progress
+    show = loop.show_progress
 
-    def show_then_term(session, bar, metrics):
-        show(session, bar, metrics)
+    def show_then_term(bar, metrics, with_kl):
+        show(bar, metrics, with_kl)
         if metrics.step == 6:
             os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(loop, "_show_progress", show_then_term)
+    monkeypatch.setattr(loop, "show_progress", show_then_term)
     previous = signal.getsignal(signal.SIGTERM)
     try:
         assert main(["train", str(config_path), "--quiet", "--resume"]) == 143
@@ -321,10 +321,10 @@ def test_a_disk_that_fills_during_a_run_is_a_clear_error_and_keeps_the_steps_log
     disk = mounted("disk", "size=4m")
     cfg = load_config(finished_run.cfg.model_dump(mode="json"), {
         "logger.log_dir": str(disk), "checkpointing.enabled": False, "logger.wandb_enabled": False})
-    show = loop._show_progress
+    show = loop.show_progress
 
-    def show_then_fill(session, bar, metrics):
-        show(session, bar, metrics)
+    def show_then_fill(bar, metrics, with_kl):
+        show(bar, metrics, with_kl)
         if metrics.step == 2:
             with open(disk / "filler", "wb") as f:
                 try:
@@ -334,7 +334,7 @@ def test_a_disk_that_fills_during_a_run_is_a_clear_error_and_keeps_the_steps_log
                 except OSError:
                     pass
 
-    monkeypatch.setattr(loop, "_show_progress", show_then_fill)
+    monkeypatch.setattr(loop, "show_progress", show_then_fill)
     with pytest.raises(RunFolderError) as info:
         run_experiment(cfg, progress=False)
     assert str(info.value) == (f"cannot write {str(disk / 'run')!r}: the disk is full. Fix: free space there (or point "

@@ -156,7 +156,7 @@ def test_weights_at_lists_snapshots_and_periodic_checkpoints(session):
     from rlkit.tracking.checkpoint import save_periodic
 
     cfg = session.config
-    path = save_periodic(session, Path(cfg.logger.log_dir) / cfg.name / "checkpoints", keep_last=1)
+    path = save_periodic(session.save, Path(cfg.logger.log_dir) / cfg.name / "checkpoints", session.step_count, 1)
     found = session.weights_at()
     assert found[session.step_count + 1] == str(path)  # the weights the next step starts from
     assert [s for s, where in found.items() if where == "snapshot"] == list(session.store.snapshots)

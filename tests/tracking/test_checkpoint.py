@@ -58,7 +58,7 @@ def first_run(warm_model, tmp_path_factory):
                 s.save(ckpt)
         after_failure = file_digests(ckpt)
         leftovers = [p.name for p in tmp.iterdir() if p.name.startswith(".")]
-        export = checkpoint.export_hf(s, tmp / "hf")
+        export = s.export_hf(tmp / "hf")
         batch = s.batch
         policy_logprobs = s.policy.logprobs(batch.input_ids, batch.attention_mask).logprobs
     return SimpleNamespace(cfg=cfg, ckpt=ckpt, tmp=tmp, saved_weights=saved_weights, saved_history=saved_history,
