@@ -47,14 +47,9 @@ class RankPlacement:
 
 
 def pack_size(cfg: PolicyConfig, world_size: int) -> int:
-    """Consecutive ranks that should share a node: a tensor(-and-context)-parallel group, widened to the
-    expert-parallel group when that divides the world; 1 for the other backends (their ranks only split rows)."""
-    if cfg.backend is not cfg.megatron_cfg:
-        return 1
-    m = cfg.megatron_cfg
-    size = m.tensor_model_parallel_size * m.context_parallel_size
-    with_experts = size * m.expert_model_parallel_size
-    return with_experts if world_size % with_experts == 0 else size
+    """Consecutive ranks that should share a node: the backend's rule (Megatron: its tensor- or expert-parallel
+    group); 1 where ranks only split rows."""
+    return cfg.backend_section.ranks_per_node(world_size)
 
 
 def _alive_nodes() -> list[dict[str, Any]]:

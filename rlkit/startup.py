@@ -82,10 +82,11 @@ class StartupReport:
 def policy_engine(config: Any) -> str:
     """The policy backend a config builds, in words (what :func:`rlkit.builders.build_policy` picks)."""
     p = config.policy
-    return p.backend.start_words + (f", {p.num_workers} Ray workers" if p.num_workers > 1 or p.ray_address is not None else "")
+    workers = p.num_workers > 1 or p.ray_address is not None
+    return p.backend_section.start_words + (f", {p.num_workers} Ray workers" if workers else "")
 
 
 def generator_engine(config: Any) -> str:
     """The generation engine a config builds, in words (what :func:`rlkit.builders.build_generation` picks)."""
-    backend = "vLLM" if config.policy.generation.backend == "vllm" else "transformers generate"
-    return backend + (", in this process" if config.generation_colocated else ", in a Ray actor")
+    where = ", in this process" if config.generation_colocated else ", in a Ray actor"
+    return config.policy.generation.engine.words + where

@@ -96,13 +96,11 @@ def cross_section_problems(sections: Mapping[str, Any]) -> list[str]:
             out.append(f"grpo.num_generations_per_prompt=1: the {grpo.advantage_estimator!r} baseline needs >= 2 "
                        "samples per prompt (or use advantage_estimator=reinforce_baseline)")
     if policy is not None:
-        out += precision_problems(policy) + policy.backend.problems(policy) + policy.lora_cfg.problems(policy)
-        if sum(b.enabled for b in policy.backends().values()) != 1:
-            keys = " / ".join(f"policy.{name}_cfg.enabled" for name in policy.backends())
-            out.append(f"{keys}: enable exactly one training backend")
-        if policy.generation.colocated.enabled is False and policy.generation.backend != "vllm":
-            out.append(f"policy.generation.colocated.enabled=false: runs vLLM in a Ray actor, but "
-                       f"policy.generation.backend={policy.generation.backend!r}; "
+        out += policy.backend_problems() + precision_problems(policy) + policy.backend_section.problems(policy)
+        out += policy.lora_cfg.problems(policy)
+        if policy.generation.colocated.enabled is False and not policy.generation.engine.runs_separately:
+            out.append(f"policy.generation.colocated.enabled=false: runs the engine in a Ray actor, which "
+                       f"policy.generation.backend={policy.generation.backend!r} cannot; "
                        "set backend=vllm or colocated.enabled=true")
         out += _model_problems(policy)
         out += _token_budget_problems(policy, "dynamic_batching") + _token_budget_problems(policy, "sequence_packing")
@@ -144,7 +142,7 @@ def precision_problems(policy: Any) -> list[str]:
     vllm = policy.generation.vllm_cfg
     key = "policy.generation.vllm_cfg.precision"
     out = []
-    if policy.generation.backend != "vllm" and vllm.precision != "float32":
+    if not policy.generation.engine.reads_vllm_cfg and vllm.precision != "float32":
         out.append(f"{key}={vllm.precision}: only the vLLM generator has a precision setting; the HF generator "
                    "(policy.generation.backend=hf) samples in float32. Fix: set it to float32 or backend=vllm")
     elif vllm.precision == "fp8" and policy.ray_address is None and not torch.cuda.is_available():
@@ -228,15 +226,16 @@ def _model_problems(policy: Any) -> list[str]:
                 f"folder, or create one: a warm start of a preset with `rlkit sft <preset> --output "
                 f"{policy.model_name}` (what quickstart_lora expects: `rlkit sft quickstart --output "
                 f"{policy.model_name}`), or random weights with `rlkit make-model {policy.model_name}`"]
-    return _head_dim_problems(policy, model_config) + policy.backend.model_problems(policy, model_config,
-                                                                                    policy.num_workers)
+    return _head_dim_problems(policy, model_config) + policy.backend_section.model_problems(policy, model_config,
+                                                                                            policy.num_workers)
 
 
 def _head_dim_problems(policy: Any, model_config: Mapping[str, Any]) -> list[str]:
     """vLLM's CPU attention kernels take a few head sizes only; other sizes fail at the first generate, after
     the policy is built. The engine runs on this machine's CPU when there is no GPU here and no Ray cluster
     (``policy.ray_address``) whose machines this check cannot see."""
-    if policy.generation.backend != "vllm" or policy.ray_address is not None or torch.cuda.is_available():
+    if not policy.generation.engine.cpu_head_dims_limited or policy.ray_address is not None \
+            or torch.cuda.is_available():
         return []
     try:
         check_head_dim(head_dim_of(model_config))
@@ -279,11 +278,11 @@ def _describe(model_config: Mapping[str, Any]) -> str:
 def _data_parallel_problems(policy: Any, key: str, rows: int) -> list[str]:
     """The ``rows`` of one optimizer step (``key``'s value) split evenly over the data-parallel ranks, and with
     pipeline parallelism each rank's share into equal microbatches."""
-    dp, micro = policy.backend.data_parallel_size(policy.num_workers), policy.train_micro_batch_size
+    dp, micro = policy.backend_section.data_parallel_size(policy.num_workers), policy.train_micro_batch_size
     if rows % dp:
         return [f"{key}={rows}: must be a multiple of the data-parallel size {dp} (policy.num_workers="
                 f"{policy.num_workers} / model-parallel ranks)"]
-    if policy.backend.pipelined() and rows // dp > micro and (rows // dp) % micro:
+    if policy.backend_section.pipelined() and rows // dp > micro and (rows // dp) % micro:
         return [f"{key}={rows}: each data-parallel rank's {rows // dp} rows must be a multiple of "
                 f"policy.train_micro_batch_size={micro} (pipeline parallelism runs equal microbatches)"]
     return []
@@ -304,7 +303,7 @@ def _token_budget_problems(policy: Any, name: str) -> list[str]:
            for key, budget in (("train_mb_tokens", section.train_mb_tokens),
                                ("logprob_mb_tokens", section.logprob_mb_tokens))
            if budget is not None and budget < policy.max_total_sequence_length]
-    if policy.backend.pipelined():
+    if policy.backend_section.pipelined():
         out.append(f"policy.{name}.enabled: not with pipeline parallelism (Megatron's schedule runs microbatches "
                    "of one shape); set it false or policy.megatron_cfg.pipeline_model_parallel_size=1")
     return out

@@ -12,6 +12,7 @@ from typing import Any, ClassVar, Literal, Mapping, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, model_validator
 
 from rlkit.config.checks import distributed_optimizer_problems, expert_packing_problems, parallel_layout_problems
+from rlkit.config.engines import ENGINES, GenerationEngine
 from rlkit.models.families import ModelFamily
 from rlkit.models.folder import num_experts_of
 from rlkit.models.pretrained import PRETRAINED, pretrained_folder
@@ -74,15 +75,57 @@ class MegatronOptimizerConfig(Section):
 
 
 class BackendSection(Section):
-    """A training backend's section, ``policy.<name>_cfg``: ``enabled`` picks it (exactly one is enabled). It holds
-    the backend's rules and words (its data-parallel size, pipelining, problems, layout), which validation, the
-    start line and the session card read without importing the backend (:mod:`rlkit.policy.backends` builds it).
-    Every :class:`PolicyConfig` field of this type is a backend."""
+    """A training backend's section, ``policy.<name>_cfg``; ``policy.backend`` names the one that trains. It holds
+    the backend's rules, words and memory facts (its data-parallel size, pipelining, problems, layout, how it
+    shards and recomputes), which validation, the memory plan, the start line and the session card read without
+    importing the backend (:mod:`rlkit.policy.backends` builds it). Every :class:`PolicyConfig` field of this type
+    is a backend."""
 
-    enabled: bool = False
-    name: ClassVar[str]  # the backend's name: policy.<name>_cfg is its key
+    # NeMo-RL's way to choose (policy.<name>_cfg.enabled), read only: validation maps it to policy.backend and
+    # then clears it (None: not said); a flag that disagrees with policy.backend is a config problem
+    enabled: Optional[bool] = Field(None, exclude=True)
+    name: ClassVar[str]  # the backend's name: policy.backend=<name>, and policy.<name>_cfg is its section
     title: ClassVar[str]  # the backend in words on the session card
     start_words: ClassVar[str]  # ... and on the start line
+    # the memory plan's facts (rlkit.config.memory_plan): at policy.precision=bfloat16, a whole bf16 compute copy of
+    # the weights beside the masters (with adapters the frozen base is that copy, held once), not one gathered layer
+    keeps_bf16_twin: ClassVar[bool] = False
+    # attention keeps its T x T scores and probabilities on the CPU (Megatron's local spec; SDPA's kernels keep none)
+    unfused_attention_on_cpu: ClassVar[bool] = False
+    releases_frozen_base: ClassVar[bool] = False  # can honour policy.lora_cfg.release_base_while_generating
+    trains_in_bf16: ClassVar[bool] = True  # policy.precision=bfloat16 (and pure bf16) is open to it
+
+    def weight_shards(self, num_workers: int) -> int:
+        """Ranks one copy of the weights (and their gradients and optimizer state) is split over."""
+        return 1
+
+    def tensor_parallel_size(self) -> int:
+        """Ranks a layer's heads, hidden units and vocabulary are split over."""
+        return 1
+
+    def layers_per_rank(self, layers: int) -> int:
+        return layers
+
+    def recompute(self) -> Optional[str]:
+        """What backward recomputes: "full" (whole layers, keeping each layer's input), "selective" (core
+        attention) or None."""
+        return None
+
+    def fused_head_chunk(self) -> Optional[int]:
+        """Bytes of fp32 logits per chunk when the output layer is fused with the logprobs; None: whole logits."""
+        return None
+
+    def memory_switches(self) -> list[str]:
+        """Settings of this backend that shrink the memory plan, in words."""
+        return []
+
+    def ranks_per_node(self, world_size: int) -> int:
+        """Consecutive ranks that should share a node (:mod:`rlkit.cluster_placement`)."""
+        return 1
+
+    def lora_problems(self, targets: set[str]) -> list[str]:
+        """What this backend cannot do with adapters on the HF projections ``targets``."""
+        return []
 
     def data_parallel_size(self, num_workers: int) -> int:
         """Ranks that hold different rows of a batch."""
@@ -104,13 +147,13 @@ class BackendSection(Section):
         """What this backend cannot do on this model (its HF config) with ``world_size`` ranks."""
         if not num_experts_of(model_config):
             return []
-        return [f"policy.{self.name}_cfg.enabled: {policy.model_name!r} is a Mixture-of-Experts model, which the "
-                f"{self.title} backend does not train yet; enable policy.megatron_cfg instead"]
+        return [f"policy.backend={self.name}: {policy.model_name!r} is a Mixture-of-Experts model, which the "
+                f"{self.title} backend does not train yet; set policy.backend=megatron instead"]
 
 
 class MegatronConfig(BackendSection):
     name, title, start_words = "megatron", "Megatron-Core", "Megatron-Core"
-    enabled: bool = True
+    keeps_bf16_twin = unfused_attention_on_cpu = releases_frozen_base = True
     tensor_model_parallel_size: int = Field(1, ge=1)
     pipeline_model_parallel_size: int = Field(1, ge=1)
     context_parallel_size: int = Field(1, ge=1)
@@ -138,6 +181,9 @@ class MegatronConfig(BackendSection):
     @property
     def fused_head_chunk_bytes(self) -> int:
         return max(1, int(self.fused_head_chunk_mib * 2**20))
+
+    def fused_head_chunk(self) -> Optional[int]:  # rlkit.policy.megatron.head, which pipeline stages do not use
+        return self.fused_head_chunk_bytes if self.pipeline_model_parallel_size == 1 else None
 
     def recompute_settings(self) -> dict[str, Any]:
         """The three recompute keys, as Megatron's ``TransformerConfig`` takes them."""
@@ -170,6 +216,40 @@ class MegatronConfig(BackendSection):
     def pipelined(self) -> bool:
         return self.pipeline_model_parallel_size > 1
 
+    def weight_shards(self, num_workers: int) -> int:
+        return self.tensor_model_parallel_size * self.pipeline_model_parallel_size
+
+    def tensor_parallel_size(self) -> int:
+        return self.tensor_model_parallel_size
+
+    def layers_per_rank(self, layers: int) -> int:
+        return layers // self.pipeline_model_parallel_size
+
+    def recompute(self) -> Optional[str]:
+        return self.recompute_granularity
+
+    def memory_switches(self) -> list[str]:
+        return ["tensor parallelism (policy.megatron_cfg.tensor_model_parallel_size > 1 with policy.num_workers "
+                "devices: weights, gradients and optimizer state split)"]
+
+    def ranks_per_node(self, world_size: int) -> int:
+        """A tensor(-and-context)-parallel group, widened to the expert-parallel group when that divides the
+        world."""
+        size = self.tensor_model_parallel_size * self.context_parallel_size
+        with_experts = size * self.expert_model_parallel_size
+        return with_experts if world_size % with_experts == 0 else size
+
+    def lora_problems(self, targets: set[str]) -> list[str]:
+        out = []
+        if self.pipeline_model_parallel_size > 1:
+            out.append("policy.lora_cfg.enabled: adapters under pipeline parallelism are not built yet; set "
+                       "policy.megatron_cfg.pipeline_model_parallel_size=1 (tensor parallelism works)")
+        for fused, parts in LORA_FUSED_MODULES.items():
+            if 0 < len(targets & set(parts)) < len(parts):
+                out.append(f"policy.lora_cfg.target_modules: Megatron fuses {', '.join(parts)} into {fused}, so "
+                           f"their adapters come together; name all of them (or {fused}), or none")
+        return out
+
     def problems(self, policy: "PolicyConfig") -> list[str]:
         return distributed_optimizer_problems(policy) + expert_packing_problems(policy) + self.recompute_problems()
 
@@ -186,25 +266,35 @@ class DTensorConfig(BackendSection):
     def layout_words(self, num_workers: int) -> str:
         return f"FSDP2 DP={num_workers} (no TP/PP/CP/EP)"
 
+    def weight_shards(self, num_workers: int) -> int:
+        return num_workers
+
+    def recompute(self) -> Optional[str]:
+        return "full" if self.activation_checkpointing else None
+
 
 class HFPolicyConfig(BackendSection):
     """transformers' model in one process, unsharded (:mod:`rlkit.policy.hf`): the simplest backend, for
     debugging a loss."""
 
     name, title, start_words = "hf", "transformers (one process)", "transformers, one process"
+    trains_in_bf16 = False
     activation_checkpointing: bool = False  # recompute each decoder layer in backward (as policy.dtensor_cfg)
 
     def layout_words(self, num_workers: int) -> str:
         return "one process, no sharding"
 
+    def recompute(self) -> Optional[str]:
+        return "full" if self.activation_checkpointing else None
+
     def problems(self, policy: "PolicyConfig") -> list[str]:
         return [] if policy.precision == "float32" else [
-            f"policy.precision={policy.precision}: the transformers backend (policy.hf_cfg) trains in float32 only; "
-            "set policy.precision=float32, or use policy.dtensor_cfg or policy.megatron_cfg"]
+            f"policy.precision={policy.precision}: the transformers backend (policy.backend=hf) trains in float32 "
+            "only; set policy.precision=float32, or use policy.backend=dtensor or megatron"]
 
     def model_problems(self, policy: "PolicyConfig", model_config: Mapping[str, Any], world_size: int) -> list[str]:
-        many = [f"policy.num_workers={world_size}: the transformers backend (policy.hf_cfg) runs one rank; set "
-                "policy.num_workers=1, or use policy.dtensor_cfg or policy.megatron_cfg"] if world_size > 1 else []
+        many = [f"policy.num_workers={world_size}: the transformers backend (policy.backend=hf) runs one rank; set "
+                "policy.num_workers=1, or use policy.backend=dtensor or megatron"] if world_size > 1 else []
         return many + super().model_problems(policy, model_config, world_size)
 
 
@@ -274,19 +364,11 @@ class LoraConfig(Section):
         if not targets:
             out.append("policy.lora_cfg: no linear layer gets an adapter; set policy.lora_cfg.target_modules "
                        "(e.g. [q_proj, v_proj]) or policy.lora_cfg.match_all_linear=true")
-        if self.release_base_while_generating and policy.backend.name != "megatron":
-            out.append(f"policy.lora_cfg.release_base_while_generating: built for the megatron backend only (the "
-                       f"{policy.backend.name} backend's base is held by transformers and peft); use "
-                       f"policy.megatron_cfg.enabled=true, or set it to false")
-        if policy.backend.name == "megatron":
-            if policy.megatron_cfg.pipeline_model_parallel_size > 1:
-                out.append("policy.lora_cfg.enabled: adapters under pipeline parallelism are not built yet; set "
-                           "policy.megatron_cfg.pipeline_model_parallel_size=1 (tensor parallelism works)")
-            for fused, parts in LORA_FUSED_MODULES.items():
-                if 0 < len(targets & set(parts)) < len(parts):
-                    out.append(f"policy.lora_cfg.target_modules: Megatron fuses {', '.join(parts)} into {fused}, so "
-                               f"their adapters come together; name all of them (or {fused}), or none")
-        return out
+        if self.release_base_while_generating and not policy.backend_section.releases_frozen_base:
+            able = " or ".join(n for n, s in policy.backends().items() if s.releases_frozen_base)
+            out.append(f"policy.lora_cfg.release_base_while_generating: not built for the {policy.backend} backend "
+                       f"(its base is held by transformers and peft); use policy.backend={able}, or set it to false")
+        return out + policy.backend_section.lora_problems(targets)
 
 
 class DynamicBatchingConfig(Section):
@@ -342,13 +424,13 @@ def generation_colocated(generation: "GenerationConfig", async_grpo: bool) -> bo
     Set it to keep a choice. Read it through ``RunConfig.generation_colocated``."""
     if generation.colocated.enabled is not None:
         return generation.colocated.enabled
-    return not (async_grpo and generation.backend == "vllm")
+    return not (async_grpo and generation.engine.runs_separately)
 
 
 class GenerationConfig(Section):
     """The generator: backend, sampling settings, refit bucket size, vLLM engine settings, placement."""
 
-    backend: Literal["vllm", "hf"] = "vllm"
+    backend: Literal[tuple(ENGINES)] = "vllm"  # type: ignore[valid-type]  # rlkit.config.engines
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: Optional[int] = Field(None, ge=1)
@@ -357,6 +439,11 @@ class GenerationConfig(Section):
     refit_bucket_size_mb: float = Field(256.0, gt=0)  # cap per weight-sync bucket (whole fused groups)
     vllm_cfg: VllmConfig = VllmConfig()
     colocated: ColocatedConfig = ColocatedConfig()
+
+    @property
+    def engine(self) -> GenerationEngine:
+        """What validation and the memory plan know of the engine ``backend`` names."""
+        return ENGINES[self.backend]
 
 
 class RayClusterConfig(Section):
@@ -384,9 +471,13 @@ def default_model_folder(model_preset: Optional[str], model_family: str, tokeniz
     return f"models/{model_preset}-{model_family}" + ("" if tokenizer == "char" else f"-{tokenizer}")
 
 
+BACKEND_SECTIONS = (MegatronConfig, DTensorConfig, HFPolicyConfig)  # rlkit.policy.backends builds each
+BackendName = Literal[tuple(s.name for s in BACKEND_SECTIONS)]  # type: ignore[valid-type]
+
+
 class PolicyConfig(Section):
-    """The trained model: its folder (or the preset to make there), batch sizes, optimizer, parallel layout,
-    and the generation engine that samples from it."""
+    """The trained model: its folder (or the preset to make there), batch sizes, optimizer, the training backend
+    and its parallel layout, and the generation engine that samples from it."""
 
     # an HF model folder (make one with `rlkit make-model`); default: models/<model_preset>-<model_family>
     model_name: Optional[str] = None
@@ -414,7 +505,10 @@ class PolicyConfig(Section):
     ray_cfg: RayClusterConfig = RayClusterConfig()
     optimizer: OptimizerConfig = OptimizerConfig()
     scheduler: SchedulerConfig = SchedulerConfig()
-    megatron_cfg: MegatronConfig = MegatronConfig()  # the training backends: exactly one enabled
+    # the training backend; its settings are policy.<backend>_cfg. NeMo-RL's policy.<name>_cfg.enabled flags choose
+    # it too, when policy.backend is not given (dtensor_cfg.enabled=true megatron_cfg.enabled=false: dtensor)
+    backend: BackendName = "megatron"
+    megatron_cfg: MegatronConfig = MegatronConfig()
     dtensor_cfg: DTensorConfig = DTensorConfig()
     hf_cfg: HFPolicyConfig = HFPolicyConfig()
     dynamic_batching: DynamicBatchingConfig = DynamicBatchingConfig()
@@ -432,17 +526,51 @@ class PolicyConfig(Section):
             data = {**data, "model_name": default_model_folder(data.get("model_preset"), family, tokenizer)}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _backend_of_the_nemo_rl_flags(cls, data: Any) -> Any:
+        """NeMo-RL's ``policy.<name>_cfg.enabled`` flags read as ``policy.backend``: without ``backend``, the one
+        flag that is true chooses. Flags that agree with the backend are then cleared; any that disagree are kept
+        for :meth:`backend_problems` to report with the other problems."""
+        if not isinstance(data, dict):
+            return data
+        keys = {f.default.name: key for key, f in cls.model_fields.items() if isinstance(f.default, BackendSection)}
+        sections = {name: data[key] for name, key in keys.items() if key in data}
+        said = {name: flag for name, section in sections.items()
+                if isinstance(flag := (section.get("enabled") if isinstance(section, dict)
+                                       else getattr(section, "enabled", None)), bool)}
+        if not said:
+            return data
+        chosen = [name for name, flag in said.items() if flag]
+        backend = data.get("backend", chosen[0] if len(chosen) == 1 else cls.model_fields["backend"].default)
+        if any(flag != (name == backend) for name, flag in said.items()):
+            return data
+        cleared = {keys[name]: ({**section, "enabled": None} if isinstance(section, dict)
+                                else section.model_copy(update={"enabled": None}))
+                   for name, section in sections.items() if name in said}
+        return {**data, **cleared, "backend": backend}
+
     def backends(self) -> dict[str, BackendSection]:
         """Every backend's section by name (the fields of type :class:`BackendSection`)."""
         sections = (getattr(self, key) for key in type(self).model_fields)
         return {s.name: s for s in sections if isinstance(s, BackendSection)}
 
     @property
-    def backend(self) -> BackendSection:
-        """The backend this config builds, read here only: the enabled section (validation requires exactly
-        one); with several enabled, the first other than Megatron's, whose section is enabled by default."""
-        enabled = [s for s in self.backends().values() if s.enabled]
-        return next((s for s in enabled if s.name != "megatron"), self.megatron_cfg)
+    def backend_section(self) -> BackendSection:
+        """The section of the backend this config trains with (``policy.backend``)."""
+        return self.backends()[self.backend]
+
+    def backend_problems(self) -> list[str]:
+        """NeMo-RL ``enabled`` flags that choose another backend than ``policy.backend`` (validation clears
+        those that agree; ``model_copy`` does not validate)."""
+        said = {name: s.enabled for name, s in self.backends().items() if s.enabled is not None}
+        if all(flag == (name == self.backend) for name, flag in said.items()):
+            return []
+        flags = " and ".join(f"policy.{name}_cfg.enabled={str(flag).lower()}" for name, flag in said.items())
+        default = "" if "backend" in self.model_fields_set else " (the default)"
+        return [f"policy.backend={self.backend}{default} and {flags} choose different training backends. Fix: set "
+                f"policy.backend alone ({' | '.join(self.backends())}) and drop the enabled flags (NeMo-RL's way to "
+                "choose, read only when they agree with it)"]
 
     @property
     def pure_bf16(self) -> bool:

@@ -46,6 +46,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from rlkit.config.engines import BYTES_PER_PARAMETER
 from rlkit.config.run import RunConfig
 from rlkit.errors import ConfigError
 from rlkit.models.factory import head_dim_of
@@ -163,22 +164,17 @@ def switches(config: RunConfig, plan: MemoryPlan) -> list[str]:
     if p.precision == "float32" and p.generation.vllm_cfg.precision == "float32":
         out.append("policy.precision=bfloat16 and policy.generation.vllm_cfg.precision=bfloat16 (bf16 compute, "
                    "a bf16 engine copy)")
-    if not p.pure_bf16 and p.backend.name != "hf" and trained:
+    if not p.pure_bf16 and p.backend_section.trains_in_bf16 and trained:
         out.append("pure bf16 (policy.precision=bfloat16 policy.optimizer.main_params_dtype=bfloat16: weights, "
                    "gradients and AdamW moments in bf16, no fp32 masters; loses updates below bf16's resolution)")
-    if p.backend.name == "megatron":
-        out.append(f"tensor parallelism (policy.megatron_cfg.tensor_model_parallel_size > 1 with "
-                   f"policy.num_workers devices: weights, gradients and optimizer state split)")
+    out += p.backend_section.memory_switches()
     out.append(f"a smaller policy.train_micro_batch_size (now {p.train_micro_batch_size}) or "
                f"policy.max_total_sequence_length (now {p.max_total_sequence_length})")
     return out
 
 
 def _recompute(config: RunConfig) -> bool:
-    backend = config.policy.backend
-    if backend.name == "megatron":
-        return backend.recompute_granularity is not None
-    return backend.activation_checkpointing
+    return config.policy.backend_section.recompute() is not None
 
 
 def this_device(config: RunConfig) -> Device:
@@ -211,13 +207,10 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
         hf_config = read_hf_config(config.policy.model_name, check_weights=False)
     shape = ModelShape.of(hf_config)
     device = device or this_device(config)
-    p, backend = config.policy, config.policy.backend
+    p, backend = config.policy, config.policy.backend_section
     n = p.num_workers
-    if backend.name == "megatron":
-        tp, pp = backend.tensor_model_parallel_size, backend.pipeline_model_parallel_size
-        shard, layers_here, dp = tp * pp, shape.layers // pp, max(1, n // (tp * pp))
-    else:
-        tp, shard, layers_here, dp = 1, (n if backend.name == "dtensor" else 1), shape.layers, n
+    tp, shard, dp = backend.tensor_parallel_size(), backend.weight_shards(n), backend.data_parallel_size(n)
+    layers_here = backend.layers_per_rank(shape.layers)
     item = 2 if p.pure_bf16 else 4  # bytes of a weight the optimizer updates (and of its gradient and moments)
     weights = shape.parameters * item // shard
     lora = p.lora_cfg
@@ -231,19 +224,19 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
     bf16 = p.precision == "bfloat16"
     parts = {"weights": weights, "bf16 twin": 0, "gradients": trained, "optimizer state": 2 * trained,
              "reference": weights if needs_reference(config) and not lora.enabled else 0, "adapters": adapters}
-    base_once = bf16 and lora.enabled and backend.name == "megatron" and not p.pure_bf16  # base held once, in bf16
+    base_once = bf16 and lora.enabled and backend.keeps_bf16_twin and not p.pure_bf16  # base held once, in bf16
     if base_once:
         parts["weights"] = weights // 2
     elif bf16 and not p.pure_bf16:
-        parts["bf16 twin"] = weights // 2 if backend.name == "megatron" else shape.largest_layer * 2
+        parts["bf16 twin"] = weights // 2 if backend.keeps_bf16_twin else shape.largest_layer * 2
     rows = p.train_global_batch_size or config.grpo.num_prompts_per_step * config.grpo.num_generations_per_prompt
     micro = min(p.train_micro_batch_size, max(1, -(-rows // dp)))
     parts["activations"] = _activation_bytes(shape, config, micro, layers_here, tp, 2 if bf16 else 4, device)
     t = p.max_total_sequence_length
     logprob_rows = min(p.logprob_batch_size, max(1, -(-rows // dp)))
     logits = max(micro, logprob_rows) * t * (shape.vocab // tp) * 4  # the fp32 logits of the larger pass
-    chunk = p.megatron_cfg.fused_head_chunk_bytes
-    fused_head = backend.name == "megatron" and backend.pipeline_model_parallel_size == 1 and logits > chunk
+    chunk = backend.fused_head_chunk()
+    fused_head = chunk is not None and logits > chunk
     if fused_head:  # rlkit.policy.megatron.head: a chunk's logits, softmax and gradient, and the head's gradient
         head_gradient = 0 if lora.enabled else shape.vocab // tp * shape.hidden * (2 if bf16 else 4)
         parts["logits"] = 3 * chunk + head_gradient
@@ -274,11 +267,12 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
                "weight snapshots": (f"history.snapshots={snapshots} copies of what trains, for replay" if snapshots else
                                     "(none: history.full_weight_snapshots=false, adapters off)")}
     engine_weights, kv = _engine_bytes(config, hf_config, shape, device)
-    reasons["engine weights"] = f"{p.generation.backend} copy in {p.generation.vllm_cfg.precision if p.generation.backend == 'vllm' else 'float32'}"
+    engine = p.generation.engine
+    reasons["engine weights"] = f"{engine.name} copy in {engine.precision(p.generation.vllm_cfg)}"
     if engine_weights and device.name == "cpu" and p.generation.vllm_cfg.release_weights_for_training:
         # only while training: the step's transients and the gradient buffers (freed at each refit)
         transients = parts["activations"] + parts["logits"] + parts["optimizer step"] + parts["gradients"]
-        base_released = lora.releases_base and backend.name == "megatron"
+        base_released = lora.releases_base and backend.releases_frozen_base
         if base_released:  # the frozen base is out while the engine holds its copy, and back while it is released
             transients += parts["weights"]
         engine_weights = max(0, engine_weights - transients)
@@ -287,7 +281,7 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
     parts["engine weights"], parts["KV cache"] = engine_weights, kv
     kv_words = f"kv_cache_space_gib={p.generation.vllm_cfg.kv_cache_space_gib}" if device.name == "cpu" \
         else "gpu_memory_utilization less its weights"
-    reasons["KV cache"] = kv_words if p.generation.backend == "vllm" else "(transformers' generate: per call)"
+    reasons["KV cache"] = kv_words if engine.reads_vllm_cfg else f"({engine.words}: per call)"
     parts["runtime"] = RUNTIME_CPU_BYTES if device.name == "cpu" else RUNTIME_CUDA_BYTES
     reasons["runtime"] = "libraries and engines' own state (measured)" if device.name == "cpu" else "CUDA context"
     return MemoryPlan(parts, reasons, device, n)
@@ -303,10 +297,10 @@ def _activation_bytes(shape: ModelShape, config: RunConfig, micro: int, layers: 
     h, q, kv, f = shape.hidden, shape.heads * shape.head_dim // tp, shape.kv_heads * shape.head_dim // tp, shape.ffn // tp
     t = config.policy.max_total_sequence_length
     per_token = 6 * h + 3 * (q + 2 * kv) + q + 4 * f
-    backend = config.policy.backend
-    unfused = backend.name == "megatron" and device.name == "cpu"  # (SDPA's fused kernels keep no T x T matrix)
+    backend = config.policy.backend_section
+    unfused = backend.unfused_attention_on_cpu and device.name == "cpu"  # (SDPA's fused kernels keep no T x T matrix)
     attention = 2 * (shape.heads // tp) * t * t if unfused else 0
-    selective = backend.name == "megatron" and backend.recompute_granularity == "selective"
+    selective = backend.recompute() == "selective"
     layer = micro * (t * per_token + (0 if selective else attention)) * item
     if _recompute(config) and not selective:
         return micro * t * h * item * layers + layer
@@ -343,13 +337,13 @@ def _engine_bytes(config: RunConfig, hf_config: Mapping[str, Any], shape: ModelS
     g = config.policy.generation
     if not config.generation_colocated:
         return 0, 0
-    if g.backend == "hf":
-        return shape.parameters * 4, 0
-    per_param = {"float32": 4, "bfloat16": 2, "fp8": 1}[g.vllm_cfg.precision]
+    per_param = BYTES_PER_PARAMETER[g.engine.precision(g.vllm_cfg)]
     weights = shape.parameters * per_param
-    if device.name == "cpu":  # the output head's prepacked kernel, a second copy of its table, tied or not; and while
-        # loading the input embedding's, which rlkit drops after each load (rlkit.generation.vllm_cpu_kernels)
-        return weights + 2 * shape.vocab * shape.hidden * per_param, kv_cache_bytes(config, hf_config)
+    if not g.engine.reads_vllm_cfg:  # (no cache held between calls)
+        return weights, 0
+    if device.name == "cpu":  # copies of the output head's table, tied or not (GenerationEngine.cpu_head_copies)
+        head_copies = g.engine.cpu_head_copies * shape.vocab * shape.hidden * per_param
+        return weights + head_copies, kv_cache_bytes(config, hf_config)
     return weights, max(0, int(g.vllm_cfg.gpu_memory_utilization * device.capacity) - weights)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Callable
 
 from rlkit.config.components import PolicyConfig
+from rlkit.errors import ConfigError
 from rlkit.models.factory import read_hf_config
 from rlkit.policy.in_process import InProcessPolicy
 
@@ -58,4 +59,7 @@ def in_process_policy(cfg: PolicyConfig, seed: int = 0) -> InProcessPolicy:
         from rlkit.host_memory import return_freed_memory_to_os
 
         return_freed_memory_to_os()
-    return BACKENDS[cfg.backend.name](cfg, seed)
+    problems = cfg.backend_problems()  # (a model_copy that set NeMo-RL's flags instead of policy.backend)
+    if problems:
+        raise ConfigError(problems)
+    return BACKENDS[cfg.backend](cfg, seed)

@@ -194,7 +194,7 @@ class RayPolicyGroup:
         self._started_ray = False
         self._broken: Optional[str] = None
         self._closed = False
-        problems = cfg.backend.model_problems(cfg, read_hf_config(cfg.model_name), world_size)
+        problems = cfg.backend_section.model_problems(cfg, read_hf_config(cfg.model_name), world_size)
         if problems:
             raise ConfigError(problems)
         try:
@@ -452,7 +452,7 @@ class RayPolicyGroup:
         a = self.arch
         if self._closed:
             return f"RayPolicyGroup({a.family}, closed)"
-        backend = self._cfg.backend
+        backend = self._cfg.backend_section
         state = f", BROKEN: {self._broken}" if self._broken else ""
         return (f"RayPolicyGroup({a.family}, {a.num_layers}x{a.hidden_size}, {self.world_size} workers: {backend.title} "
                 f"{backend.layout_words(self.world_size)}, version={self._version}{state})")

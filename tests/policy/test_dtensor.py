@@ -78,11 +78,13 @@ def test_gradient_is_the_same_over_1_and_4_microbatches(cfg):
 
 def test_backend_selection_is_validated(tmp_path):
     base = {"policy.model_name": str(tmp_path / "m"), "policy.model_preset": "nano", "sft.enabled": False}
-    config = load_config("quickstart", dict(base, **{"policy.dtensor_cfg.enabled": True,
-                                                     "policy.megatron_cfg.enabled": False}))
-    assert config.policy.dtensor_cfg.enabled
-    with pytest.raises(ConfigError, match="enable exactly one training backend"):
-        load_config("quickstart", dict(base, **{"policy.dtensor_cfg.enabled": True}))
+    config = load_config("quickstart", dict(base, **{"policy.backend": "dtensor"}))
+    assert config.policy.backend_section is config.policy.dtensor_cfg
+    nemo_rl = load_config("quickstart", dict(base, **{"policy.dtensor_cfg.enabled": True,
+                                                      "policy.megatron_cfg.enabled": False}))
+    assert nemo_rl == config
+    with pytest.raises(ConfigError, match="choose different training backends"):
+        load_config("quickstart", dict(base, **{"policy.backend": "megatron", "policy.dtensor_cfg.enabled": True}))
 
 
 def test_grpo_step_through_the_session_on_dtensor(tmp_path):

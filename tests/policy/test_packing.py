@@ -15,7 +15,7 @@ purpose). The batch holds a row of one token and a row that fills the whole trai
 import pytest
 import torch
 
-from rlkit.config.components import DTensorConfig, MegatronConfig, OptimizerConfig, PolicyConfig, SequencePackingConfig
+from rlkit.config.components import MegatronConfig, OptimizerConfig, PolicyConfig, SequencePackingConfig
 from rlkit.errors import ConfigError
 from rlkit.policy.factory import in_process_policy
 from rlkit.policy.packing import pack_rows, packed_tokens, packing_plan
@@ -125,7 +125,7 @@ def packing(cfg, **budget):
 
 
 def dtensor(cfg):
-    return cfg.model_copy(update={"dtensor_cfg": DTensorConfig(enabled=True), "megatron_cfg": MegatronConfig(enabled=False)})
+    return cfg.model_copy(update={"backend": "dtensor"})
 
 
 @pytest.mark.parametrize("backend", ["megatron", "dtensor"])

@@ -1,0 +1,41 @@
+"""The generation engines as config knows them: what validation, the memory plan and the start line need of each
+``policy.generation.backend``, without importing the engine (:mod:`rlkit.generation.engines` builds it).
+
+Why a record per engine: each fact is read where it matters (a check, a plan part, a word on the start line), so a
+new engine is one line here and one in :mod:`rlkit.generation.engines`, and no module branches on an engine's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+BYTES_PER_PARAMETER = {"float32": 4, "bfloat16": 2, "fp8": 1}  # an engine's weights by its precision
+
+
+@dataclass(frozen=True)
+class GenerationEngine:
+    name: str  # its policy.generation.backend
+    words: str  # on the start line
+    # reads policy.generation.vllm_cfg (precision, KV cache, memory share); otherwise it samples in float32 and holds
+    # nothing between calls
+    reads_vllm_cfg: bool
+    # can run in its own Ray actor, refit by broadcast (policy.generation.colocated.enabled=false); unset, async GRPO
+    # puts it there
+    runs_separately: bool
+    # copies of the output head's table beside its weights on the CPU (vLLM: the prepacked kernel, and while it
+    # loads the input embedding's, which rlkit drops after each load: rlkit.generation.vllm_cpu_kernels)
+    cpu_head_copies: int
+    # its CPU attention kernels take a few head sizes only (rlkit.models.factory.check_head_dim)
+    cpu_head_dims_limited: bool
+
+    def precision(self, vllm_cfg) -> str:
+        """The precision its weights are held in."""
+        return vllm_cfg.precision if self.reads_vllm_cfg else "float32"
+
+
+ENGINES = {e.name: e for e in (
+    GenerationEngine("vllm", "vLLM", reads_vllm_cfg=True, runs_separately=True, cpu_head_copies=2,
+                     cpu_head_dims_limited=True),
+    GenerationEngine("hf", "transformers generate", reads_vllm_cfg=False, runs_separately=False, cpu_head_copies=0,
+                     cpu_head_dims_limited=False),
+)}
