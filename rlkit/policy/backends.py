@@ -2,10 +2,10 @@
 
 A backend is three pieces, none of which any other module branches on:
 
-- its config section in :mod:`rlkit.config.components` (a ``BackendSection`` field of ``PolicyConfig``): its key
-  ``policy.<name>_cfg.enabled``, its validation and layout rules, its words for the start line and the session
-  card. Config validation reads them without importing a backend; ``PolicyConfig.backend`` is the one place
-  that reads which backend is enabled;
+- its config section in :mod:`rlkit.config.components` (a ``BackendSection`` field of ``PolicyConfig``, listed in
+  ``BACKEND_SECTIONS``): its settings ``policy.<name>_cfg``, chosen by ``policy.backend=<name>``; its validation
+  and layout rules, its memory-plan facts, its words for the start line and the session card. Config
+  validation and the memory plan read them without importing a backend (``PolicyConfig.backend_section``);
 - its module under ``rlkit/policy/``: a policy on :class:`rlkit.policy.in_process.InProcessPolicy` that states its
   rank facts (``dp_rank``, ``dp_size``, ``leader``: what a Ray worker reports) and, where the backend keeps RNG
   state of its own, registers it with :mod:`rlkit.rng` when imported (Megatron's tracker);

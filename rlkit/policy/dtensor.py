@@ -4,8 +4,8 @@ Why a second backend: it trains transformers' own implementation of the model, w
 (the HF names are the parameter names), and it is the baseline the Megatron backend is measured against. It
 is the plain transformers policy (:class:`rlkit.policy.hf.HFPolicy`: HF weights in and out, full-vocabulary
 logprobs, the gradient norm) sharded, and shares the rest with the Megatron one
-(:class:`rlkit.policy.in_process.InProcessPolicy`), so a notebook switches with
-``policy.dtensor_cfg.enabled=true`` and compares.
+(:class:`rlkit.policy.in_process.InProcessPolicy`), so a notebook switches with ``policy.backend=dtensor`` and
+compares.
 
 What is particular here: gradients *summed* over data-parallel ranks by FSDP itself (its default average is
 switched off, because the loss is already a global-batch value), reduce-scattered once per step.

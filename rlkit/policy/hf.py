@@ -3,7 +3,7 @@
 Why: the simplest policy there is, for debugging a loss. transformers' own model of the folder, no process
 group, no sharding and no weight conversion (the HF names are the parameter names), on the loop, optimizer step,
 reference swap and checkpoints of :class:`rlkit.policy.in_process.InProcessPolicy`. Chosen with
-``policy.hf_cfg.enabled=true policy.megatron_cfg.enabled=false``. The DTensor backend
+``policy.backend=hf``. The DTensor backend
 (:class:`rlkit.policy.dtensor.DTensorPolicy`) is this model sharded with FSDP2, so the methods here accept
 DTensor parameters (each rank then handles its shard).
 

@@ -11,7 +11,7 @@ position or the weights came back wrong.
 import pytest
 import torch
 
-from rlkit.config.components import (DTensorConfig, HFPolicyConfig, MegatronConfig, OptimizerConfig, PolicyConfig,
+from rlkit.config.components import (MegatronConfig, OptimizerConfig, PolicyConfig,
                                      SchedulerConfig)
 from rlkit.policy.architecture import load_hf_state
 from rlkit.policy.backends import in_process_policy
@@ -38,10 +38,9 @@ def build(backend, cfg):
     if backend == "megatron":
         return in_process_policy(cfg)
     if backend == "dtensor":
-        return in_process_policy(cfg.model_copy(update={"dtensor_cfg": DTensorConfig(enabled=True)}))
+        return in_process_policy(cfg.model_copy(update={"backend": "dtensor"}))
     if backend == "hf":
-        return in_process_policy(cfg.model_copy(update={"hf_cfg": HFPolicyConfig(enabled=True),
-                                                        "megatron_cfg": MegatronConfig(enabled=False)}))
+        return in_process_policy(cfg.model_copy(update={"backend": "hf"}))
     from rlkit.policy.workers import RayPolicyGroup
 
     return RayPolicyGroup(cfg.model_copy(update={"megatron_cfg": MegatronConfig(tensor_model_parallel_size=2)}),

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
-from rlkit.config.components import DTensorConfig, OptimizerConfig, PolicyConfig
+from rlkit.config.components import OptimizerConfig, PolicyConfig
 from rlkit.policy.factory import in_process_policy
 from rlkit.policy.in_process import InProcessPolicy
 from rlkit.stages import refit
@@ -36,7 +36,7 @@ def cfg(model_factory):
 
 
 def build(cfg: PolicyConfig, backend: str) -> InProcessPolicy:
-    policy = in_process_policy(cfg.model_copy(update={"dtensor_cfg": DTensorConfig(enabled=backend == "dtensor")}))
+    policy = in_process_policy(cfg.model_copy(update={"backend": backend}))
     if not ON_CUDA:
         policy._offload_frees_memory = lambda: True  # run the moves on the CPU (module docstring)
     return policy

@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 
-from rlkit.config.components import DTensorConfig, MegatronConfig, OptimizerConfig, PolicyConfig
+from rlkit.config.components import MegatronConfig, OptimizerConfig, PolicyConfig
 from rlkit.errors import ConfigError
 from rlkit.policy.megatron.policy import MegatronPolicy
 from tests.helpers import pg_token_mean_loss, random_batch
@@ -343,8 +343,7 @@ def test_dtensor_policy_runs_data_parallel_in_the_group(ray_cluster, model_cfg, 
     Compared with the single-process Megatron reference at the DTensor-vs-Megatron tolerances."""
     from rlkit.policy.workers import RayPolicyGroup
 
-    cfg = model_cfg.model_copy(update={"dtensor_cfg": DTensorConfig(enabled=True),
-                                       "megatron_cfg": MegatronConfig(enabled=False)})
+    cfg = model_cfg.model_copy(update={"backend": "dtensor"})
     group = RayPolicyGroup(cfg, world_size=2, seed=0)
     try:
         assert [(r.dp_rank, r.dp_size) for r in group.ranks] == [(0, 2), (1, 2)]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from rlkit.algorithms import LossParams, RLLoss
-from rlkit.config.components import DTensorConfig, HFPolicyConfig, MegatronConfig, OptimizerConfig, PolicyConfig
+from rlkit.config.components import MegatronConfig, OptimizerConfig, PolicyConfig
 from rlkit.policy.backends import in_process_policy
 from rlkit.policy.per_token import evaluate_loss_per_token
 from rlkit.policy.snapshots import capture_state, capture_weights, gradient, load_state
@@ -32,9 +32,8 @@ def build(backend, cfg):
     if backend == "megatron":
         return in_process_policy(cfg)
     if backend == "dtensor":
-        return in_process_policy(cfg.model_copy(update={"dtensor_cfg": DTensorConfig(enabled=True)}))
-    return in_process_policy(cfg.model_copy(update={"hf_cfg": HFPolicyConfig(enabled=True),
-                                                    "megatron_cfg": MegatronConfig(enabled=False)}))
+        return in_process_policy(cfg.model_copy(update={"backend": "dtensor"}))
+    return in_process_policy(cfg.model_copy(update={"backend": "hf"}))
 
 
 def off_policy_batch(policy):

@@ -13,7 +13,7 @@ one process's within test_parallel's 1e-5.
 import pytest
 import torch
 
-from rlkit.config.components import DTensorConfig, DynamicBatchingConfig, OptimizerConfig, PolicyConfig
+from rlkit.config.components import DynamicBatchingConfig, OptimizerConfig, PolicyConfig
 from rlkit.errors import ConfigError
 from rlkit.policy.factory import in_process_policy
 from rlkit.policy.token_budget import padded_tokens, row_count_plan, split_to_count, token_budget_plan
@@ -112,7 +112,7 @@ def assert_same(got, ref):
 
 @pytest.mark.parametrize("backend", ["megatron", "dtensor"])
 def test_token_budget_equals_the_padded_path(backend, model_cfg):
-    cfg = model_cfg if backend == "megatron" else model_cfg.model_copy(update={"dtensor_cfg": DTensorConfig(enabled=True)})
+    cfg = model_cfg if backend == "megatron" else model_cfg.model_copy(update={"backend": "dtensor"})
     batch = mixed_length_batch(LENGTHS, t=48)
     ref = run(in_process_policy(cfg), batch)
     got = run(in_process_policy(dynamic(cfg, train_mb_tokens=64, logprob_mb_tokens=96, sequence_length_round=4)), batch)
@@ -128,7 +128,7 @@ def test_two_ranks_with_different_plans_match_one_process(model_cfg, ray_cluster
     from rlkit.policy.workers import RayPolicyGroup
 
     assert [len(token_budget_plan(LENGTHS[rows], 64)) for rows in (slice(0, 6), slice(6, 12))] == [1, 6]
-    cfg = model_cfg.model_copy(update={"dtensor_cfg": DTensorConfig(enabled=True)})
+    cfg = model_cfg.model_copy(update={"backend": "dtensor"})
     batch = mixed_length_batch(LENGTHS, t=48)
     ref = run(in_process_policy(cfg), batch)
     got = run(RayPolicyGroup(dynamic(cfg, train_mb_tokens=64, logprob_mb_tokens=64), world_size=2, seed=0), batch)
