@@ -41,7 +41,7 @@ def main() -> None:
     args = parser.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-    from rlkit.config.components import DTensorConfig, MegatronConfig, PolicyConfig
+    from rlkit.config.components import PolicyConfig
     from rlkit.models import make_model
     from rlkit.models.factory import count_parameters
     from rlkit.policy.dtensor import DTensorPolicy
@@ -52,8 +52,7 @@ def main() -> None:
         path = make_model(f"{tmp}/model", args.preset, "llama", seed=0)
         cfg = PolicyConfig(model_name=str(path), train_micro_batch_size=args.micro_batch, max_total_sequence_length=args.seq)
         megatron = MegatronPolicy(cfg)
-        dtensor = DTensorPolicy(cfg.model_copy(update={"megatron_cfg": MegatronConfig(enabled=False),
-                                                       "dtensor_cfg": DTensorConfig(enabled=True)}))
+        dtensor = DTensorPolicy(cfg.model_copy(update={"backend": "dtensor"}))
         batch = make_batch(args.batch, args.seq, megatron.arch.vocab_size)
         times: dict[str, list[float]] = {"megatron": [], "dtensor": []}
         for i in range(args.warmup + args.steps):

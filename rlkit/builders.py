@@ -20,6 +20,7 @@ from rlkit.envs.judge import RewardComponent, WeightedRewards
 from rlkit.envs.registry import load_reward_fn, reward_fn_path
 from rlkit.errors import CheckpointError, ConfigError
 from rlkit.generation.base import Generator
+from rlkit.generation.engines import in_process_generator
 from rlkit.generation.openai_server import OpenAIEndpoint
 from rlkit.models import make_model, read_hf_config
 from rlkit.models.pretrained import PRETRAINED, get_model
@@ -120,17 +121,8 @@ def build_generation(config: RunConfig) -> tuple[Generator, WeightSync]:
                                         p.generation.vllm_cfg.model_copy(update={"kv_cache_space_gib": kv_gib})})
     engine = dict(max_model_len=p.max_model_len, seed=config.seed)
     bucket_bytes = g.refit_bucket_size_mb * 1e6
-    if g.backend == "hf":  # config validation allows it colocated only
-        from rlkit.generation.hf import HFGenerator
-
-        return HFGenerator(p.model_name, g, **engine), ColocatedWeightSync()
-    try:
-        from rlkit.generation.vllm import VllmGenerator
-    except ImportError as e:  # pragma: no cover - the CPU profile installs vLLM
-        raise ImportError(f"vLLM is not installed ({e}); set policy.generation.backend=hf to use "
-                          "transformers' generate instead") from e
-    if colocated:
-        return VllmGenerator(p.model_name, g, **engine), ColocatedWeightSync()
+    if colocated:  # an engine in this process takes tensors directly (validation keeps hf here)
+        return in_process_generator(p.model_name, g, **engine), ColocatedWeightSync()
     from rlkit.generation.remote import RemoteGenerator
 
     generator = RemoteGenerator(p.model_name, g, **engine, ray_address=p.ray_address,

@@ -27,7 +27,7 @@ def session_facts(run: Any, startup: Any = None) -> dict[str, object]:
         return {"state": "closed (create a new Session to continue)"}
     policy, env = run.policy, run.components.env
     arch = getattr(policy, "arch", None)
-    backend = cfg.policy.backend  # the section build_policy built
+    backend = cfg.policy.backend_section  # the section build_policy built
     facts = {
         "model": f"{cfg.policy.model_name}" + (f" ({arch.family}, {arch.num_layers} layers x {arch.hidden_size})" if arch else ""),
         "backend": backend.title,
