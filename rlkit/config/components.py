@@ -177,6 +177,10 @@ class MegatronConfig(BackendSection):
     # the output layer fused with the logprobs (rlkit.policy.megatron.head) scores tokens in chunks of at most this
     # many MiB of fp32 logits [tokens, vocabulary/TP]; a pass whose logits fit in one chunk keeps the full logits
     fused_head_chunk_mib: float = Field(64.0, gt=0)
+    # the rows that share a prompt (GRPO's G samples of one) as one sequence per group in logprob and train passes,
+    # each prompt computed once (rlkit.policy.megatron.shared_prompt); without sequence/pipeline/context parallelism
+    # and packing, where the ordinary rows are used
+    share_prompts: bool = False
 
     @property
     def fused_head_chunk_bytes(self) -> int:

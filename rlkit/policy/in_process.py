@@ -155,6 +155,12 @@ class InProcessPolicy(MemoryResidency):
         logits = self._logits(input_ids) if packed is None else self._packed_logits(packed)
         return self._scores(logits, input_ids, with_entropy)
 
+    def _shared_prompt_scores(self, input_ids: Tensor, attention_mask: Tensor, with_entropy: bool,
+                              scored: Tensor) -> Optional[list[Tensor]]:
+        """What :meth:`_per_token` returns, from one forward pass that computes each group's shared prompt once,
+        where the backend does so (Megatron: ``policy.megatron_cfg.share_prompts``); None: the ordinary rows."""
+        return None
+
     @property
     def returns_step_logprobs(self) -> bool:
         """Whether a train step can return its logprobs (the backend contract): not through a pipeline, whose last
@@ -294,6 +300,9 @@ class InProcessPolicy(MemoryResidency):
         pass (the rows packed into one sequence with ``policy.sequence_packing``, else trimmed to
         :meth:`_forward_length`)."""
         width = input_ids.shape[1]
+        shared = None if scored is None else self._shared_prompt_scores(input_ids, attention_mask, with_entropy, scored)
+        if shared is not None:
+            return shared
         if self.cfg.sequence_packing.enabled:
             packed = self._pack(input_ids, attention_mask)
             needed = None if scored is None else packed.pack(scored.to(torch.int8)).bool()

@@ -82,6 +82,20 @@ def head_scores(hidden: Tensor, weight: Tensor, input_ids: Tensor, temperature: 
     return shift(logprobs), shift(entropy) if with_entropy else None
 
 
+def pair_scores(rows: Tensor, weight: Tensor, targets: Tensor, temperature: float, with_entropy: bool,
+                chunk_bytes: int) -> tuple[Tensor, Optional[Tensor]]:
+    """rows [n, h] (final-norm outputs, each the position that predicts one token; not split over TP ranks), this
+    rank's head weight [V/tp, h], targets [n] -> logprobs [n] of the targets (differentiable w.r.t. ``rows`` and
+    ``weight``) and, with ``with_entropy``, the entropy [n] of each distribution (no gradient): the fused head of
+    :func:`head_scores` on given (position, token) pairs instead of each position and its successor."""
+    from megatron.core import parallel_state as ps
+
+    rows = copy_to_tensor_model_parallel_region(rows).to(weight.dtype)
+    logprobs, entropy = _ChunkedHeadLogprobs.apply(rows, weight, targets.to(rows.device), temperature,
+                                                  ps.get_tensor_model_parallel_group(), with_entropy, chunk_bytes)
+    return logprobs, entropy if with_entropy else None
+
+
 def _chunk_logits(rows: Tensor, weight: Tensor, temperature: float) -> Tensor:
     """rows [n, h] x weight [V/tp, h] -> fp32 logits [n, V/tp] of the sampling distribution."""
     z = (rows @ weight.t()).float()

@@ -56,6 +56,7 @@ from rlkit.policy.architecture import Architecture, load_hf_state
 from rlkit.policy.frozen_base import FrozenBase
 from rlkit.policy.megatron.build import bf16_twin_of, build_gpt_model, data_parallel_wrapper, transformer_config
 from rlkit.policy.megatron.scores import shifted_entropy, shifted_token_logprobs
+from rlkit.policy.megatron.shared_prompt import rope_at, share_prompts
 from rlkit.policy.packing import PackedRows, pack_rows
 from rlkit.weights import HFGroup
 
@@ -344,6 +345,31 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
                                   self.layout.sequence_parallel, with_entropy, chunk_bytes,
                                   None if scored is None else scored.to(self.device))
         return tuple(v if v is None else v[:, :t] for v in values)
+
+    def _shared_prompt_scores(self, input_ids: Tensor, attention_mask: Tensor, with_entropy: bool,
+                              scored: Tensor) -> Optional[list[Tensor]]:
+        """With ``policy.megatron_cfg.share_prompts``: the rows that share a prompt as one sequence per group
+        (:mod:`.shared_prompt`), scored by the fused head at the positions ``scored`` [b, T] marks -> [logprobs] or
+        [logprobs, entropy], each [b, T], 0 elsewhere. None (the ordinary rows) where no two rows share a prompt,
+        or under a layout the shared sequence does not take (sequence parallel, pipeline, context parallel, packing)."""
+        layout = self.layout
+        if (not self.cfg.megatron_cfg.share_prompts or layout.sequence_parallel or self._pipeline is not None
+                or layout.context_parallel_size > 1 or self.cfg.sequence_packing.enabled):
+            return None
+        shared = share_prompts(input_ids, attention_mask, scored)
+        if shared is None:
+            return None
+        gpt = unwrap_model(self._forward_module)
+        self._forward_module.train(self.model.training)
+        with head.hidden_states_out(gpt), rope_at(gpt, shared.positions):
+            hidden = self._forward_module(shared.input_ids.to(self.device), shared.positions.to(self.device),
+                                          shared.mask.to(self.device))  # [S, g, h]
+        source = shared.source.to(self.device)
+        values = head.pair_scores(hidden[source[:, 1], source[:, 0]], head.output_weight(gpt), shared.targets,
+                                  self.temperature, with_entropy, self.cfg.megatron_cfg.fused_head_chunk_bytes)
+        where = tuple(shared.where.to(input_ids.device).t())
+        return [torch.zeros(input_ids.shape, dtype=v.dtype, device=input_ids.device).index_put(where, v.to(input_ids.device))
+                for v in values if v is not None]
 
     def _rows_group(self):
         return ps.get_data_parallel_group()
