@@ -24,7 +24,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--sandbox", default="auto", choices=("auto", "bwrap", "unshare", "unsafe-process"))
     args = parser.parse_args()
-    from rlkit.envs import sandbox
+    from rlkit import sandbox
 
     backend = sandbox.describe_backend(args.sandbox)
     for _ in range(args.warmup):

@@ -117,7 +117,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_sandbox_check(args: argparse.Namespace) -> int:
-    from rlkit.envs.sandbox_check import main as check
+    from rlkit.sandbox.check import main as check
 
     return check(["--sandbox", args.sandbox])
 

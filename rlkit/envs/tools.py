@@ -11,7 +11,7 @@ something that is not text) the model gets a short ``error: ...`` observation of
 ``MAX_OBSERVATION_CHARS`` characters, never an exception: one bad call must not stop a batch.
 
 Shipped tools: :class:`Calculator` (integer and float arithmetic, parsed with ``ast``, never ``eval``),
-:class:`PythonTool` (a separate process in a kernel sandbox, :mod:`rlkit.envs.sandbox`), and :class:`FunctionTool`,
+:class:`PythonTool` (a separate process in a kernel sandbox, :mod:`rlkit.sandbox`), and :class:`FunctionTool`,
 which wraps any ``str -> str`` function with a wall-clock timeout.
 
 Deliberate simplifications: one call per assistant message; no JSON arguments (the input is the block's text).
@@ -29,8 +29,8 @@ from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, Sequence
 
-from rlkit.envs.sandbox import SandboxLimits, resolve_backend, run_in
-from rlkit.envs.sandbox_kernel import SandboxMode
+from rlkit.sandbox.kernel import SandboxMode
+from rlkit.sandbox.run import SandboxLimits, resolve_backend, run_in
 
 MAX_OBSERVATION_CHARS = 200  # of a tool's result or error shown to the model
 
@@ -87,7 +87,7 @@ class Calculator(Tool):
 
 
 class PythonTool(Tool):
-    """Runs the block as a Python program in the kernel sandbox of :mod:`rlkit.envs.sandbox`; the result is what it
+    """Runs the block as a Python program in the kernel sandbox of :mod:`rlkit.sandbox.run`; the result is what it
     prints. ``sandbox``: ``"auto"`` (bwrap, else unshare), a backend by name, or
     ``"unsafe-process"``. Made where no kernel sandbox works, it raises :class:`SandboxUnavailableError` with the
     cause and the fix, unless ``sandbox="unsafe-process"`` (a warning names what is then lost)."""

@@ -11,7 +11,7 @@ import torch
 
 from rlkit.algorithms import count_valid
 from rlkit.envs import Environment, EnvReturn
-from rlkit.envs.sandbox import SandboxLimits
+from rlkit.sandbox import SandboxLimits
 from rlkit.envs.tool_env import ToolEnvironment
 from rlkit.envs.tools import PythonTool
 from rlkit.errors import RewardError

@@ -1,6 +1,6 @@
 """The attack catalogue of issue 31: programs a policy could write in a ``<python>`` block, and when each counts
-as held. :mod:`rlkit.envs.sandbox_check` runs them against :func:`rlkit.envs.sandbox.run_python` in a victim
-process (standing in for the trainer) and prints the table; ``tests/security/test_sandbox_attacks.py`` asserts
+as held. :mod:`rlkit.sandbox.check` runs them against :func:`rlkit.sandbox.run.run_python` in a victim
+process (standing in for the trainer) and prints the table; ``tests/sandbox/test_attacks.py`` asserts
 every one is held.
 
 An attack's code is a template whose keys are replaced as text (no ``str.format``): ``{bait}`` (a folder of the host with ``bait.txt``, a Unix socket ``sock``),

@@ -1,4 +1,4 @@
-"""What :mod:`rlkit.envs.sandbox` asks of the kernel: the isolating command (``bwrap`` or ``unshare``), the
+"""What :mod:`rlkit.sandbox.run` asks of the kernel: the isolating command (``bwrap`` or ``unshare``), the
 file system the program sees, and a cgroup per call for the total memory and number of processes.
 
 The program sees a tmpfs root holding, read-only: ``/usr`` (with the host's ``/bin``, ``/lib``... links into
@@ -29,8 +29,8 @@ from typing import Literal, Optional
 SandboxMode = Literal["auto", "bwrap", "unshare", "unsafe-process"]
 Backend = Literal["bwrap", "unshare", "unsafe-process"]
 # the child side as a module, not ``-c`` source: its bytecode comes from __pycache__ instead of a compile per call
-_CHILD = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import sandbox_child; "
-          "del sys.path[0]; sandbox_child.main()")
+_CHILD = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import child; "
+          "del sys.path[0]; child.main()")
 _DEVICES = ("/dev/null", "/dev/zero", "/dev/random", "/dev/urandom")
 _counter = itertools.count()
 _STALE: list[str] = []  # cgroups whose processes were still exiting when their call ended

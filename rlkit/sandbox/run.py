@@ -3,7 +3,7 @@ read a secret.
 
 Under RL a policy is rewarded for whatever works, so the boundary is the kernel's, not Python's. Each call runs
 in new user, PID, mount, network, IPC and UTS namespaces, through ``bwrap`` when it is installed and through
-util-linux's ``unshare`` otherwise (:mod:`rlkit.envs.sandbox_kernel`, :mod:`rlkit.envs.sandbox_child`).
+util-linux's ``unshare`` otherwise (:mod:`rlkit.sandbox.kernel`, :mod:`rlkit.sandbox.child`).
 Which guarantee comes from where:
 
 - **the trainer and every other process are out of reach** (no signal, no ``ptrace``, no ``/proc/<pid>``): the
@@ -20,7 +20,7 @@ Which guarantee comes from where:
 - **time, CPU, memory, processes, output**: the wall clock is the parent's (``wall_seconds`` from the
   program's start; the interpreter's start-up is allowed ``startup_seconds`` apart); ``RLIMIT_CPU``,
   ``RLIMIT_AS``, ``RLIMIT_FSIZE`` and ``RLIMIT_NPROC`` per process; where cgroups can be made (see
-  :mod:`rlkit.envs.sandbox_kernel`), ``memory_mb`` and ``max_processes`` bound all the call's processes
+  :mod:`rlkit.sandbox.kernel`), ``memory_mb`` and ``max_processes`` bound all the call's processes
   together; output goes to a pipe the parent owns and reads at most ``max_file_bytes`` of;
 - **clear messages for an honest program's mistakes** (writing outside the temp dir, starting a process,
   opening a socket): an audit hook, the second guard only; a program can get around it, not around the above.
@@ -55,7 +55,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Optional
 
-from rlkit.envs.sandbox_kernel import Backend, SandboxMode, cgroups_available, command, first_child, make_cgroups
+from rlkit.sandbox.kernel import Backend, SandboxMode, cgroups_available, command, first_child, make_cgroups
 from rlkit.errors import RLKitError
 
 UNSAFE_LOSSES = ("the trainer and every process of its user can be signalled (killed, stopped)",

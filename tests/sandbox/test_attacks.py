@@ -1,4 +1,4 @@
-"""Issue 31's attack catalogue against the Python tool's sandbox (rlkit/envs/sandbox_attacks.py): every attack
+"""Issue 31's attack catalogue against the Python tool's sandbox (rlkit/sandbox/attacks.py): every attack
 a policy's program could make on the trainer, its files, its secrets or the next calls is held.
 
 Each attack runs through ``run_python`` in a victim process standing in for the trainer (in a PID namespace of
@@ -11,9 +11,9 @@ Skipped, with the reason, only where the kernel gives no user namespaces (CI's m
 
 import pytest
 
-from rlkit.envs.sandbox import SandboxUnavailableError, resolve_backend
-from rlkit.envs.sandbox_attacks import ATTACKS
-from rlkit.envs.sandbox_check import format_table, run_attacks
+from rlkit.sandbox import SandboxUnavailableError, resolve_backend
+from rlkit.sandbox.attacks import ATTACKS
+from rlkit.sandbox.check import format_table, run_attacks
 
 
 def _why_no_sandbox() -> str:

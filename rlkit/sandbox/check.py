@@ -1,4 +1,4 @@
-"""``rlkit sandbox-check``: run the attack catalogue (:mod:`rlkit.envs.sandbox_attacks`) against the Python tool's
+"""``rlkit sandbox-check``: run the attack catalogue (:mod:`rlkit.sandbox.attacks`) against the Python tool's
 sandbox and print which attacks are held.
 
 Each attack is run by a victim process standing in for the trainer: it calls ``run_python`` on the attack's
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Optional, Sequence
 
-from rlkit.envs.sandbox_attacks import ATTACKS, Attack
+from rlkit.sandbox.attacks import ATTACKS, Attack
 
 _ROOT = Path(__file__).resolve().parents[2]
 _VICTIM_TIMEOUT_S = 25.0  # per attack: the sandbox's own bound (startup + wall) is far below
@@ -42,7 +42,7 @@ if spec["module"].endswith(".py"):
     sandbox = importlib.util.module_from_spec(loader); sys.modules["checked_sandbox"] = sandbox
     loader.loader.exec_module(sandbox)
 else:  # the rlkit package without its __init__ (which imports torch)
-    for name in ("rlkit", "rlkit.envs"):
+    for name in ("rlkit", "rlkit.sandbox"):
         package = types.ModuleType(name); package.__path__ = [os.path.join(spec["root"], *name.split("."))]
         sys.modules[name] = package
     sandbox = importlib.import_module(spec["module"])
@@ -131,7 +131,7 @@ class _Host:
         self.unix.listen()
         for listener in (self.tcp, self.unix):
             listener.setblocking(False)
-        self.project_file = str(_ROOT / "rlkit" / "envs" / "sandbox.py")
+        self.project_file = str(_ROOT / "rlkit" / "sandbox" / "run.py")
         self.project_marker = Path(self.project_file).read_text()[:60]
         self.listing = self._listing()
 
@@ -170,7 +170,7 @@ class _Host:
         shutil.rmtree(self.bait, ignore_errors=True)
 
 
-def run_attacks(module: str = "rlkit.envs.sandbox", sandbox: Optional[str] = "auto", memory_mb: int = 192,
+def run_attacks(module: str = "rlkit.sandbox.run", sandbox: Optional[str] = "auto", memory_mb: int = 192,
                 attacks: Sequence[Attack] = ATTACKS) -> list[dict]:
     """Run ``attacks`` against ``module``'s ``run_python``; one dict per attack: name, group, held, detail."""
     host, wrapper = _Host(), _pid_namespace_wrapper()
@@ -270,11 +270,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     """``rlkit sandbox-check [--sandbox MODE] [--module M]``: exit 0 when every attack run is held."""
     parser = argparse.ArgumentParser(prog="rlkit sandbox-check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sandbox", default="auto", choices=("auto", "bwrap", "unshare", "unsafe-process"))
-    parser.add_argument("--module", default="rlkit.envs.sandbox", help="the run_python to check (module or .py)")
+    parser.add_argument("--module", default="rlkit.sandbox.run", help="the run_python to check (module or .py)")
     parser.add_argument("--json", action="store_true", help="print the rows as JSON")
     args = parser.parse_args(argv)
-    if args.module == "rlkit.envs.sandbox":
-        from rlkit.envs.sandbox import describe_backend
+    if args.module == "rlkit.sandbox.run":
+        from rlkit.sandbox.run import describe_backend
 
         print(f"backend: {describe_backend(args.sandbox)}")
     rows = run_attacks(args.module, None if args.module.endswith(".py") else args.sandbox)

@@ -1,6 +1,6 @@
-"""The child side of :mod:`rlkit.envs.sandbox`: what runs inside the namespaces, as their PID 1.
+"""The child side of :mod:`rlkit.sandbox.run`: what runs inside the namespaces, as their PID 1.
 
-This file is not imported by the package at run time: :func:`rlkit.envs.sandbox.run_python` has
+This file is not imported by the package at run time: :func:`rlkit.sandbox.run.run_python` has
 ``python -I -S`` (standard library only, no ``site``) import it as a top-level module (its bytecode cached in
 ``__pycache__``) and call :func:`main`, with one argument: its config as a Python literal
 (``repr`` of a dict of strings, numbers and tuples; read with ``eval`` and no builtins, since importing ``json``
