@@ -8,6 +8,7 @@ new engine is one line here and one in :mod:`rlkit.generation.engines`, and no m
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 BYTES_PER_PARAMETER = {"float32": 4, "bfloat16": 2, "fp8": 1}  # an engine's weights by its precision
 
@@ -27,6 +28,9 @@ class GenerationEngine:
     cpu_head_copies: int
     # its CPU attention kernels take a few head sizes only (rlkit.models.factory.check_head_dim)
     cpu_head_dims_limited: bool
+    # can let go of its memory for a colocated policy: sleep where its platform can, else release its weights
+    # (rlkit.weight_sync.handoff)
+    hands_off_memory: bool
 
     def precision(self, vllm_cfg) -> str:
         """The precision its weights are held in."""
@@ -35,7 +39,24 @@ class GenerationEngine:
 
 ENGINES = {e.name: e for e in (
     GenerationEngine("vllm", "vLLM", reads_vllm_cfg=True, runs_separately=True, cpu_head_copies=2,
-                     cpu_head_dims_limited=True),
+                     cpu_head_dims_limited=True, hands_off_memory=True),
     GenerationEngine("hf", "transformers generate", reads_vllm_cfg=False, runs_separately=False, cpu_head_copies=0,
-                     cpu_head_dims_limited=False),
+                     cpu_head_dims_limited=False, hands_off_memory=False),
 )}
+
+
+EngineHandoff = Literal["sleep", "release_weights", "none"]  # what an engine lets go of for a colocated policy
+
+
+def engine_handoff(generation, colocated: bool, on_cpu: bool, can_sleep: bool) -> EngineHandoff:
+    """The engine's side of the memory hand-off (:mod:`rlkit.weight_sync.handoff`) for ``policy.generation``
+    (``generation``): one decision, which the engine takes when it starts (its declared flags) and the memory plan
+    takes to say what is resident when. An engine in its own process, or one that holds nothing between calls,
+    keeps what it has ("none"); a colocated one sleeps where its platform can (``can_sleep``: vLLM on a GPU), and
+    on the CPU releases its weights for the policy's passes when ``vllm_cfg.release_weights_for_training`` asks."""
+    if not colocated or not generation.engine.hands_off_memory:
+        return "none"
+    if can_sleep:
+        return "sleep"
+    return "release_weights" if on_cpu and generation.vllm_cfg.release_weights_for_training else "none"
+

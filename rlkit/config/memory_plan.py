@@ -46,7 +46,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from rlkit.config.engines import BYTES_PER_PARAMETER
+from rlkit.config.engines import BYTES_PER_PARAMETER, engine_handoff
 from rlkit.config.run import RunConfig
 from rlkit.errors import ConfigError
 from rlkit.models.factory import head_dim_of
@@ -269,7 +269,8 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
     engine_weights, kv = _engine_bytes(config, hf_config, shape, device)
     engine = p.generation.engine
     reasons["engine weights"] = f"{engine.name} copy in {engine.precision(p.generation.vllm_cfg)}"
-    if engine_weights and device.name == "cpu" and p.generation.vllm_cfg.release_weights_for_training:
+    handoff = engine_handoff(p.generation, config.generation_colocated, device.name == "cpu", device.name == "cuda")
+    if engine_weights and handoff == "release_weights":  # the engine's side of the hand-off, as it decides it
         # only while training: the step's transients and the gradient buffers (freed at each refit)
         transients = parts["activations"] + parts["logits"] + parts["optimizer step"] + parts["gradients"]
         base_released = lora.releases_base and backend.releases_frozen_base

@@ -46,6 +46,7 @@ from tokenizers.decoders import DecodeStream
 import torch
 
 from rlkit.config.components import GenerationConfig
+from rlkit.config.engines import engine_handoff
 from rlkit.config.memory_plan import GIB, auto_kv_cache_bytes
 from rlkit.errors import defer_keyboard_interrupt
 from rlkit.generation.base import Generation, SamplingSettings
@@ -135,13 +136,13 @@ class VllmGenerator:
         self.model_path = str(model_path)
         self.max_model_len = max_model_len
         self.precision = cfg.vllm_cfg.precision
-        # the colocated hand-off: asleep between rollouts so the policy trains with the engine's memory
-        # (unset colocated.enabled: this engine runs in this process, beside the policy; the builders decide it)
-        self.sleeps_between_rollouts = cfg.colocated.enabled is not False and sleep_mode_available()
+        # the colocated hand-off (rlkit.config.engines.engine_handoff, which the memory plan reads too): asleep
+        # between rollouts so the policy trains with the engine's memory, or on the CPU, the stand-in for sleep,
+        # weights released while the colocated policy trains and rebuilt by the refit
+        handoff = engine_handoff(cfg, cfg.colocated.enabled is not False, on_cpu, sleep_mode_available())
+        self.sleeps_between_rollouts = handoff == "sleep"
         self._asleep = False
-        # the CPU's stand-in for sleep: weights released while the colocated policy trains, rebuilt by the refit
-        self.releases_weights_for_training = (on_cpu and cfg.colocated.enabled is not False
-                                              and cfg.vllm_cfg.release_weights_for_training)
+        self.releases_weights_for_training = handoff == "release_weights"
         self.weights_released = False
         kwargs = dict(
             model=self.model_path,

@@ -22,16 +22,14 @@ export, which reads it back a layer at a time beside the engine's reload; the ne
 
 from __future__ import annotations
 
-from typing import Literal
-
+from rlkit.config.engines import EngineHandoff
 from rlkit.generation.base import Generator
 from rlkit.policy.base import Policy
 
-EngineHandoff = Literal["sleep", "release_weights", "none"]
-
 
 def engine_handoff(generator: Generator) -> EngineHandoff:
-    """What the engine's side of the hand-off is, from what the generator declares."""
+    """What the engine's side of the hand-off is, from what the generator declares (which it took from
+    :func:`rlkit.config.engines.engine_handoff`, the decision the memory plan reads too)."""
     if generator.sleeps_between_rollouts:
         return "sleep"
     return "release_weights" if generator.releases_weights_for_training else "none"

@@ -65,6 +65,26 @@ def test_an_engine_that_releases_its_weights_counts_only_what_exceeds_the_train_
     assert "and the frozen base" in both.table()
 
 
+def test_the_plan_releases_the_engine_exactly_where_the_engine_decides_to(folder):
+    """The plan and the engine read one decision (rlkit.config.engines.engine_handoff): an engine in its own Ray actor
+    releases nothing whatever vllm_cfg.release_weights_for_training says, so the plan counts its whole copy; on a GPU
+    the engine sleeps instead."""
+    from rlkit.config.engines import engine_handoff
+
+    release, separate = "policy.generation.vllm_cfg.release_weights_for_training=true", \
+        "policy.generation.colocated.enabled=false"
+    for more, expected in (((release,), "release_weights"), ((release, separate), "none")):
+        cfg, kept = config(folder, *more), config(folder, *[m for m in more if m != release])
+        decided = engine_handoff(cfg.policy.generation, cfg.generation_colocated, on_cpu=True, can_sleep=False)
+        assert decided == expected
+        engine, whole = (plan_memory(c, HF, CPU).parts["engine weights"] for c in (cfg, kept))
+        assert (engine < whole) == (decided == "release_weights")  # the same copy when the engine releases nothing
+    gpu = config(folder, release)
+    assert engine_handoff(gpu.policy.generation, True, on_cpu=False, can_sleep=True) == "sleep"
+    hf = config(folder, release, "policy.generation.backend=hf")
+    assert engine_handoff(hf.policy.generation, True, on_cpu=True, can_sleep=False) == "none"
+
+
 def test_kl_recompute_bf16_tp_and_adapters_change_their_parts(folder):
     base = plan_memory(config(folder), HF, CPU).parts
     kl = plan_memory(config(folder, "loss_fn.reference_policy_kl_penalty=0.01"), HF, CPU).parts
