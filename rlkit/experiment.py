@@ -8,7 +8,7 @@ with ``checkpointing.enabled`` periodic checkpoints that ``rlkit train ... --res
 What a failure leaves: a run that fails to start (a broken model folder, a damaged checkpoint) leaves the
 run folder as it was, because the records are replaced only once the run has started
 (:mod:`rlkit.tracking.records`); a step with non-finite gradients is skipped, and a run stopped by too many of
-them in a row still writes its summary (:mod:`rlkit.stages.skipped_steps`).
+them in a row still writes its summary (:mod:`rlkit.run.skipped_steps`).
 
 Deliberate simplification: a resumed run starts a new wandb run (same name and group); the JSONL files are
 cut back to its checkpoint and continued.
@@ -29,8 +29,8 @@ from rlkit.config.changes import config_changes
 from rlkit.config.loading import load_config
 from rlkit.config.run import RunConfig
 from rlkit.errors import CheckpointError, RunFolderError, SkippedStepsError
+from rlkit.run.skipped_steps import skipped_so_far
 from rlkit.session import Session
-from rlkit.stages.skipped_steps import skipped_so_far
 from rlkit.tracking.checkpoint import (checkpoint_folder, chosen_checkpoint, list_checkpoints, read_checkpoint_state,
                                        resumable_checkpoint, save_periodic, set_aside_newer)
 from rlkit.tracking.lock import is_disk_error, run_folder_lock, unwritable

@@ -24,8 +24,8 @@ from rlkit.generation.base import SamplingSettings
 from rlkit.notebook.dashboard import Dashboard
 from rlkit.notebook.display import session_html, session_summary
 from rlkit.run.history import weights_at
+from rlkit.run.metrics import StepMetrics
 from rlkit.run.run import Run
-from rlkit.stages.metrics import StepMetrics
 from rlkit.startup import StartupReport
 from rlkit.tracking.checkpoint import checkpoint_config, export_hf, read_checkpoint_state
 from rlkit.tracking.records import RunRecorder

@@ -3,7 +3,7 @@ steps started from (a bounded ring of snapshots), and, while the session records
 
 Why: "what would step 20 have done under GSPO?" needs step 20's batch, the loss and advantage settings it
 trained with, and the weights it started from; none of them survives the step otherwise. ``session.history[k]``
-(a :class:`rlkit.stages.metrics.StepMetrics`) then carries its batch as ``.batch`` while the ring keeps it.
+(a :class:`rlkit.run.metrics.StepMetrics`) then carries its batch as ``.batch`` while the ring keeps it.
 
 Bounds (``history.*``, read at every step): at most ``max_steps`` batches and ``max_bytes`` bytes of them in
 memory, at most ``snapshots`` policy states, and the disk folder's own bounds
@@ -27,7 +27,7 @@ from torch import Tensor
 from rlkit.algorithms import AdvantageParams
 from rlkit.policy.base import LossFn
 from rlkit.policy.snapshots import capture_weights
-from rlkit.stages.metrics import StepMetrics
+from rlkit.run.metrics import StepMetrics
 from rlkit.stages.settings import TrainSettings
 from rlkit.tracking.checkpoint import STEP_DIR, checkpoint_folder, list_checkpoints
 from rlkit.tracking.rollout_store import RolloutFiles, StepFacts

@@ -1,6 +1,6 @@
 """What the loop over steps (:meth:`rlkit.run.run.Run.run`) shows and records besides the steps: the progress
 bar's name and figures, and a skipped step (a step whose gradients are not finite is recorded and the run goes
-on, :mod:`rlkit.stages.skipped_steps`). Plain functions of their inputs; the loop itself is the Run's."""
+on, :mod:`rlkit.run.skipped_steps`). Plain functions of their inputs; the loop itself is the Run's."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any, Callable
 
 from rlkit.algorithms import RLLoss
 from rlkit.config.run import RunConfig
+from rlkit.run.metrics import StepMetrics
+from rlkit.run.skipped_steps import skipped_step_metrics
 from rlkit.run.state import RunState
-from rlkit.stages.metrics import StepMetrics
-from rlkit.stages.skipped_steps import skipped_step_metrics
 
 _NAMES = {"dr_grpo": "Dr. GRPO", "reinforce_pp": "REINFORCE++", "reinforce_baseline": "REINFORCE"}
 

@@ -33,14 +33,14 @@ from rlkit.errors import RunInterrupted, SessionClosedError, StageOrderError
 from rlkit.generation.base import SamplingSettings
 from rlkit.run import fork as forking, history, loop
 from rlkit.run.components import Components
+from rlkit.run.metrics import StepMetrics, step_metrics
 from rlkit.run.replay import ReplayReport, named_losses, replay
+from rlkit.run.reuse import warn_if_reused
+from rlkit.run.skipped_steps import SKIPPED, refused_update, skipped_in_a_row, too_many_skipped
 from rlkit.run.sources import RolloutSource, rollout_source, step_seed, warn_if_off_policy
 from rlkit.run.state import RunState
+from rlkit.run.step_clock import StepClock
 from rlkit.stages.compare import compare_losses
-from rlkit.stages.metrics import StepMetrics, step_metrics
-from rlkit.stages.reuse import warn_if_reused
-from rlkit.stages.skipped_steps import SKIPPED, refused_update, skipped_in_a_row, too_many_skipped
-from rlkit.stages.step_clock import StepClock
 from rlkit.tracking.checkpoint import POLICY_DIR, read_checkpoint_state, restore_rng, save_checkpoint
 from rlkit.tracking.records import RunRecorder
 from rlkit.trajectories import Trajectories

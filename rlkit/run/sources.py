@@ -30,8 +30,8 @@ from contextlib import nullcontext
 from typing import Callable, ContextManager, Sequence
 
 from rlkit.config.run import RunConfig
+from rlkit.run.async_rollouts import AsyncRollouts
 from rlkit.run.state import RunState
-from rlkit.stages.async_rollouts import AsyncRollouts
 from rlkit.stages.dynamic_sampling import dynamic_sampling
 from rlkit.trajectories import Trajectories
 
@@ -110,7 +110,7 @@ class DynamicSampling(PlainRollouts):
 
 class AsyncSource(RolloutSource):
     """Async GRPO over ``inner``: batch ``i`` is ``inner.make`` of the sampler's next rows with the seed of
-    step ``i``, sampled in the producer thread (see :mod:`rlkit.stages.async_rollouts`)."""
+    step ``i``, sampled in the producer thread (see :mod:`rlkit.run.async_rollouts`)."""
 
     def __init__(self, inner: RolloutSource, run: RunState, run_seed: int, max_age_steps: int,
                  updates_per_step: Callable[[], int], generator_version: int):

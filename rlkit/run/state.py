@@ -19,7 +19,7 @@ from typing import Any, Optional
 from rlkit.algorithms import RunningBaseline
 from rlkit.data import PromptSampler
 from rlkit.run.history import RolloutHistory
-from rlkit.stages.metrics import StepMetrics
+from rlkit.run.metrics import StepMetrics
 from rlkit.trajectories import Trajectories
 
 

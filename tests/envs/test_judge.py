@@ -13,7 +13,7 @@ from rlkit.errors import ConfigError, RewardError
 from rlkit.generation.base import Generation
 from rlkit.generation.judge import engine_judge
 from rlkit.models.bpe import build_bpe_tokenizer
-from rlkit.stages.metrics import rollout_metrics
+from rlkit.run.metrics import rollout_metrics
 from rlkit.stages.score import score
 from rlkit.stages.settings import ScoreSettings
 from rlkit.trajectories import Trajectories

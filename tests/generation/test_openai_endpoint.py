@@ -152,7 +152,7 @@ def test_sampled_ids_are_kept_even_where_the_tokenizer_would_split_the_text_othe
 
 def test_an_agent_returning_messages_is_scored_by_the_env_with_each_component_kept(endpoint):
     from rlkit.envs.judge import RewardComponent, WeightedRewards
-    from rlkit.stages.metrics import rollout_metrics
+    from rlkit.run.metrics import rollout_metrics
 
     async def talker(client, row):
         messages = [{"role": "user", "content": row["prompt"]}]

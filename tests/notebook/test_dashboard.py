@@ -13,7 +13,7 @@ import sys
 import torch
 
 from rlkit.notebook.dashboard import PANELS, Dashboard
-from rlkit.stages.metrics import StepMetrics
+from rlkit.run.metrics import StepMetrics
 from tests.helpers import random_batch
 
 
@@ -109,7 +109,7 @@ def test_without_ipywidgets_it_degrades_to_text(monkeypatch, capsys):
 TEXT_MODE_CELLS = [
     "import sys\nsys.modules['ipywidgets'] = None  # as if ipywidgets were not installed\n"
     "from types import SimpleNamespace\nfrom rlkit.notebook.dashboard import Dashboard\n"
-    "from rlkit.stages.metrics import StepMetrics\n"
+    "from rlkit.run.metrics import StepMetrics\n"
     "session = SimpleNamespace(history=[], listeners=[], batch=None, stop_requested=False)\n"
     "dashboard = Dashboard(session)\ndashboard",
     "for step in range(1, 4):  # what run() does after each step\n"
@@ -239,7 +239,7 @@ def test_seconds_per_stage_scale_is_the_tallest_bar_shown():
 
 STOP_NOTE_CELLS = [
     "from types import SimpleNamespace\nfrom rlkit.notebook.dashboard import Dashboard\n"
-    "from rlkit.stages.metrics import StepMetrics\n"
+    "from rlkit.run.metrics import StepMetrics\n"
     "session = SimpleNamespace(history=[], listeners=[], batch=None, stop_requested=False)\n"
     "session.request_stop = lambda: setattr(session, 'stop_requested', True)\n"
     "dashboard = Dashboard(session)",

@@ -17,7 +17,7 @@ from rlkit.models.bpe import build_bpe_tokenizer
 from rlkit.models.tokenizer import build_char_tokenizer
 from rlkit.stages.batching import trajectories_from_generation
 from rlkit.notebook.charts import line_chart, sparkline, stacked_bars
-from rlkit.stages.metrics import StepMetrics
+from rlkit.run.metrics import StepMetrics
 from tests.helpers import random_batch
 
 

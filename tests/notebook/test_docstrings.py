@@ -13,11 +13,11 @@ from rlkit.config.run import GRPOConfig, RunConfig
 from rlkit.generation.base import SamplingSettings
 from rlkit.notebook.dashboard import Dashboard
 from rlkit.notebook.display import TokenView
+from rlkit.run.metrics import StepMetrics
 from rlkit.run.state import RunState
 from rlkit.session import Session
 from rlkit.startup import StartupReport
 from rlkit.stages import EvalResult, LossReport, SFTResult, TrainResult
-from rlkit.stages.metrics import StepMetrics
 from rlkit.trajectories import Trajectories
 from rlkit.weight_sync.colocated import RefitReport
 

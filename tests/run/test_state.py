@@ -6,8 +6,8 @@ import json
 from rlkit.algorithms import RunningBaseline
 from rlkit.config.loading import load_config
 from rlkit.data import PromptSampler
+from rlkit.run.metrics import StepMetrics
 from rlkit.run.state import RunState
-from rlkit.stages.metrics import StepMetrics
 
 ROWS = [{"prompt": f"p{i}", "answer": str(i)} for i in range(10)]
 

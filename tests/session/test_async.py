@@ -13,7 +13,7 @@ from rlkit.config.loading import load_config
 from rlkit.config.run import RunConfig
 from rlkit.envs import RewardFunctionEnvironment
 from rlkit.errors import ConfigError, StageOrderError
-from rlkit.stages.async_rollouts import AsyncRollouts
+from rlkit.run.async_rollouts import AsyncRollouts
 from tests.helpers import random_batch
 from tests.session.conftest import tiny_overrides, varied_reward
 

@@ -8,7 +8,7 @@ import pytest
 
 import rlkit
 from rlkit.notebook.display import SAMPLE_COLUMNS
-from rlkit.stages.step_clock import PARTS, accounted
+from rlkit.run.step_clock import PARTS, accounted
 from tests.session.conftest import tiny_overrides, varied_reward
 
 

@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 
-from rlkit.stages.reuse import warn_if_reused
+from rlkit.run.reuse import warn_if_reused
 from tests.helpers import random_batch
 
 

@@ -21,7 +21,7 @@ import itertools
 from typing import Optional, Sequence
 
 from rlkit.errors import SkippedStepsError
-from rlkit.stages.metrics import StepMetrics, step_metrics
+from rlkit.run.metrics import StepMetrics, step_metrics
 from rlkit.trajectories import Trajectories
 
 SKIPPED = "train/skipped_steps"
