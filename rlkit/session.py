@@ -185,7 +185,7 @@ class Session:
         count, history with ``train/interrupted`` = 1, next step's prompts) before the interrupt propagates;
         interrupted before any update, nothing is recorded and the same call can simply be repeated.
         A batch of an earlier step (one trained on already, too) warns unless ``allow_reuse``
-        (:mod:`rlkit.stages.reuse`)."""
+        (:mod:`rlkit.run.reuse`)."""
         metrics = self.current.train(batch, allow_reuse)
         self.current.record_step(metrics)
         return metrics
@@ -201,7 +201,7 @@ class Session:
         (or the dashboard's stop button) ends the loop after the current step. Each step is recorded when the
         session records, before ``on_step`` and the listeners see it.
 
-        A step whose gradients are not finite is skipped, not fatal (:mod:`rlkit.stages.skipped_steps`): its
+        A step whose gradients are not finite is skipped, not fatal (:mod:`rlkit.run.skipped_steps`): its
         prompts are consumed, nothing is applied, its metrics carry ``train/skipped_steps`` (the count so far)
         and go to the listeners like any step's. After ``grpo.max_consecutive_skipped_steps`` skipped steps in a
         row it raises SkippedStepsError; the steps taken are in ``history``.

@@ -276,7 +276,7 @@ class Run:
     def step(self) -> StepMetrics:
         """One whole RL step: rollout, score, logprobs, advantages, train, refit; recorded when the run records
         (inside ``run()``, after its listeners). Its ``timing/`` parts add up to ``timing/step_total``, the rest
-        named ``timing/other`` (:mod:`rlkit.stages.step_clock`).
+        named ``timing/other`` (:mod:`rlkit.run.step_clock`).
 
         Where the batch gets one update with rlkit's loss and no reference pass, the train step's own forward
         computes the batch's logprobs (the same values, bitwise here), and the separate pass is skipped:
@@ -388,7 +388,7 @@ class Run:
 
     def timed(self, part: str) -> ContextManager[None]:
         """Time a block as part ``part`` of the step under way (a listener's checkpoint save); outside a
-        ``step()``/``run()``, or in another thread, it times nothing (:mod:`rlkit.stages.step_clock`)."""
+        ``step()``/``run()``, or in another thread, it times nothing (:mod:`rlkit.run.step_clock`)."""
         clock = self.clock  # read once: async GRPO's producer thread calls this while the clock is replaced
         return clock.part(part) if clock is not None else nullcontext()
 
