@@ -37,7 +37,7 @@ from rlkit.tracking.lock import is_disk_error, run_folder_lock, unwritable
 from rlkit.tracking.records import RunRecorder
 
 
-def run_experiment(config: RunConfig, session: Any = None, progress: bool = True,
+def run_experiment(config: RunConfig, session: Optional[Session] = None, progress: bool = True,
                    run_dir: Optional[str | Path] = None, resume: bool = False,
                    resume_from: Optional[str | int | Path] = None, allow_changes: Sequence[str] = (),
                    export: Optional[str | Path] = None) -> dict[str, Any]:
@@ -82,7 +82,7 @@ def run_experiment(config: RunConfig, session: Any = None, progress: bool = True
             raise
 
 
-def _run(config: RunConfig, session: Any, progress: bool, run_dir: Path, resume: bool,
+def _run(config: RunConfig, session: Optional[Session], progress: bool, run_dir: Path, resume: bool,
          resume_from: Optional[str | int | Path], allow_changes: Sequence[str],
          export: Optional[str | Path]) -> dict[str, Any]:
     t0 = time.perf_counter()
@@ -210,7 +210,7 @@ def _summary(config: RunConfig, warm_start: dict[str, Any], after: Any, history:
 NO_WARM_START = dict(accuracy_before_rl=None, sft_steps=0, sft_final_loss=None, seconds_sft=0.0)  # none was made
 
 
-def _warm_start(session: Any, config: RunConfig, progress: bool) -> dict[str, Any]:
+def _warm_start(session: Session, config: RunConfig, progress: bool) -> dict[str, Any]:
     """SFT (if enabled), then held-out accuracy before RL (the session logs it at step 0); what a resumed run
     reports."""
     sft_result = session.sft(progress=progress) if config.sft.enabled and config.sft.num_steps else None

@@ -61,7 +61,8 @@ def test_only_adapters_can_release_a_base(model_factory, tmp_path):
             policy.release_frozen_base()
     finally:
         policy.close()
-    with pytest.raises(ConfigError, match="release_base_while_generating: built for the megatron backend only"):
+    with pytest.raises(ConfigError, match="release_base_while_generating: not built for the dtensor backend .*"
+                                          "use policy.backend=megatron"):
         load_config("quickstart_nano", [f"policy.model_name={tmp_path}/m", "policy.lora_cfg.enabled=true",
                                         "policy.lora_cfg.release_base_while_generating=true",
                                         "policy.megatron_cfg.enabled=false", "policy.dtensor_cfg.enabled=true"])
