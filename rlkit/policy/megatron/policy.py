@@ -288,16 +288,19 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         first ``t`` positions."""
         return t + (-t % self.tp_size if self.layout.sequence_parallel else 0)
 
-    def _stage_forward(self, input_ids: Tensor, positions: Optional[Tensor] = None, **packed) -> Tensor:
+    def _stage_forward(self, input_ids: Tensor, positions: Optional[Tensor] = None,
+                       attention_mask: Optional[Tensor] = None, **packed) -> Tensor:
         """input_ids [b, t] (t already padded) -> this stage's output: logits [b, t, V/tp] (fp32) on the last
-        stage, hidden states for the next stage otherwise. Causal attention by the layer spec's mask type: no
-        mask tensor. ``positions`` [b, t] default to 0..t-1 per row; ``packed``: ``packed_seq_params`` of packed
-        rows. The bf16 copy follows the fp32 model's train/eval mode."""
+        stage, hidden states for the next stage otherwise. Causal attention by the layer spec's mask type unless
+        ``attention_mask`` [b, 1, t, t] (bool, True: masked) is given. ``positions`` [b, t] default to 0..t-1 per
+        row; ``packed``: ``packed_seq_params`` of packed rows. The bf16 copy follows the fp32 model's train/eval
+        mode."""
         b, t = input_ids.shape
         if positions is None:
             positions = torch.arange(t, device=self.device).unsqueeze(0).expand(b, t)
+        mask = None if attention_mask is None else attention_mask.to(self.device)
         self._forward_module.train(self.model.training)
-        return self._forward_module(input_ids.to(self.device), positions.to(self.device), None, **packed)
+        return self._forward_module(input_ids.to(self.device), positions.to(self.device), mask, **packed)
 
     def _logits(self, input_ids: Tensor) -> Tensor:
         """input_ids [b, T] -> logits [b, T, V/tp] (one stage only)."""
@@ -360,10 +363,8 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         if shared is None:
             return None
         gpt = unwrap_model(self._forward_module)
-        self._forward_module.train(self.model.training)
         with head.hidden_states_out(gpt), rope_at(gpt, shared.positions):
-            hidden = self._forward_module(shared.input_ids.to(self.device), shared.positions.to(self.device),
-                                          shared.mask.to(self.device))  # [S, g, h]
+            hidden = self._stage_forward(shared.input_ids, shared.positions, shared.mask)  # [S, g, h]
         source = shared.source.to(self.device)
         values = head.pair_scores(hidden[source[:, 1], source[:, 0]], head.output_weight(gpt), shared.targets,
                                   self.temperature, with_entropy, self.cfg.megatron_cfg.fused_head_chunk_bytes)
