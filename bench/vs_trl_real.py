@@ -39,7 +39,12 @@ rlkit starts from the ``smollm2_quickstart`` preset when it exists, else ``math_
 :func:`rlkit_overrides` either way.
 
 TRL runs in its own environment, bench/.venv-trl (scripts/setup-bench-trl.sh), never in rlkit's lock.
-Usage: python bench/vs_trl_real.py (--cost | --learn) [--full] [--steps N] [--warmup W] [--seeds 0,1,2]
+``--learn --recipe``: after each seed's pair, rlkit's real-model preset as shipped (its own step count, batch size,
+dynamic sampling and learning rate; only the model, the task and the seed set as above), exported every 5 steps;
+each export's held-out accuracy, and the CPU-seconds of steps until the first export at or above TRL's accuracy
+after its 15 steps, against TRL's CPU-seconds for those 15 (its per-step figure times 15).
+
+Usage: python bench/vs_trl_real.py (--cost | --learn [--recipe]) [--full] [--steps N] [--warmup W] [--seeds 0,1,2]
 Writes bench/results/vs_trl_real-<mode>-<lora|full>-<time>.json; the last line is
 ``rlkit/trl cpu_per_step=<x> peak_rss=<y>`` (``--learn`` adds ``heldout_after=<a>/<b>``).
 """
@@ -67,20 +72,30 @@ PROMPTS, GENERATIONS, NEW_TOKENS, TEMPERATURE = 8, 8, 32, 0.7
 LORA_RANK, LORA_ALPHA, LR_LORA, LR_FULL = 16, 32.0, 1e-4, 1e-5
 NUM_TRAIN, NUM_HELDOUT, DATA_SEED = 2000, 200, 0
 REWARD = "arith_chat:last_number_reward"
+RECIPE_EVERY = 5  # --recipe: steps between the exports evaluated
 NO_EOS = "<empty_output>"  # --cost, rlkit's side: the EOS of its folder copy (id 16), which the model never writes
 SIDE_ENV = {"OMP_NUM_THREADS": str(THREADS)}
+
+
+def task_overrides(args) -> dict:
+    """The model, the seed, this file's task (data files and reward): all that ``--recipe`` changes in the preset."""
+    return {
+        "seed": args.seed, "policy.model_name": args.model, "policy.model_preset": None, "sft.enabled": False,
+        "data.task": None, "data.dataset_name": None, "data.dataset_config": None, "data.validation_split": None,
+        "data.path": args.train, "data.validation_path": args.heldout, "data.prompt_key": "prompt",
+        "data.answer_key": "answer", "data.answer_format": "plain", "data.system_prompt": None,
+        "env.reward_fn": REWARD}
 
 
 def rlkit_overrides(args) -> dict:
     """The run config of rlkit's side, over the preset: the workload of the module docstring, and every other
     ``data.*`` and ``env.*`` key the preset sets put back to its default (a preset's prompt template, say, would
-    rewrite this file's prompts)."""
+    rewrite this file's prompts). ``--recipe``: the preset's own settings, with only :func:`task_overrides`."""
+    if getattr(args, "recipe", False):
+        ours = task_overrides(args)
+        return {**preset_leftovers(rlkit_preset(), ours), **ours}
     ours = {
-        "seed": args.seed, "policy.model_name": args.model, "policy.model_preset": None, "sft.enabled": False,
-        "data.task": None, "data.dataset_name": None, "data.dataset_config": None, "data.validation_split": None,
-        "data.path": args.train, "data.validation_path": args.heldout, "data.prompt_key": "prompt",
-        "data.answer_key": "answer", "data.answer_format": "plain", "data.system_prompt": None,
-        "env.reward_fn": REWARD, "grpo.use_dynamic_sampling": False, "grpo.num_prompts_per_step": PROMPTS,
+        **task_overrides(args), "grpo.use_dynamic_sampling": False, "grpo.num_prompts_per_step": PROMPTS,
         "grpo.num_generations_per_prompt": GENERATIONS, "grpo.normalize_rewards": True, "grpo.num_epochs": 1,
         "grpo.advantage_estimator": "grpo", "loss_fn.policy_loss": "ppo_clip", "loss_fn.ratio_clip_min": 0.2,
         "loss_fn.ratio_clip_max": 0.2, "loss_fn.reference_policy_kl_penalty": 0.0,
@@ -135,6 +150,8 @@ def rlkit_side(args) -> dict:
 
     preset = rlkit_preset()
     s = rlkit.Session.from_config(preset, rlkit_overrides(args))
+    if args.recipe:
+        return recipe_side(args, s, preset)
     marks = [(time.process_time(), time.perf_counter())]  # the start, then the end of each step
     lengths, prompts = [], []
     for _ in range(args.warmup + args.steps):
@@ -152,6 +169,61 @@ def rlkit_side(args) -> dict:
             "wall_s_per_step": (w1 - w0) / args.steps,
             "peak_rss_mb": peak_rss_mb, "threads": torch.get_num_threads(), "steps": len(marks) - 1,
             "completion_tokens_mean": sum(timed) / len(timed), "step_prompts": prompts}
+
+
+def recipe_side(args, s, preset: str) -> dict:
+    """The preset as shipped (its step count, batch, dynamic sampling, learning rate) on this file's task, with the
+    trained model exported to ``merged_out/step-<n>`` after every ``RECIPE_EVERY`` steps; the CPU-seconds spent in
+    steps up to each export (from the first step, start-up and exports not counted)."""
+    steps, cpu, spent, lengths, checkpoints = s.config.grpo.max_num_steps, 0.0, [], [], {}
+    for step in range(1, steps + 1):
+        start = time.process_time()
+        m = s.step()
+        cpu += time.process_time() - start
+        lengths.append(m["rollout/gen_length_mean"])
+        if step % RECIPE_EVERY == 0 or step == steps:
+            s.export_hf(Path(args.merged_out) / f"step-{step}")
+            checkpoints[step] = cpu
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    s.close()
+    return {"side": "rlkit-recipe", "preset": preset, "steps": steps, "cpu_s_by_step": checkpoints,
+            "cpu_s_per_step": cpu / steps, "peak_rss_mb": peak_rss_mb, "completion_tokens_mean": mean(lengths)}
+
+
+def run_recipe(seed: int, model: Path, tmp: Path, trl: dict) -> dict:
+    """rlkit's shipped recipe on seed ``seed``: held-out accuracy at each export, and the first export that reaches
+    TRL's accuracy after its steps (``trl["after"]``) with the CPU-seconds it took against TRL's."""
+    out = tmp / f"recipe-s{seed}"
+    side = run_side([sys.executable, __file__, "--side", "rlkit", "--recipe", "--model", str(model), "--train",
+                     str(tmp / "train.jsonl"), "--heldout", str(tmp / "heldout.jsonl"), "--seed", str(seed),
+                     "--merged-out", str(out)], SIDE_ENV)
+    side["accuracy_by_step"] = {int(step): accuracy(out / f"step-{step}", tmp / "heldout.jsonl")["accuracy"]
+                                for step in side["cpu_s_by_step"]}
+    trl_cpu = trl["cpu_s_per_step"] * trl["steps"]  # its per-step figure (after step 1) times every step trained
+    reached = [int(step) for step, acc in side["accuracy_by_step"].items() if acc >= trl["after"]["accuracy"]]
+    first = min(reached) if reached else None
+    side.update(trl_accuracy=trl["after"]["accuracy"], trl_cpu_s=trl_cpu, reached_at_step=first,
+                cpu_s_to_reach=side["cpu_s_by_step"][str(first)] if first else None,
+                cpu_ratio_to_reach=side["cpu_s_by_step"][str(first)] / trl_cpu if first else None)
+    return side
+
+
+def report_recipe(recipes: list[dict]) -> dict:
+    """Prints the recipe's table; returns its summary."""
+    print(f"rlkit's recipe as shipped ({recipes[0]['preset']}, {recipes[0]['steps']} steps), exported every "
+          f"{RECIPE_EVERY}: held-out accuracy by step, and the CPU-s to reach TRL's accuracy after its steps")
+    for r in recipes:
+        by_step = " ".join(f"{k}:{v:.3f}" for k, v in r["accuracy_by_step"].items())
+        reach = (f"step {r['reached_at_step']}, {r['cpu_s_to_reach']:.0f} CPU-s vs TRL {r['trl_cpu_s']:.0f} "
+                 f"({r['cpu_ratio_to_reach']:.2f}x)" if r["reached_at_step"] else "not reached")
+        print(f"  seed {r['seed']}: {by_step}; TRL {r['trl_accuracy']:.3f}: {reach}; peak RSS "
+              f"{r['peak_rss_mb']:.0f} MB")
+    ratios = [r["cpu_ratio_to_reach"] for r in recipes]
+    summary = {"reached": sum(x is not None for x in ratios), "seeds": len(recipes),
+               "cpu_ratio_to_reach_mean": mean(ratios) if all(x is not None for x in ratios) else None}
+    print(f"recipe reaches TRL's accuracy in {summary['reached']}/{summary['seeds']} seeds; mean CPU ratio "
+          + (f"{summary['cpu_ratio_to_reach_mean']:.2f}" if summary["cpu_ratio_to_reach_mean"] else "n/a"))
+    return summary
 
 
 def no_eos_copy(folder: Path, out: Path) -> Path:
@@ -267,6 +339,8 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="full weights (lr 1e-5) instead of rank-16 adapters")
     parser.add_argument("--steps", type=int, help="timed steps (--cost, default 4) or steps trained (--learn, 15)")
     parser.add_argument("--warmup", type=int, default=1, help="--cost: untimed steps first")
+    parser.add_argument("--recipe", action="store_true",
+                        help="--learn: also rlkit's shipped preset as it is, on the same task and seeds")
     parser.add_argument("--seeds", default=None, help="run seeds, comma-separated (--learn default 0,1,2; --cost 0)")
     for hidden in ("--model", "--train", "--heldout", "--merged-out"):
         parser.add_argument(hidden, help=argparse.SUPPRESS)
@@ -275,6 +349,8 @@ def main() -> None:
     if args.side == "rlkit":
         print(json.dumps(rlkit_side(args)))
         return
+    if args.recipe and not args.learn:
+        raise SystemExit("--recipe goes with --learn (it compares held-out accuracy)")
     if not TRL_PYTHON.exists():
         raise SystemExit(f"TRL's environment is missing ({TRL_PYTHON}): run scripts/setup-bench-trl.sh first")
     args.steps = args.steps or (4 if args.cost else 15)
@@ -296,13 +372,17 @@ def main() -> None:
         before = None if args.cost else accuracy(folder, tmp / "heldout.jsonl")
         warmup, steps = ((args.warmup, args.steps) if args.cost
                          else (min(1, args.steps - 1), args.steps - min(1, args.steps - 1)))
-        pairs = []
+        pairs, recipes = [], []
         for seed in seeds:
             pairs.append(run_pair(args, seed, model, folder, tmp, warmup, steps, merged=args.learn))
+            if args.recipe:
+                recipes.append({"seed": seed, **run_recipe(seed, model, tmp, pairs[-1]["trl"])})
             load.append(os.getloadavg())
     if args.learn:
         args.steps = warmup + steps  # the table and the JSON count every step trained
     figures = report(args, pairs, before, load)
+    if recipes:
+        figures["recipe"] = {"seeds": recipes, "summary": report_recipe(recipes)}
     out = (ROOT / "bench" / "results"
            / f"vs_trl_real-{figures['mode']}-{figures['weights']}-{time.strftime('%Y%m%d-%H%M%S')}.json")
     out.write_text(json.dumps(figures, indent=2) + "\n")
