@@ -6,7 +6,9 @@ the valid choices.
 A reward function of yours needs no registry line: name it by import path (``env.reward_fn: my_module:my_reward``,
 :func:`load_reward_fn`), or wrap it with ``RewardFunctionEnvironment(fn)`` and hand the environment to the session.
 The environment runs in the driver process (Ray workers hold only the policy), so the module has to be importable
-there only: from the working directory, which is tried when the plain import fails, or from ``PYTHONPATH``.
+there only: from the working directory, which is tried when the plain import fails, or from ``PYTHONPATH``. A
+module whose file changed since it was imported (``%%writefile`` in a notebook, an editor) is imported again, so a
+new Session sees the function as the file has it now.
 """
 
 from __future__ import annotations
@@ -94,7 +96,54 @@ def reward_fn_path(fn: Any) -> Optional[str]:
         return None
 
 
+_SOURCE_SEEN: dict[str, tuple[int, int]] = {}  # module name -> (mtime_ns, size) of its file when last imported here
+
+
+def _source_stamp(module: Any) -> Optional[tuple[int, int]]:
+    path = getattr(module, "__file__", None)
+    if not path or not path.endswith(".py") or not os.path.exists(path):
+        return None
+    st = os.stat(path)
+    return st.st_mtime_ns, st.st_size
+
+
+def _stale(module: Any) -> bool:
+    """Whether ``module``'s source file changed since the module was imported: against the stamp taken when this
+    file imported it, or (imported elsewhere first) the source mtime and size its bytecode was compiled from."""
+    stamp = _source_stamp(module)
+    if stamp is None:
+        return False
+    seen = _SOURCE_SEEN.get(module.__name__)
+    if seen is None:
+        cached = getattr(getattr(module, "__spec__", None), "cached", None)
+        try:
+            header = open(cached, "rb").read(16) if cached else b""
+        except OSError:
+            header = b""
+        if len(header) < 16 or int.from_bytes(header[4:8], "little") & 1:  # no bytecode, or checked by hash
+            _SOURCE_SEEN[module.__name__] = stamp
+            return False
+        compiled_from = (int.from_bytes(header[8:12], "little"), int.from_bytes(header[12:16], "little"))
+        return ((stamp[0] // 10**9) & 0xFFFFFFFF, stamp[1] & 0xFFFFFFFF) != compiled_from
+    return stamp != seen
+
+
 def _import_here_or_cwd(name: str) -> Any:
+    """The module ``name``, imported again when its file changed since its last import (see the docstring)."""
+    module = sys.modules.get(name)
+    if module is not None and _stale(module):
+        cached = getattr(module.__spec__, "cached", None)
+        if cached and os.path.exists(cached):  # its bytecode may be from an edit in the same second, same size
+            os.remove(cached)
+        module = importlib.reload(module)
+    elif module is None:
+        module = _import_or_cwd(name)
+    if (stamp := _source_stamp(module)) is not None:
+        _SOURCE_SEEN[name] = stamp
+    return module
+
+
+def _import_or_cwd(name: str) -> Any:
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:

@@ -23,6 +23,7 @@ checks yourself, as ``MathEnvironment`` does).
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping, Set as AbstractSet
 from typing import Any, Callable, Optional
 
@@ -60,6 +61,7 @@ class RewardFunctionEnvironment(Environment):
         batch_size = len(completions)
         if batch_size == 0:
             return EnvReturn.single_turn([], [], [])
+        self._check_signature(prompts, completions, columns)
 
         try:
             raw = self._call(prompts, completions, columns, expected=batch_size)
@@ -96,6 +98,22 @@ class RewardFunctionEnvironment(Environment):
             except Exception as exc:  # noqa: BLE001 - a sample that fails alone is contained to itself by design
                 out += [exc] if len(half) == 1 else self._bisect(half, prompts, completions, columns)
         return out
+
+    def _check_signature(self, prompts: list[str], completions: list[str], columns: dict[str, list[Any]]) -> None:
+        """RewardError when ``fn`` cannot take ``(prompts, completions, **columns)`` at all: every sample would
+        fail with the same TypeError, which is the function's signature, not the samples."""
+        try:
+            signature = inspect.signature(self.fn)
+        except (TypeError, ValueError):  # a builtin or C callable: its call will tell
+            return
+        try:
+            signature.bind(prompts, completions, **columns)
+        except TypeError as exc:
+            raise RewardError(
+                f"reward function {self.name!r}{signature} cannot be called as f(prompts, completions, **columns) "
+                f"with this batch's columns {sorted(columns)}: {exc}. Fix: give it TRL's signature, e.g. "
+                f"def {self.name}(prompts, completions, **columns) (two lists of strings, then each dataset "
+                "column by name as a list; **columns takes the ones it does not use)") from None
 
     def _call(self, prompts: list[str], completions: list[str], columns: dict[str, list[Any]], expected: int) -> list:
         out = self.fn(prompts, completions, **columns)

@@ -127,3 +127,21 @@ def test_a_reward_that_fails_once_is_not_called_once_per_sample():
     assert calls == [16, 8, 8, 4, 2, 2, 1, 1, 4]  # depth first: [8:16] -> [8:12] -> [10:12] -> 10, 11; then [12:16]
     assert out.rewards.tolist() == [float(i) if i != 11 else 0.0 for i in range(16)]
     assert len(out.errors) == 1 and out.errors[0].startswith("one_bad: sample 11: ValueError")
+
+
+def test_a_reward_with_the_wrong_signature_names_the_signature_not_the_failure_fraction():
+    def first_digit(completions):  # a user's first try: no prompts, no **columns
+        return [float(c[:1] == "2") for c in completions]
+
+    env = RewardFunctionEnvironment(first_digit)
+    with pytest.raises(RewardError) as err:
+        env.step([_conv("1+1", "2")], ROWS[:1])
+    message = str(err.value)
+    assert "first_digit(completions)" in message and "def first_digit(prompts, completions, **columns)" in message
+    assert "max_reward_failure_fraction" not in message
+
+
+def test_a_reward_taking_only_some_columns_gets_the_signature_fix():
+    env = RewardFunctionEnvironment(lambda prompts, completions, answer: [1.0] * len(completions), name="f")
+    with pytest.raises(RewardError, match=r"columns \['answer', 'level'\].*level"):
+        env.step([_conv("1+1", "2")], ROWS[:1])
