@@ -110,7 +110,7 @@ class RewardFunctionEnvironment(Environment):
             signature.bind(prompts, completions, **columns)
         except TypeError as exc:
             raise RewardError(
-                f"reward function {self.name!r}{signature} cannot be called as f(prompts, completions, **columns) "
+                f"reward function {self.name}{signature} cannot be called as f(prompts, completions, **columns) "
                 f"with this batch's columns {sorted(columns)}: {exc}. Fix: give it TRL's signature, e.g. "
                 f"def {self.name}(prompts, completions, **columns) (two lists of strings, then each dataset "
                 "column by name as a list; **columns takes the ones it does not use)") from None
