@@ -99,7 +99,7 @@ def test_train_export_writes_the_trained_policy_that_transformers_loads(tmp_path
         ids = chat_ids(tmp_path / "out")
         session.policy.model.eval()
         with torch.no_grad():
-            policy = session.policy._logits(ids)
+            policy = session.policy.adapter.logits(ids)
     assert summary["export"] == str((tmp_path / "out").resolve()) and summary["rl_steps"] == 1
     with torch.no_grad():
         exported, base = (AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()(ids).logits

@@ -39,7 +39,7 @@ def session_facts(run: Any, startup: Any = None) -> dict[str, object]:
         "chat template": chat_template_words(cfg.data.chat_template_kwargs, getattr(env, "tool_schemas", None)),
         "loss": repr(run.loss_fn),
         # read from the policy's own record (no method call: a Ray group would wait on its workers)
-        "reference weights": (ref.residency() if (ref := vars(policy).get("_reference")) is not None else "-"),
+        "reference weights": (ref.residency() if (ref := vars(policy).get("reference")) is not None else "-"),
         "advantages": cfg.grpo.advantage_estimator,
         "step": run.state.step,
         "policy version": policy.version,

@@ -6,10 +6,11 @@ A backend is three pieces, none of which any other module branches on:
   ``BACKEND_SECTIONS``): its settings ``policy.<name>_cfg``, chosen by ``policy.backend=<name>``; its validation
   and layout rules, its memory-plan facts, its words for the start line and the session card. Config
   validation and the memory plan read them without importing a backend (``PolicyConfig.backend_section``);
-- its module under ``rlkit/policy/``: a policy on :class:`rlkit.policy.in_process.InProcessPolicy` that states its
+- its module under ``rlkit/policy/``: a model adapter (:class:`rlkit.policy.adapter.ModelAdapter`) that states its
   rank facts (``dp_rank``, ``dp_size``, ``leader``: what a Ray worker reports) and, where the backend keeps RNG
   state of its own, registers it with :mod:`rlkit.rng` when imported (Megatron's tracker);
-- its line in :data:`BACKENDS`: how to build it in this process from a ``PolicyConfig`` and a seed.
+- its line in :data:`BACKENDS`: how to build the adapter in this process from a ``PolicyConfig`` and a seed; the
+  training loop around it (:class:`rlkit.policy.in_process.InProcessPolicy`) is the same for every backend.
 
 A Ray worker group (:mod:`rlkit.policy.workers`) builds the same entry in each of its ranks.
 """
@@ -21,30 +22,31 @@ from typing import Callable
 from rlkit.config.components import PolicyConfig
 from rlkit.errors import ConfigError
 from rlkit.models.factory import read_hf_config
+from rlkit.policy.adapter import ModelAdapter
 from rlkit.policy.in_process import InProcessPolicy
 
 
-def _megatron(cfg: PolicyConfig, seed: int) -> InProcessPolicy:
-    """Megatron-Core; its Mixture-of-Experts subclass for an MoE model folder."""
-    from rlkit.policy.megatron.moe import MegatronMoEPolicy, is_moe
-    from rlkit.policy.megatron.policy import MegatronPolicy
+def _megatron(cfg: PolicyConfig, seed: int) -> ModelAdapter:
+    """Megatron-Core; its Mixture-of-Experts adapter for an MoE model folder."""
+    from rlkit.policy.megatron.moe import MegatronMoEAdapter, is_moe
+    from rlkit.policy.megatron.policy import MegatronAdapter
 
-    return (MegatronMoEPolicy if is_moe(read_hf_config(cfg.model_name)) else MegatronPolicy)(cfg, seed)
-
-
-def _dtensor(cfg: PolicyConfig, seed: int) -> InProcessPolicy:
-    from rlkit.policy.dtensor import DTensorPolicy
-
-    return DTensorPolicy(cfg, seed)
+    return (MegatronMoEAdapter if is_moe(read_hf_config(cfg.model_name)) else MegatronAdapter)(cfg, seed)
 
 
-def _hf(cfg: PolicyConfig, seed: int) -> InProcessPolicy:
-    from rlkit.policy.hf import HFPolicy
+def _dtensor(cfg: PolicyConfig, seed: int) -> ModelAdapter:
+    from rlkit.policy.dtensor import DTensorAdapter
 
-    return HFPolicy(cfg, seed)
+    return DTensorAdapter(cfg, seed)
 
 
-BACKENDS: dict[str, Callable[[PolicyConfig, int], InProcessPolicy]] = {
+def _hf(cfg: PolicyConfig, seed: int) -> ModelAdapter:
+    from rlkit.policy.hf import HFAdapter
+
+    return HFAdapter(cfg, seed)
+
+
+BACKENDS: dict[str, Callable[[PolicyConfig, int], ModelAdapter]] = {
     "megatron": _megatron,
     "dtensor": _dtensor,
     "hf": _hf,
@@ -62,4 +64,4 @@ def in_process_policy(cfg: PolicyConfig, seed: int = 0) -> InProcessPolicy:
     problems = cfg.backend_problems()  # (a model_copy that set NeMo-RL's flags instead of policy.backend)
     if problems:
         raise ConfigError(problems)
-    return BACKENDS[cfg.backend](cfg, seed)
+    return InProcessPolicy(BACKENDS[cfg.backend](cfg, seed))

@@ -1,12 +1,13 @@
 """The backend contract: everything the session, the stages and the checkpoints ask of a policy.
 
-Four implement all of it: the in-process Megatron-Core, DTensor (FSDP2) and plain-transformers (``hf``) policies
-(on :class:`rlkit.policy.in_process.InProcessPolicy`, which holds what they share), and the Ray worker group,
-which runs one of them per rank. The stages, the run and the checkpoints use these methods; what still reads an
-in-process policy's model or private state is the what-if machinery (weight snapshots for replay and forks,
-:mod:`rlkit.policy.snapshots` and :mod:`rlkit.policy.state`; per-token gradients, :mod:`rlkit.stages.compare`)
-and the session card's reference line, none of which a Ray worker group offers. What each side lets go of for a
-colocated engine is declared here too and acted on by :class:`rlkit.weight_sync.Handoff` alone. The test
+Two classes implement all of it: the in-process training loop (:class:`rlkit.policy.in_process.InProcessPolicy`)
+around one backend's model adapter (Megatron-Core, DTensor/FSDP2 or plain transformers:
+:class:`rlkit.policy.adapter.ModelAdapter`), and the Ray worker group, which runs one loop per rank. What reads
+more of an in-process policy (its public ``model``, ``optimizer``, ``reference``, ``grad_norm()``; never a private
+name: ``tests/policy/test_composition.py``) is the what-if machinery (:mod:`rlkit.policy.snapshots`, per-token
+gradients in :mod:`rlkit.stages.compare`), its checkpoint state (:mod:`rlkit.policy.state`) and the session card's
+reference line, none of which a Ray worker group offers. What each side lets go of for a colocated engine is
+declared here too and acted on by :class:`rlkit.weight_sync.Handoff` alone. The test
 ``tests/policy/test_contract.py`` runs every method against every backend.
 
 Word use: a policy's *logprobs* are per-token log-probabilities of given tokens; *rewards* (the session's

@@ -1,9 +1,9 @@
 """The PyTorch-native policy: a transformers causal LM sharded with FSDP2 (``fully_shard``) over a DTensor mesh.
 
 Why a second backend: it trains transformers' own implementation of the model, with no weight conversion
-(the HF names are the parameter names), and it is the baseline the Megatron backend is measured against. It
-is the plain transformers policy (:class:`rlkit.policy.hf.HFPolicy`: HF weights in and out, full-vocabulary
-logprobs, the gradient norm) sharded, and shares the rest with the Megatron one
+(the HF names are the parameter names), and it is the baseline the Megatron backend is measured against. Its
+adapter is the plain transformers one (:class:`rlkit.policy.hf.HFAdapter`: HF weights in and out, full-vocabulary
+logprobs, the gradient norm) sharded, under the same training loop as the Megatron one
 (:class:`rlkit.policy.in_process.InProcessPolicy`), so a notebook switches with ``policy.backend=dtensor`` and
 compares.
 
@@ -26,13 +26,18 @@ import torch
 import torch.distributed as dist
 
 from rlkit.config.components import PolicyConfig
-from rlkit.policy.hf import HFPolicy, load_causal_lm
+from rlkit.policy.hf import HFAdapter, load_causal_lm
+from rlkit.policy.in_process import InProcessPolicy
 from rlkit.policy.precision import fsdp_mixed_precision
 from rlkit.policy.process_group import acquire_process_group
 
 
-class DTensorPolicy(HFPolicy):
-    """A causal LM from an HF folder, FSDP2-sharded over all ranks (implements :class:`rlkit.policy.base.Policy`)."""
+def DTensorPolicy(cfg: PolicyConfig, seed: int = 0) -> InProcessPolicy:  # the loop over a DTensorAdapter
+    return InProcessPolicy(DTensorAdapter(cfg, seed))
+
+
+class DTensorAdapter(HFAdapter):
+    """A causal LM from an HF folder, FSDP2-sharded over all ranks."""
 
     def __init__(self, cfg: PolicyConfig, seed: int = 0):
         from torch.distributed.device_mesh import init_device_mesh
@@ -40,7 +45,7 @@ class DTensorPolicy(HFPolicy):
 
         self._setup(cfg)
         acquire_process_group()
-        self._holds_process_group = True
+        self.holds_process_group = True
         self.dp_rank, self.dp_size = dist.get_rank(), dist.get_world_size()
         self.mesh = init_device_mesh(self.device.type, (self.dp_size,), mesh_dim_names=("dp",))
         torch.manual_seed(seed)
@@ -56,18 +61,17 @@ class DTensorPolicy(HFPolicy):
                 module.set_gradient_divide_factor(1.0)  # sum over ranks: the loss is already a global value
                 module.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no AVG / PREMUL_SUM)
         self.model = model
-        self._start_training()
 
     def parallel_layout(self) -> dict[str, int | str]:
         return {"backend": "dtensor", "data_parallel_size": self.dp_size}
 
-    def _rows_group(self):
+    def rows_group(self):
         return dist.group.WORLD
 
-    def _microbatch_starting(self, index: int, count: int) -> None:
+    def microbatch_starting(self, index: int, count: int) -> None:
         self.model.set_requires_gradient_sync(index == count - 1)  # reduce-scatter once, after the last backward
 
     def __repr__(self) -> str:
         a = self.arch
-        return (f"DTensorPolicy({a.family}, {a.num_layers}x{a.hidden_size}, {self.cfg.precision}, FSDP2 over "
-                f"{self.dp_size} rank(s), version={self.version})")
+        return (f"DTensorAdapter({a.family}, {a.num_layers}x{a.hidden_size}, {self.cfg.precision}, FSDP2 over "
+                f"{self.dp_size} rank(s))")

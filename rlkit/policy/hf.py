@@ -1,10 +1,10 @@
 """The plain transformers backend: an HF causal LM trained in this process, unsharded.
 
 Why: the simplest policy there is, for debugging a loss. transformers' own model of the folder, no process
-group, no sharding and no weight conversion (the HF names are the parameter names), on the loop, optimizer step,
-reference swap and checkpoints of :class:`rlkit.policy.in_process.InProcessPolicy`. Chosen with
-``policy.backend=hf``. The DTensor backend
-(:class:`rlkit.policy.dtensor.DTensorPolicy`) is this model sharded with FSDP2, so the methods here accept
+group, no sharding and no weight conversion (the HF names are the parameter names). :class:`HFAdapter` is written
+against :class:`rlkit.policy.adapter.ModelAdapter` alone; the loop, optimizer step, reference and checkpoints are
+:class:`rlkit.policy.in_process.InProcessPolicy`'s. Chosen with ``policy.backend=hf``. The DTensor backend
+(:class:`rlkit.policy.dtensor.DTensorAdapter`) is this model sharded with FSDP2, so the methods here accept
 DTensor parameters (each rank then handles its shard).
 
 Numerics: logits divided by the sampling temperature, logprobs and entropy from one log-softmax over the full
@@ -29,8 +29,8 @@ from rlkit.errors import ModelError
 from rlkit.models.families import BY_NAME
 from rlkit.policy import packed_attention
 from rlkit.policy.architecture import Architecture
-from rlkit.policy.in_process import InProcessPolicy
-from rlkit.policy.lora import AdapterReference, hf_name_of_peft_param, inject_peft, merged, peft_file_name
+from rlkit.policy.adapter import ModelAdapter
+from rlkit.policy.lora import hf_name_of_peft_param, inject_peft, merged, peft_file_name
 from rlkit.policy.optimizer import sum_of_squares
 from rlkit.policy.packing import PackedRows
 from rlkit.weights import HFGroup
@@ -53,8 +53,8 @@ def load_causal_lm(cfg: PolicyConfig, device: torch.device, checkpointing: bool 
     return model.to(device)
 
 
-class HFPolicy(AdapterReference, InProcessPolicy):
-    """A causal LM from an HF folder in this process (implements :class:`rlkit.policy.base.Policy`)."""
+class HFAdapter(ModelAdapter):
+    """A causal LM from an HF folder in this process."""
 
     _peft = None  # with policy.lora_cfg: peft's PeftModel around ``model`` (whose linears peft adapted in place)
 
@@ -62,7 +62,6 @@ class HFPolicy(AdapterReference, InProcessPolicy):
         self._setup(cfg)
         torch.manual_seed(seed)
         self.model = self._with_adapters(load_causal_lm(cfg, self.device, cfg.hf_cfg.activation_checkpointing))
-        self._start_training()
 
     def _with_adapters(self, model: torch.nn.Module) -> torch.nn.Module:
         """``model`` with peft's LoRA layers on it when ``policy.lora_cfg.enabled`` (base weights frozen)."""
@@ -81,7 +80,7 @@ class HFPolicy(AdapterReference, InProcessPolicy):
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
     # ---- weights ----------------------------------------------------------------------------------
-    def _copy_hf_state(self, hf: Mapping[str, Tensor]) -> None:
+    def copy_hf_state(self, hf: Mapping[str, Tensor]) -> None:
         """Copy HF-named full tensors (a DTensor parameter keeps this rank's shard). Strict on names and shapes."""
         params = self._hf_params()
         missing = sorted(set(params) - set(hf))
@@ -121,7 +120,7 @@ class HFPolicy(AdapterReference, InProcessPolicy):
         return {hf_name_of_peft_param(name): tuple(params[name.removesuffix(parts[0]) + part] for part in parts)
                 for name in params if name.endswith("." + parts[0])}
 
-    def _adapters_disabled(self):
+    def adapters_disabled(self):
         return self._peft.disable_adapter()
 
     def export_adapter_tensors(self) -> Iterator[tuple[str, Tensor]]:
@@ -133,26 +132,26 @@ class HFPolicy(AdapterReference, InProcessPolicy):
     def parallel_layout(self) -> dict[str, int | str]:
         return {"backend": "hf", "data_parallel_size": 1}
 
-    def _checkpoint_names(self) -> dict[str, str]:
+    def checkpoint_names(self) -> dict[str, str]:
         return {name: name for name, _ in self.model.named_parameters()}  # (DTensors carry their own placement)
 
     # ---- logprobs and training --------------------------------------------------------------------
-    def _rows_group(self):
+    def rows_group(self):
         return None  # this process holds every row
 
-    def _logits(self, input_ids: Tensor) -> Tensor:
+    def logits(self, input_ids: Tensor) -> Tensor:
         """input_ids [b, T] -> logits [b, T, V] (right padding needs no mask: a causal model never looks at later
         positions)."""
         return self.model(input_ids=input_ids.to(self.device), use_cache=False).logits
 
-    def _packed_logits(self, packed: PackedRows) -> Tensor:
+    def packed_logits(self, packed: PackedRows) -> Tensor:
         """Packed rows -> logits [1, L, V]: position_ids restart per row (RoPE), and the registered
         attention (:mod:`rlkit.policy.packed_attention`) runs each row's segment of ``cu_seq_lens_q`` alone."""
         return self.model(input_ids=packed.input_ids.to(self.device), position_ids=packed.position_ids.to(self.device),
                           cu_seq_lens_q=packed.cu_seqlens.to(self.device), use_cache=False).logits
 
-    def _token_logprobs_and_entropy(self, logits: Tensor, input_ids: Tensor,
-                                    with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
+    def token_logprobs_and_entropy(self, logits: Tensor, input_ids: Tensor,
+                                   with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
         """One log-softmax over the full vocabulary (in fp32) for both."""
         logp = torch.log_softmax(logits[:, :-1].float(), dim=-1)
         token = torch.nn.functional.pad(logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1), (1, 0))
@@ -161,7 +160,7 @@ class HFPolicy(AdapterReference, InProcessPolicy):
         with torch.no_grad():
             return token, torch.nn.functional.pad(-(logp.exp() * logp).sum(-1), (1, 0))
 
-    def _grad_norm(self) -> float:
+    def grad_norm(self) -> float:
         sq = torch.zeros((), dtype=torch.float64, device=self.device)
         for p in self.model.parameters():
             if p.grad is not None:  # (this rank's shard of a DTensor gradient)
@@ -172,7 +171,7 @@ class HFPolicy(AdapterReference, InProcessPolicy):
 
     def __repr__(self) -> str:
         a = self.arch
-        return f"HFPolicy({a.family}, {a.num_layers}x{a.hidden_size}, one process, version={self.version})"
+        return f"HFAdapter({a.family}, {a.num_layers}x{a.hidden_size}, one process)"
 
 
 def _full_tensor(param: Tensor) -> Tensor:

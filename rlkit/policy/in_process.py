@@ -1,18 +1,13 @@
-"""What the in-process backends (Megatron-Core and DTensor) share: the whole :class:`rlkit.policy.base.Policy`
-contract except the model itself.
+"""The training loop every in-process backend runs: the whole :class:`rlkit.policy.base.Policy` contract.
 
-A backend subclass builds ``self.model`` and supplies only what differs: the forward pass (``_logits``, raw
-logits), logprobs and entropy from logits (vocabulary-parallel or not), the group its rows are split over,
-gradient reductions and the gradient norm, HF import/export, and how its parameters are named in a checkpoint.
-The calls run this loop -> the backend's hooks, with one hook that calls back: Megatron's fused head hands rows
-whose logits fit one chunk to this loop's unfused scores (``super()._forward_scores``). A backend that pipelines
-its microbatches supplies a ``_pipeline`` runner, to which the loop hands its own functions.
-Everything else is here once: the chunked logprob loop, global token counts, the microbatch loop, the
-all-or-nothing optimizer step with Ctrl-C deferred, the KL reference (resident only when used:
-:mod:`rlkit.policy.reference`), the learning-rate schedule and the checkpoint state. What leaves memory while a
-colocated engine generates is :mod:`rlkit.policy.residency`'s.
+:class:`InProcessPolicy` holds three objects and calls them, none of which calls back: the backend's model
+(:class:`rlkit.policy.adapter.ModelAdapter`), the KL reference (:class:`rlkit.policy.reference.Reference`,
+resident only when used) and what leaves memory while a colocated engine generates
+(:class:`rlkit.policy.residency.Residency`). Everything else is here once: the chunked logprob loop, global token
+counts, the microbatch plan and loop, the all-or-nothing optimizer step with Ctrl-C deferred, the learning-rate
+schedule and the checkpoint state (:mod:`rlkit.policy.state`).
 
-Numerics both backends follow: logits divided by the sampling temperature, the loss normalised by counts
+Numerics every backend follows: logits divided by the sampling temperature, the loss normalised by counts
 over the *global* batch (so gradients are summed, never averaged, over data-parallel ranks), clipping by the
 global gradient norm, AdamW with warm-up and decay (:func:`lr_lambda`). At ``policy.precision=bfloat16`` both
 compute in bf16 and keep fp32 master weights, gradients and optimizer state (:mod:`rlkit.policy.precision`).
@@ -20,26 +15,27 @@ compute in bf16 and keep fp32 master weights, gradients and optimizer state (:mo
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Mapping, Optional
+from typing import Iterator, Mapping, Optional
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
+from rlkit.config.components import OptimizerConfig, SchedulerConfig
 from rlkit.errors import defer_keyboard_interrupt
+from rlkit.policy.adapter import ModelAdapter, Scores
 from rlkit.policy.base import LossFn, TokenLogprobs, TrainStepResult
 from rlkit.policy.optimizer import adamw
-from rlkit.policy.packing import PackedRows, pack_rows
-from rlkit.policy.reference import ReferenceWeights, swap_all
-from rlkit.policy.residency import MemoryResidency
+from rlkit.policy.packing import PackedRows
+from rlkit.policy.reference import Reference
+from rlkit.policy.residency import Residency
 from rlkit.policy.token_budget import microbatch_plan, round_up
 from rlkit.trajectories import LossCounts, Trajectories
+from rlkit.weights import HFGroup
 
 
 def sum_metrics_over_ranks(sums: dict[str, Tensor], group, device: torch.device) -> dict[str, float]:
@@ -53,82 +49,27 @@ def sum_metrics_over_ranks(sums: dict[str, Tensor], group, device: torch.device)
     return {k: float(v) for k, v in sums.items()}
 
 
-class InProcessPolicy(MemoryResidency):
-    """The shared machinery; a subclass sets ``cfg``, ``model`` and ``device``, then calls ``_start_training``."""
+class InProcessPolicy:
+    """A backend's model (``adapter``, built and loaded) trained in this process: a :class:`rlkit.policy.base.Policy`."""
 
-    cfg: PolicyConfig
-    model: Optional[torch.nn.Module]
-    device: torch.device
-    _holds_process_group = False  # a subclass that acquired the default group sets it; close() releases it
-    # rank facts (a Ray worker reports them): this rank's data-parallel rank and size, and whether it is the first
-    # rank of its data-parallel group (the one whose results are kept)
-    dp_rank, dp_size, leader = 0, 1, True
-    # a backend that splits the model into pipeline stages runs microbatches through its schedule instead of the
-    # plain loop (:class:`rlkit.policy.megatron.pipeline.PipelineSchedule`); None: the plain loop
-    _pipeline = None
-    # bf16 copy that runs forward and backward while ``model`` holds the fp32 master weights (Megatron at
-    # policy.precision=bfloat16; a :class:`rlkit.policy.precision.Bf16Twin`); None when ``model`` itself computes
-    _twin = None
-
-    def _start_training(self) -> None:
-        """Optimizer, schedule, version 0 and the reference: the state right after the model is loaded."""
-        self.temperature = self.cfg.generation.temperature
-        self.reset_optimizer(self.cfg.optimizer, self.cfg.scheduler)
+    def __init__(self, adapter: ModelAdapter):
+        self.adapter = adapter
+        self.temperature = adapter.cfg.generation.temperature
+        self.residency = Residency(adapter)
+        self.reference = Reference(adapter)  # the model folder's weights (just loaded); held once something uses it
+        self.reset_optimizer(adapter.cfg.optimizer, adapter.cfg.scheduler)
         self.version = 0
-        # the model folder's weights (just loaded) are the reference; held once something uses it (keep_reference)
-        self._reference = ReferenceWeights(self.cfg.model_name)
 
-    # ---- what a backend supplies --------------------------------------------------------------------
-    def _rows_group(self):
-        """The process group whose ranks hold different rows of a batch (the data-parallel group); None: this
-        process alone."""
-        raise NotImplementedError
+    # what the adapter holds, read through the policy; a new cfg (e.g. another microbatch size) is the adapter's too
+    cfg = property(lambda self: self.adapter.cfg, lambda self, cfg: setattr(self.adapter, "cfg", cfg))
+    model = property(lambda self: self.adapter.model)
+    device = property(lambda self: self.adapter.device)
+    dp_rank = property(lambda self: self.adapter.dp_rank)
+    dp_size = property(lambda self: self.adapter.dp_size)
+    leader = property(lambda self: self.adapter.leader)
 
-    def _logits(self, input_ids: Tensor) -> Tensor:
-        """input_ids [b, t] -> logits [b, t, V] (or this rank's [b, t, V/tp])."""
-        raise NotImplementedError
-
-    def _packed_logits(self, packed: PackedRows) -> Tensor:
-        """Rows packed into one sequence (``policy.sequence_packing``) -> logits [1, L, V(/tp)], each row attending
-        only within itself, its positions restarting at 0."""
-        raise NotImplementedError
-
-    def _copy_hf_state(self, hf: Mapping[str, Tensor]) -> None:
-        """Copy HF-named full tensors into the model (this rank's shards); strict on names and shapes."""
-        raise NotImplementedError
-
-    def _agreed_length(self, t: int) -> int:
-        """The forward length this rank uses when its own rows need ``t`` columns (ranks that must run equal
-        lengths agree here: Megatron's experts under expert parallelism)."""
-        return t
-
-    def _pack(self, input_ids: Tensor, attention_mask: Tensor) -> PackedRows:
-        """The rows of ``input_ids`` [b, T] (real tokens where ``attention_mask`` [b, T]) packed into one sequence."""
-        return pack_rows(input_ids, attention_mask.sum(1).tolist())
-
-    def _token_logprobs_and_entropy(self, logits: Tensor, input_ids: Tensor,
-                                    with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
-        """Logits [b, t, V(/tp)] and ids [b, t] -> logprobs [b, t] (position 0: 0), differentiable; with
-        ``with_entropy`` also the entropy [b, t] of the distribution that predicted each token (position 0: 0,
-        no gradient: a metric), else None."""
-        raise NotImplementedError
-
-    def _grad_norm(self) -> float:
-        """The global gradient norm over every rank's (sharded) gradients."""
-        raise NotImplementedError
-
-    def _reduce_grads(self) -> None:
-        """Sum gradients over the ranks that hold the same weights (FSDP does it during backward)."""
-
-    def _release_gradient_buffers(self) -> None:
-        """Free the memory gradients accumulate in between steps, if the backend keeps it (Megatron's DDP
-        buffers); their contents are dropped. Undone by :meth:`_reallocate_gradient_buffers`."""
-
-    def _reallocate_gradient_buffers(self) -> None:
-        """Allocate (zeroed) what :meth:`_release_gradient_buffers` freed."""
-
-    def _microbatch_starting(self, index: int, count: int) -> None:
-        """Called before the backward microbatch ``index`` of ``count`` (FSDP: sync gradients on the last)."""
+    # not through a pipeline, whose last stage alone sees the logits
+    returns_step_logprobs = property(lambda self: self.adapter.pipeline is None)
 
     def _forward_length(self, attention_mask: Tensor) -> int:
         """Columns of ``attention_mask`` [b, T] a forward pass needs: up to the longest row (right padding),
@@ -137,127 +78,50 @@ class InProcessPolicy(MemoryResidency):
         dynamic = self.cfg.dynamic_batching
         if dynamic.enabled:
             longest = min(attention_mask.shape[1], round_up(longest, dynamic.sequence_length_round))
-        return self._agreed_length(longest)
+        return self.adapter.agreed_length(longest)
 
-    def _scores(self, logits: Tensor, input_ids: Tensor, with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
+    def _scores(self, logits: Tensor, input_ids: Tensor, with_entropy: bool) -> Scores:
         """Raw logits [b, t, V(/tp)] -> logprobs (and entropy) [b, t] of the sampling distribution (the logits
         divided by the sampling temperature)."""
         if self.temperature != 1.0:
             logits = logits / self.temperature
-        return self._token_logprobs_and_entropy(logits, input_ids.to(logits.device), with_entropy)
+        return self.adapter.token_logprobs_and_entropy(logits, input_ids.to(logits.device), with_entropy)
 
     def _forward_scores(self, input_ids: Tensor, with_entropy: bool, packed: Optional[PackedRows] = None,
-                        scored: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
+                        scored: Optional[Tensor] = None) -> Scores:
         """One forward pass of ``input_ids`` [b, t] (or of the ``packed`` rows, whose ids they are) -> logprobs
-        (and entropy) [b, t] of the sampling distribution; a backend that fuses its head with the scores
-        supplies its own, which may leave 0 where ``scored`` ([b, t] bool, the ids' layout) is False (here every
-        position is scored)."""
-        logits = self._logits(input_ids) if packed is None else self._packed_logits(packed)
+        (and entropy) [b, t] of the sampling distribution: the adapter's fused head where it has one (which may
+        leave 0 where ``scored``, [b, t] bool in the ids' layout, is False), else from the full logits."""
+        fused = self.adapter.fused_scores(input_ids, with_entropy, self.temperature, packed, scored)
+        if fused is not None:
+            return fused
+        logits = self.adapter.logits(input_ids) if packed is None else self.adapter.packed_logits(packed)
         return self._scores(logits, input_ids, with_entropy)
 
-    def _shared_prompt_scores(self, input_ids: Tensor, attention_mask: Tensor, with_entropy: bool,
-                              scored: Tensor) -> Optional[list[Tensor]]:
-        """What :meth:`_per_token` returns, from one forward pass that computes each group's shared prompt once,
-        where the backend does so (Megatron: ``policy.megatron_cfg.share_prompts``); None: the ordinary rows."""
-        return None
-
-    @property
-    def returns_step_logprobs(self) -> bool:
-        """Whether a train step can return its logprobs (the backend contract): not through a pipeline, whose last
-        stage alone sees the logits."""
-        return self._pipeline is None
-
-    # ---- optimizer and reference --------------------------------------------------------------------
+    # ---- optimizer ----------------------------------------------------------------------------------
     def reset_optimizer(self, optimizer: OptimizerConfig, scheduler: SchedulerConfig) -> None:
         """A fresh AdamW over the trainable parameters (with ``policy.lora_cfg`` the adapters only) and learning-rate
         schedule (e.g. between an SFT warm start and RL). An offloaded state is dropped, not brought back (the new
         optimizer starts empty)."""
-        if self._offloaded_state is not None:
-            self._offloaded_state = {}  # still offloaded: the gradient buffers come back at the next step
+        if self.residency.offloaded is not None:
+            self.residency.offloaded = {}  # still offloaded: the gradient buffers come back at the next step
         self.optimizer, self.scheduler = adamw([p for p in self.model.parameters() if p.requires_grad], optimizer,
                                                scheduler)
 
-    # ---- the KL reference (rlkit.policy.reference) ----------------------------------------------------
-    # Whether the reference costs a copy of the weights. The seam for low-rank adapters: a policy whose reference is
-    # its base model with the adapters switched off sets this False and overrides _reference_weights_in.
-    reference_needs_copy = True
+    def grad_norm(self) -> float:  # of what ``.grad`` holds now, over every rank's shards
+        return self.adapter.grad_norm()
 
+    # ---- the KL reference (rlkit.policy.reference; the methods' words are the Policy protocol's) ------------
     def keep_reference(self, needed: bool) -> None:
-        """Whether the reference is used (a KL penalty in the loss or the reward: the session's
-        ``needs_reference`` rule; the builder says so once the loss is known). Needed: held from now on (loaded,
-        if it is not, from the live weights or the model folder). Not needed: none held, unless dropping it would
-        lose it (a reference frozen after training that cannot be rebuilt)."""
-        self._reference.wanted, self._reference.needs_copy = needed, self.reference_needs_copy
-        if needed and self.reference_needs_copy:
-            self._hold_reference()
-        elif not needed and self._reference.recoverable():
-            self._reference.tensors = None
+        self.reference.keep(needed)
 
     def set_reference_to_current(self) -> None:
-        """Freeze the current weights as the KL reference (a copy of this rank's shards, no optimizer state);
-        nothing is copied while the reference is known to be unused (:meth:`keep_reference`)."""
-        self._reference.frozen_now()
-        if self._reference.wanted is not False and self.reference_needs_copy:
-            self._hold_reference()
+        self.reference.freeze_current()
 
-    @property
-    def reference_state(self) -> Optional[dict[str, Tensor]]:
-        """The held reference (parameter name -> this rank's shard), or None when none is resident."""
-        return self._reference.tensors
+    reference_state = property(lambda self: self.reference.tensors)  # name -> this rank's shard; None: not held
 
     def reference_residency(self) -> str:
-        """What the reference costs in memory now, and why, in words."""
-        self._reference.needs_copy = self.reference_needs_copy
-        return self._reference.residency()
-
-    def _hold_reference(self) -> None:
-        """Make the reference resident: a copy of the live weights while they are still the reference, else the
-        model folder's weights (loaded into the model, then swapped out: the live weights come back unchanged)."""
-        ref = self._reference
-        if ref.tensors is not None:
-            return
-        params = dict(self.model.named_parameters())
-        if ref.is_current:
-            ref.tensors = {n: p.detach().clone() for n, p in params.items()}
-            return
-        if ref.folder is None:
-            raise ref.unavailable()
-        from rlkit.policy.architecture import load_hf_state
-
-        with torch.no_grad():
-            held = {n: p.detach().clone() for n, p in params.items()}  # becomes the reference after the swap
-            self.load_hf_state(load_hf_state(ref.folder))
-            swap_all(params, held)
-        ref.tensors = held
-        self._master_weights_changed()  # the live masters are back: refresh a bf16 copy
-        ref.is_current = False
-
-    @contextlib.contextmanager
-    def _reference_weights_in(self):
-        """The model computes with the reference weights inside the block; the live weights come back after, even
-        if the block raises. The held reference is swapped into the parameters in place (no clone); a bf16 compute
-        copy gets the reference and is pulled back from the fp32 masters after."""
-        if not self.reference_needs_copy:  # the base model with the adapters off (rlkit.policy.lora.AdapterReference)
-            with self._adapters_disabled():
-                yield
-            return
-        self._hold_reference()
-        ref = self._reference.tensors
-        if self._twin is not None:
-            with torch.no_grad():
-                for name, param in self._twin.compute.named_parameters():
-                    param.copy_(ref[name])
-            try:
-                yield
-            finally:
-                self._twin.pull()
-            return
-        params = dict(self.model.named_parameters())
-        swap_all(params, ref)
-        try:
-            yield
-        finally:
-            swap_all(params, ref)
+        return self.reference.residency()
 
     # ---- logprobs -----------------------------------------------------------------------------------
     @torch.no_grad()
@@ -267,14 +131,14 @@ class InProcessPolicy(MemoryResidency):
         ``logprob_batch_size`` rows, each trimmed to its longest row; 0 at position 0 and on padding, and
         possibly 0 where ``scored`` [B, T] (bool, e.g. the loss mask) is False: only the positions it marks
         are needed (a fused head then skips the others' logits)."""
-        self._frozen_base_in()
+        self.residency.base_in()
         self.model.eval()
-        if self._pipeline is not None:
-            return self._pipeline.logprobs(input_ids, attention_mask, with_entropy, self.cfg.logprob_batch_size,
-                                           self._forward_length, self._scores)
+        if self.adapter.pipeline is not None:
+            return self.adapter.pipeline.logprobs(input_ids, attention_mask, with_entropy,
+                                                  self.cfg.logprob_batch_size, self._forward_length, self._scores)
         out = torch.zeros((1 + with_entropy, *input_ids.shape), device=input_ids.device)  # logprobs (, entropy)
         for rows in microbatch_plan(self.cfg, attention_mask, self.cfg.logprob_batch_size, "logprob_mb_tokens",
-                                    self._rows_group(), self.device):
+                                    self.adapter.rows_group(), self.device):
             needed = None if scored is None else scored[rows]
             values = self._per_token(input_ids[rows], attention_mask[rows], with_entropy, needed)
             out[:, rows] = torch.stack(values).to(out.device)
@@ -282,7 +146,7 @@ class InProcessPolicy(MemoryResidency):
 
     def reference_logprobs(self, input_ids: Tensor, attention_mask: Tensor, *,
                            scored: Optional[Tensor] = None) -> TokenLogprobs:
-        with self._reference_weights_in():
+        with self.reference.weights_in():
             return self.logprobs(input_ids, attention_mask, scored=scored)
 
     # ---- training -----------------------------------------------------------------------------------
@@ -290,7 +154,8 @@ class InProcessPolicy(MemoryResidency):
         """Counts over this rank's rows summed over the data-parallel group."""
         local = {"valid_tokens": loss_mask.sum(), "valid_sequences": (loss_mask.sum(1) > 0).sum(),
                  "num_sequences": torch.tensor(loss_mask.shape[0])}
-        total = sum_metrics_over_ranks({k: v.double() for k, v in local.items()}, self._rows_group(), self.device)
+        total = sum_metrics_over_ranks({k: v.double() for k, v in local.items()}, self.adapter.rows_group(),
+                                       self.device)
         return LossCounts(**{k: int(v) for k, v in total.items()})
 
     def _per_token(self, input_ids: Tensor, attention_mask: Tensor, with_entropy: bool,
@@ -300,11 +165,12 @@ class InProcessPolicy(MemoryResidency):
         pass (the rows packed into one sequence with ``policy.sequence_packing``, else trimmed to
         :meth:`_forward_length`)."""
         width = input_ids.shape[1]
-        shared = None if scored is None else self._shared_prompt_scores(input_ids, attention_mask, with_entropy, scored)
+        shared = None if scored is None else self.adapter.shared_prompt_scores(
+            input_ids, attention_mask, with_entropy, scored, self.temperature)
         if shared is not None:
             return shared
         if self.cfg.sequence_packing.enabled:
-            packed = self._pack(input_ids, attention_mask)
+            packed = self.adapter.pack(input_ids, attention_mask)
             needed = None if scored is None else packed.pack(scored.to(torch.int8)).bool()
             values = self._forward_scores(packed.input_ids, with_entropy, packed, needed)
             return [packed.unpack(v, width).to(input_ids.device) for v in values if v is not None]
@@ -328,7 +194,7 @@ class InProcessPolicy(MemoryResidency):
         ``kept[0]`` and ``kept[1]``, and the entropy goes to the loss as the logprobs pass's would (its
         ``approx_entropy``). Through a pipeline (no ``kept``: :attr:`returns_step_logprobs`) its schedule runs
         them (and the forward pass), each microbatch's loss from its logits [b, t, V(/tp)] by ``micro_loss``."""
-        if self._pipeline is not None:
+        if self.adapter.pipeline is not None:
             t = self._forward_length(batch.attention_mask)
 
             def micro_loss(logits: Tensor, micro: Trajectories) -> tuple[Tensor, dict[str, Tensor]]:
@@ -336,14 +202,14 @@ class InProcessPolicy(MemoryResidency):
                 logprobs = logprobs.to(micro.input_ids.device) * micro.attention_mask[:, :t]
                 return self._loss_of(torch.nn.functional.pad(logprobs, (0, micro.input_ids.shape[1] - t)), micro,
                                      loss_fn, counts)
-            return self._pipeline.losses(batch, self.cfg.train_micro_batch_size, t, micro_loss, backward)
+            return self.adapter.pipeline.losses(batch, self.cfg.train_micro_batch_size, t, micro_loss, backward)
         sums: Counter[str] = Counter()  # float64 scalar tensors summed over microbatches
         plan = microbatch_plan(self.cfg, batch.attention_mask, self.cfg.train_micro_batch_size, "train_mb_tokens",
-                               self._rows_group(), self.device)
+                               self.adapter.rows_group(), self.device)
         for i, rows in enumerate(plan):
             micro = batch.select(rows)
             if backward:
-                self._microbatch_starting(i, len(plan))
+                self.adapter.microbatch_starting(i, len(plan))
             # the loss reads the logprobs where the loss mask is (0 elsewhere, as every per-token field)
             logprobs, *entropy = self._per_token(micro.input_ids, micro.attention_mask, with_entropy=kept is not None,
                                                  scored=micro.loss_mask)
@@ -360,13 +226,13 @@ class InProcessPolicy(MemoryResidency):
                           kept: Optional[Tensor] = None) -> tuple[dict[str, float], int]:
         """The loss over ``batch`` normalised by global counts; with ``backward`` the summed gradient of the
         global batch ends up in ``.grad``. Returns global metric sums and the number of microbatches."""
-        self._frozen_base_in()
+        self.residency.base_in()
         counts = self.global_counts(batch.loss_mask)
         with torch.set_grad_enabled(backward):
             sums, n_micro = self._microbatch_losses(batch, loss_fn, counts, backward, kept)
         if backward:
-            self._reduce_grads()
-        return sum_metrics_over_ranks(sums, self._rows_group(), self.device), n_micro
+            self.adapter.reduce_grads()
+        return sum_metrics_over_ranks(sums, self.adapter.rows_group(), self.device), n_micro
 
     def compute_gradients(self, batch: Trajectories, loss_fn: LossFn) -> dict[str, float]:
         """Fill ``.grad`` of every parameter with the gradient of the global-batch loss; no update (for
@@ -398,7 +264,7 @@ class InProcessPolicy(MemoryResidency):
         kept = torch.zeros((2, *batch.loss_mask.shape), device=batch.loss_mask.device) if return_logprobs else None
         try:
             metrics, n_micro = self._run_microbatches(batch, loss_fn, backward=True, kept=kept)
-            grad_norm = self._grad_norm()
+            grad_norm = self.adapter.grad_norm()
             if not math.isfinite(grad_norm):
                 raise FloatingPointError(f"gradient norm is {grad_norm}; the step was skipped, weights unchanged")
         except BaseException:
@@ -421,54 +287,73 @@ class InProcessPolicy(MemoryResidency):
                                logprobs=logprobs, entropy=entropy)
 
     # ---- weights and checkpoints --------------------------------------------------------------------
+    # (the adapter's words: rlkit.policy.adapter.ModelAdapter)
+    def export_hf_groups(self) -> Iterator[HFGroup]:
+        return self.adapter.export_hf_groups()
+
     def hf_state_dict(self) -> dict[str, Tensor]:
         return {name: t.clone() for group in self.export_hf_groups() for name, t in group}
 
-    def parallel_layout(self) -> dict[str, int | str | bool]:
-        """The layout a checkpoint's shards are cut by (a checkpoint loads only under the same one)."""
-        raise NotImplementedError
+    def export_adapter_tensors(self) -> Iterator[tuple[str, Tensor]]:
+        return self.adapter.export_adapter_tensors()
 
-    def _checkpoint_names(self) -> dict[str, str]:
-        """Parameter name on this rank -> its name in a checkpoint, unique for every distinct shard."""
-        raise NotImplementedError
+    def parallel_layout(self) -> dict[str, int | str | bool | None]:
+        return self.adapter.parallel_layout()
+
+    def checkpoint_names(self) -> dict[str, str]:
+        return self.adapter.checkpoint_names()
 
     def save_state(self, folder: Path) -> None:
         from rlkit.policy.state import save_policy_state
 
-        with self._optimizer_state_in_place():
+        with self.residency.in_place(self.optimizer):
             save_policy_state(self, Path(folder))
 
     def load_hf_state(self, hf: Mapping[str, Tensor]) -> None:
         """Load HF-named full tensors (this rank keeps its shards). Strict on names and shapes."""
-        self._frozen_base_in()
-        self._copy_hf_state(hf)
+        self.residency.base_in()
+        self.adapter.copy_hf_state(hf)
         self._master_weights_changed()
 
     def load_state(self, folder: Path) -> None:
         from rlkit.policy.state import load_policy_state
 
-        with self._optimizer_state_in_place():
+        with self.residency.in_place(self.optimizer):
             load_policy_state(self, Path(folder))
         self._master_weights_changed()
 
+    def sync_compute_copy(self) -> None:
+        """Refresh the bf16 compute copy (if any) after the fp32 weights in ``model`` were written."""
+        if self.adapter.twin is not None:
+            self.adapter.twin.pull()
+
     def _master_weights_changed(self) -> None:
-        """Refresh the bf16 compute copy (if any) after the fp32 weights in ``model`` changed; the live weights are
-        no longer the reference's."""
-        if getattr(self, "_reference", None) is not None:
-            self._reference.is_current = False
-        if self._twin is not None:
-            self._twin.pull()
+        self.reference.is_current = False  # the live weights are no longer the reference's
+        self.sync_compute_copy()
+
+    # ---- what leaves memory while a colocated engine generates (rlkit.policy.residency) ---------------
+    # train_step, compute_gradients, save_state and load_state bring an offloaded state back for their call (the
+    # last two offload it again after)
+    def offload_optimizer_state(self) -> None:
+        self.residency.offload(self.optimizer)
+
+    def release_gradient_buffers(self) -> None:
+        self.residency.release_gradient_buffers()
+
+    def restore_optimizer_state(self) -> None:
+        self.residency.restore(self.optimizer)
+
+    releases_base_while_generating = property(lambda self: self.cfg.lora_cfg.releases_base)
+
+    def release_frozen_base(self) -> int:
+        return self.adapter.release_frozen_base()
 
     def close(self) -> None:
-        """Release the model, optimizer and reference, and this policy's hold on the default process group
-        (destroyed with its last holder if rlkit created it: :mod:`rlkit.policy.process_group`)."""
-        from rlkit.policy.process_group import release_process_group
-
-        self.model = None
-        self._twin = None
+        """Release the optimizer, the reference and the model (with the adapter's hold on process groups)."""
         self.optimizer = None
-        self._offloaded_state = None
-        self._reference = ReferenceWeights(None)
-        if self._holds_process_group:
-            self._holds_process_group = False
-            release_process_group()
+        self.residency.offloaded = None
+        self.reference.tensors = None
+        self.adapter.close()
+
+    def __repr__(self) -> str:
+        return f"InProcessPolicy({self.adapter!r}, version={self.version})"

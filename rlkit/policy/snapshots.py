@@ -2,9 +2,10 @@
 without a step: what replaying a past step and forking a session need (:mod:`rlkit.run.replay`,
 :mod:`rlkit.run.fork`).
 
-Why here and not in the backends: the Megatron, DTensor and plain-transformers backends share
+Why here and not in the backends: the Megatron, DTensor and plain-transformers backends share the training loop
 :class:`rlkit.policy.in_process.InProcessPolicy`, whose trainable parameters, optimizer and scheduler are
-ordinary torch objects; copying them is the same code for all three. The state is the *trainable* parameters
+ordinary torch objects; copying them is the same code for all three, through its public API (``model``,
+``optimizer``, ``reference``, ``grad_norm()``, ``sync_compute_copy()``). The state is the *trainable* parameters
 only: with ``policy.lora_cfg`` on, the adapters (a few MB), else every weight.
 
 Exactness: every copy is ``clone()``/``copy_()`` of fp32 tensors, so a state put back is bit for bit the one
@@ -63,8 +64,7 @@ def load_weights(policy: Any, weights: dict[str, Tensor]) -> None:
                          "policy.lora_cfg?)")
     for name, p in params.items():
         p.copy_(weights[name])
-    if getattr(policy, "_twin", None) is not None:
-        policy._twin.pull()
+    policy.sync_compute_copy()
 
 
 @contextmanager
@@ -110,8 +110,7 @@ def load_state(policy: Any, state: PolicyState) -> None:
     policy.optimizer.load_state_dict(copy.deepcopy(state.optimizer))
     policy.scheduler.load_state_dict(copy.deepcopy(state.scheduler))
     policy.version = state.version
-    if getattr(policy, "_reference", None) is not None:
-        policy._reference.is_current = False  # these weights are not the reference's (as after any update)
+    policy.reference.is_current = False  # these weights are not the reference's (as after any update)
 
 
 @dataclass(frozen=True)
@@ -138,7 +137,7 @@ def gradient(policy: Any, batch: Trajectories, loss_fn: LossFn) -> Gradient:
     require_in_process(policy, "a gradient")
     metrics = policy.compute_gradients(batch, loss_fn)
     try:
-        norm = policy._grad_norm()
+        norm = policy.grad_norm()
         grads = {name: _full(p.grad).detach().float().clone() if p.grad is not None else
                  torch.zeros(p.shape, dtype=torch.float32) for name, p in trainable(policy).items()}
     finally:

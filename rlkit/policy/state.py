@@ -45,7 +45,7 @@ def _named_tensors(policy: Any) -> dict[str, tuple[str, Tensor]]:
     (``policy.lora_cfg``) the adapters alone: the frozen base is the model folder's, loaded at build."""
     params = dict(policy.model.named_parameters())
     adapters = policy.cfg.lora_cfg.enabled
-    return {key: (name, params[name]) for name, key in policy._checkpoint_names().items()
+    return {key: (name, params[name]) for name, key in policy.checkpoint_names().items()
             if not adapters or params[name].requires_grad}
 
 
@@ -65,7 +65,7 @@ def save_policy_state(policy: Any, folder: Path) -> None:
     from torch.distributed.checkpoint import HuggingFaceStorageWriter, save
 
     tensors: dict[str, Tensor] = {}
-    reference = policy._reference
+    reference = policy.reference
     for key, (name, param) in _named_tensors(policy).items():
         tensors[f"model/{key}"] = param.detach()
         if reference.tensors is not None:
@@ -124,7 +124,7 @@ def load_policy_state(policy: Any, folder: Path) -> None:
     template: dict[str, Tensor] = {}
     for key, (_, param) in named.items():
         template[f"model/{key}"] = torch.empty_like(param.detach())
-        if with_reference and policy._reference.wanted is not False:  # (a reference nobody uses is not read)
+        if with_reference and policy.reference.wanted is not False:  # (a reference nobody uses is not read)
             template[f"reference/{key}"] = torch.empty_like(param.detach())
         for saved_key in (k for k in saved if k.startswith(f"optimizer/{key}/")):
             size = saved[saved_key].size
@@ -138,13 +138,9 @@ def _apply(policy: Any, named: dict, template: dict[str, Tensor], meta: dict) ->
     with torch.no_grad():
         for key, (_, param) in named.items():
             param.copy_(template[f"model/{key}"])
-    from rlkit.policy.reference import ReferenceWeights
-
-    wanted = policy._reference.wanted
-    policy._reference = ReferenceWeights(meta.get("reference_folder"))
-    policy._reference.wanted, policy._reference.is_current = wanted, False
-    if any(k.startswith("reference/") for k in template):
-        policy._reference.tensors = {name: template[f"reference/{key}"] for key, (name, _) in named.items()}
+    held = any(k.startswith("reference/") for k in template)
+    policy.reference.restore(meta.get("reference_folder"),
+                             {name: template[f"reference/{key}"] for key, (name, _) in named.items()} if held else None)
     live = policy.optimizer.state_dict()
     index = {id(p): i for group, live_group in zip(policy.optimizer.param_groups, live["param_groups"])
              for p, i in zip(group["params"], live_group["params"])}

@@ -406,7 +406,7 @@ class RayPolicyGroup:
 
     def release_frozen_base(self) -> int:
         """Every rank frees its shard of the frozen base until its next forward pass, export or HF import reads it
-        back (:meth:`rlkit.policy.residency.MemoryResidency.release_frozen_base`); rank 0's bytes freed."""
+        back (:meth:`rlkit.policy.in_process.InProcessPolicy.release_frozen_base`); rank 0's bytes freed."""
         return self._call_all("release_frozen_base")
 
     def reference_residency(self) -> str:

@@ -68,7 +68,7 @@ def test_a_sharded_folder_loads_layer_by_layer_and_exports_in_its_own_layout(mod
         reference = AutoModelForCausalLM.from_pretrained(str(sharded), dtype=torch.float32).eval()
         with torch.no_grad():
             policy.model.eval()
-            assert (reference(ids).logits - policy._logits(ids)).abs().max() < 1e-4
+            assert (reference(ids).logits - policy.adapter.logits(ids)).abs().max() < 1e-4
         del reference
 
         growth = peak_rss_growth(lambda: policy.load_hf_state(load_hf_state(sharded)))

@@ -11,7 +11,7 @@ import torch
 from rlkit.config.components import OptimizerConfig, PolicyConfig
 from rlkit.config.loading import load_config
 from rlkit.errors import ConfigError
-from rlkit.policy.dtensor import DTensorPolicy
+from rlkit.policy.dtensor import DTensorAdapter, DTensorPolicy
 from rlkit.policy.megatron.policy import MegatronPolicy, load_hf_state
 from tests.helpers import pg_token_mean_loss, random_batch
 
@@ -95,7 +95,7 @@ def test_grpo_step_through_the_session_on_dtensor(tmp_path):
     overrides = tiny_overrides(tmp_path, **{"policy.dtensor_cfg.enabled": True, "policy.megatron_cfg.enabled": False})
     session = rlkit.Session.from_config("quickstart", overrides, env=RewardFunctionEnvironment(varied_reward))
     try:
-        assert isinstance(session.policy, DTensorPolicy)
+        assert isinstance(session.policy.adapter, DTensorAdapter)
         metrics = session.step()
         assert session.policy.version == 1 and not session.stale
         assert abs(session.batch.info["token_mult_prob_error"] - 1.0) < 1e-3  # vLLM and the policy agree

@@ -38,12 +38,12 @@ def test_a_released_base_comes_back_exactly(model_factory, precision):
         assert steps[0].metrics == steps[1].metrics and steps[0].grad_norm == steps[1].grad_norm
         # an export of a released base (a refit's) reads it back a layer at a time, and leaves it released
         released.release_frozen_base()
-        base_groups = released._frozen_base.keys()
+        base_groups = released.adapter.frozen_base.keys()
         exported = [{}, kept.hf_state_dict()]
         for group in released.export_hf_groups():
             exported[0].update((name, t.clone()) for name, t in group)
-            assert len(base_groups) - len(released._frozen_base.released) <= 2  # one layer, and the ends
-        assert released._frozen_base.released == set(base_groups) and resident_bytes(released) == before - base
+            assert len(base_groups) - len(released.adapter.frozen_base.released) <= 2  # one layer, and the ends
+        assert released.adapter.frozen_base.released == set(base_groups) and resident_bytes(released) == before - base
         assert exported[0].keys() == exported[1].keys()
         assert all(torch.equal(exported[0][k], exported[1][k]) for k in exported[0])
     finally:

@@ -3,7 +3,7 @@ test_contract.py; here a short GRPO session steps on it, and agrees with vLLM on
 
 import torch
 
-from rlkit.policy.hf import HFPolicy
+from rlkit.policy.hf import HFAdapter
 
 
 def test_a_short_session_on_the_transformers_backend_steps(tmp_path):
@@ -13,7 +13,7 @@ def test_a_short_session_on_the_transformers_backend_steps(tmp_path):
 
     overrides = tiny_overrides(tmp_path, **{"policy.hf_cfg.enabled": True, "policy.megatron_cfg.enabled": False})
     with rlkit.Session.from_config("quickstart", overrides, env=RewardFunctionEnvironment(varied_reward)) as session:
-        assert isinstance(session.policy, HFPolicy) and session.policy.parallel_layout()["backend"] == "hf"
+        assert isinstance(session.policy.adapter, HFAdapter) and session.policy.parallel_layout()["backend"] == "hf"
         before = session.policy.hf_state_dict()
         for step in (1, 2):
             metrics = session.step()

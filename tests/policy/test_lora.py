@@ -107,7 +107,7 @@ def test_export_writes_merged_and_peft_adapter_folders(nano, backend, tmp_path):
     try:
         batch = random_batch(b=8, t=20)
         with torch.no_grad():
-            logits = policy._logits(batch.input_ids)  # [b, T, V] at TP=1 (temperature 1)
+            logits = policy.adapter.logits(batch.input_ids)  # [b, T, V] at TP=1 (temperature 1)
         out = export_hf_folder(policy, nano, tmp_path / "export", cfg.lora_cfg)
         adapter_bytes = sum(f.stat().st_size for f in (out / ADAPTER_DIR).iterdir())
         model_bytes = sum(f.stat().st_size for f in out.glob("*.safetensors"))
@@ -271,7 +271,7 @@ def test_at_bf16_megatron_holds_the_frozen_base_once_in_bf16(nano):
         base = sum(p.numel() for n, p in params.items() if ".lora_" not in n)
         adapters = sum(p.numel() for n, p in params.items() if ".lora_" in n)
         distinct = {p.data_ptr(): p.numel() * p.element_size()
-                    for p in [*policy.model.parameters(), *policy._twin.compute.parameters()]}
+                    for p in [*policy.model.parameters(), *policy.adapter.twin.compute.parameters()]}
         assert sum(distinct.values()) == 2 * base + (4 + 2) * adapters
         assert {p.dtype for n, p in params.items() if ".lora_" not in n} == {torch.bfloat16}
         qkv = params["decoder.layers.0.self_attention.linear_qkv.weight"]
@@ -282,7 +282,7 @@ def test_at_bf16_megatron_holds_the_frozen_base_once_in_bf16(nano):
         assert torch.equal(exported["model.norm.weight"], hf["model.norm.weight"].to(torch.bfloat16))  # not adapted
         a, b = (params[f"decoder.layers.0.self_attention.linear_qkv.adapter.lora_{x}"] for x in "AB")
         assert b.abs().max() > 0
-        q, k, v = split_qkv(merged(qkv.detach(), a.detach(), b.detach(), policy.cfg.lora_cfg.scaling), policy.arch)
+        q, k, v = split_qkv(merged(qkv.detach(), a.detach(), b.detach(), policy.cfg.lora_cfg.scaling), policy.adapter.arch)
         assert q.dtype == torch.bfloat16 and torch.equal(exported["model.layers.0.self_attn.q_proj.weight"], q)
         assert torch.equal(exported["model.layers.0.self_attn.v_proj.weight"], v)
         assert not torch.equal(q, hf["model.layers.0.self_attn.q_proj.weight"].to(torch.bfloat16))  # it moved

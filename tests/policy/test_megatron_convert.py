@@ -29,7 +29,7 @@ def hf_and_megatron_logits(policy, path, ids):
     hf = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
     policy.model.eval()
     with torch.no_grad():
-        return hf(ids).logits, policy._logits(ids)
+        return hf(ids).logits, policy.adapter.logits(ids)
 
 
 @pytest.mark.parametrize("family,tie", [("llama", False), ("llama", True), ("qwen2", False)])

@@ -31,8 +31,8 @@ def model_path(model_factory):
 
 def hf_gradients(policy) -> dict[str, torch.Tensor]:
     """The policy's ``.grad`` of every parameter, in HF names and layouts (one process: nothing sharded)."""
-    grads = {policy._global_name(n): p.grad for n, p in policy.model.named_parameters()}
-    return {name: g.clone() for group in convert.megatron_to_hf_groups(grads.__getitem__, policy.arch)
+    grads = {policy.adapter._global_name(n): p.grad for n, p in policy.model.named_parameters()}
+    return {name: g.clone() for group in convert.megatron_to_hf_groups(grads.__getitem__, policy.adapter.arch)
             for name, g in group}
 
 
@@ -57,7 +57,7 @@ def test_ddp_gradients_over_microbatches_match_float64_transformers(model_path):
     batch = random_batch(b=8, t=24)
     policy = MegatronPolicy(PolicyConfig(model_name=str(model_path), train_micro_batch_size=2))
     try:
-        assert type(policy._forward_module).__name__ == "DistributedDataParallel"
+        assert type(policy.adapter._forward_module).__name__ == "DistributedDataParallel"
         policy.compute_gradients(batch, pg_token_mean_loss)
         assert all(p.grad.data_ptr() == p.main_grad.data_ptr() for p in policy.model.parameters())
         first = hf_gradients(policy)
@@ -79,7 +79,7 @@ def test_bf16_masters_take_ddp_fp32_gradients(model_path):
     policy = MegatronPolicy(cfg)
     try:
         policy.compute_gradients(random_batch(b=8, t=24), pg_token_mean_loss)
-        for master, compute in policy._twin.pairs:
+        for master, compute in policy.adapter.twin.pairs:
             assert compute.dtype == torch.bfloat16 and compute.grad is None
             assert master.grad.dtype == torch.float32 and master.grad.data_ptr() == compute.main_grad.data_ptr()
     finally:

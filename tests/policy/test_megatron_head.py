@@ -10,23 +10,23 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from rlkit.config.components import GenerationConfig, PolicyConfig, SequencePackingConfig
-from rlkit.policy.in_process import InProcessPolicy
 from rlkit.policy.megatron import head
 from rlkit.policy.megatron.policy import MegatronPolicy
 from tests.helpers import pg_token_mean_loss, random_batch
 
 
-def unfused(policy):
-    """The same policy's scores through full logits (the base class's forward, as a pipeline stage computes)."""
-    return lambda *args, **kwargs: InProcessPolicy._forward_scores(policy, *args, **kwargs)
+def unfused(policy, monkeypatch) -> None:
+    """The same policy's scores through full logits from now on (the loop's own scores, as a pipeline stage
+    computes): its adapter offers no fused scores."""
+    monkeypatch.setattr(policy.adapter, "fused_scores", lambda *args, **kwargs: None)
 
 
 def chunk_of(policy, monkeypatch, tokens: int) -> None:
     """The policy's fused head scores ``tokens`` tokens a chunk (``policy.megatron_cfg.fused_head_chunk_mib``)."""
-    mib = 4 * policy.arch.vocab_size * tokens / 2**20
+    mib = 4 * policy.adapter.arch.vocab_size * tokens / 2**20
     mc = policy.cfg.megatron_cfg.model_copy(update={"fused_head_chunk_mib": mib})
-    monkeypatch.setattr(policy, "cfg", policy.cfg.model_copy(update={"megatron_cfg": mc}))
-    assert policy.cfg.megatron_cfg.fused_head_chunk_bytes == 4 * policy.arch.vocab_size * tokens
+    monkeypatch.setattr(policy.adapter, "cfg", policy.cfg.model_copy(update={"megatron_cfg": mc}))
+    assert policy.cfg.megatron_cfg.fused_head_chunk_bytes == 4 * policy.adapter.arch.vocab_size * tokens
 
 
 def scores_and_gradients(policy, batch):
@@ -46,11 +46,11 @@ def test_fused_head_equals_the_unfused_one(model_factory, monkeypatch, family, o
                        sequence_packing=SequencePackingConfig(enabled=packing))
     policy = MegatronPolicy(cfg)
     try:
-        assert policy.arch.tie_word_embeddings == bool(overrides)
+        assert policy.adapter.arch.tie_word_embeddings == bool(overrides)
         chunk_of(policy, monkeypatch, 5)  # many chunks
         batch = random_batch(b=6, t=20)
         fused, fused_grads = scores_and_gradients(policy, batch)
-        monkeypatch.setattr(policy, "_forward_scores", unfused(policy))
+        unfused(policy, monkeypatch)
         plain, plain_grads = scores_and_gradients(policy, batch)
     finally:
         policy.close()
@@ -82,14 +82,14 @@ def test_a_train_step_never_holds_the_logits_of_all_tokens(model_factory, monkey
     policy = MegatronPolicy(PolicyConfig(model_name=str(model_factory("nano", "qwen2", vocab_size=4096)),
                                          train_micro_batch_size=8))
     try:
-        vocab, batch = policy.arch.vocab_size, random_batch(b=8, t=40)
+        vocab, batch = policy.adapter.arch.vocab_size, random_batch(b=8, t=40)
         tokens = 8 * int(batch.attention_mask.sum(1).max())
         weights = sum(p.numel() for p in policy.model.parameters())  # (DDP's gradient buffer holds them all)
         chunk_of(policy, monkeypatch, 4)
         sizes = []
-        for forward in (None, unfused(policy)):
-            if forward is not None:
-                monkeypatch.setattr(policy, "_forward_scores", forward)
+        for full_logits in (False, True):
+            if full_logits:
+                unfused(policy, monkeypatch)
             with LargestTensor() as seen:
                 policy.train_step(batch, pg_token_mean_loss)
             sizes.append(seen.largest)

@@ -87,7 +87,7 @@ def test_entropy_matches_float64_reference(policy):
     batch = random_batch(b=4, t=16)
     scores = policy.logprobs(batch.input_ids, batch.attention_mask, with_entropy=True)
     with torch.no_grad():
-        logits = policy._logits(batch.input_ids).double().cpu()
+        logits = policy.adapter.logits(batch.input_ids).double().cpu()
     logp = logits.log_softmax(-1)
     ent = -(logp.exp() * logp).sum(-1)[:, :-1]
     expected = torch.nn.functional.pad(ent, (1, 0)) * batch.attention_mask
@@ -109,7 +109,7 @@ def test_entropy_in_row_chunks_equals_the_whole_batch_at_once(policy, monkeypatc
     monkeypatch.setattr(scores.dist, "all_reduce", lambda *a, **k: reduces.append(1) or all_reduce(*a, **k))
     batch = random_batch(b=4, t=16)
     with torch.no_grad():
-        logits = policy._logits(batch.input_ids)
+        logits = policy.adapter.logits(batch.input_ids)
     whole = scores.shifted_entropy(logits, ps.get_tensor_model_parallel_group())
     at_once, reduces[:] = len(reduces), []
     monkeypatch.setattr(scores, "ENTROPY_CHUNK_BYTES", 1)  # one row per chunk

@@ -25,13 +25,13 @@ def moe_path(model_factory):
 def megatron_logits(policy, ids):
     policy.model.eval()
     with torch.no_grad():
-        return policy._logits(ids)
+        return policy.adapter.logits(ids)
 
 
 def test_moe_logits_match_transformers_and_export_round_trips(moe_path):
     policy = in_process_policy(PolicyConfig(model_name=str(moe_path)))
     try:
-        assert isinstance(policy, moe.MegatronMoEPolicy) and policy.arch.num_experts == 4
+        assert isinstance(policy.adapter, moe.MegatronMoEAdapter) and policy.adapter.arch.num_experts == 4
         ids = torch.randint(3, 100, (3, 48), generator=torch.Generator().manual_seed(0))
         hf = AutoModelForCausalLM.from_pretrained(str(moe_path), dtype=torch.float32).eval()
         with torch.no_grad():
@@ -118,7 +118,7 @@ def test_grpo_step_through_the_session_on_a_moe_model(tmp_path):
     overrides = tiny_overrides(tmp_path, **{"policy.model_preset": "nano-moe", "policy.model_family": "mixtral"})
     session = rlkit.Session.from_config("quickstart", overrides, env=RewardFunctionEnvironment(varied_reward))
     try:
-        assert isinstance(session.policy, moe.MegatronMoEPolicy)
+        assert isinstance(session.policy.adapter, moe.MegatronMoEAdapter)
         for version in (1, 2):  # the second rollout samples from refit weights
             metrics = session.step()
             assert session.policy.version == version and not session.stale and metrics["train/grad_norm"] > 0

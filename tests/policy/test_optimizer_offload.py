@@ -2,7 +2,7 @@
 (:meth:`rlkit.policy.in_process.InProcessPolicy.offload_optimizer_state`, wired in :class:`rlkit.weight_sync.Handoff`).
 
 On the CPU the offload does nothing by design (the weights live in host memory already), so the CPU tests make
-the policy believe its weights sit on an accelerator (``_offload_frees_memory`` returns True): the real code
+the policy believe its weights sit on an accelerator (``residency.frees_memory`` returns True): the real code
 path then runs on the CPU, moving every state tensor into new host tensors (out of the optimizer) and
 resizing Megatron's gradient buffers to nothing, and back. What only a GPU can show, device memory freed by
 the offload, is the CUDA test's (skipped here).
@@ -38,7 +38,7 @@ def cfg(model_factory):
 def build(cfg: PolicyConfig, backend: str) -> InProcessPolicy:
     policy = in_process_policy(cfg.model_copy(update={"backend": backend}))
     if not ON_CUDA:
-        policy._offload_frees_memory = lambda: True  # run the moves on the CPU (module docstring)
+        policy.residency.frees_memory = lambda: True  # run the moves on the CPU (module docstring)
     return policy
 
 
@@ -52,7 +52,7 @@ def on_device_state(policy: InProcessPolicy) -> dict[tuple[int, str], Tensor]:
 
 def gradient_buffer_sizes(policy: InProcessPolicy) -> list[int]:
     """Bytes of the storages under Megatron's DDP gradient buffers ([] on the DTensor backend, which has none)."""
-    ddp = getattr(policy, "_forward_module", None)
+    ddp = getattr(policy.adapter, "_forward_module", None)
     return [b.grad_data.untyped_storage().nbytes() for b in ddp.buffers] if ddp is not None else []
 
 
@@ -78,7 +78,7 @@ def two_steps(cfg: PolicyConfig, backend: str, offload: bool, tmp_path: Path) ->
             assert on_device_state(policy) == {}, "state left on the weights' device"
             assert all(n == 0 for n in gradient_buffer_sizes(policy)), "gradient buffers not freed"
             policy.save_state(tmp_path / "offloaded")
-            assert policy._offloaded_state is not None, "save_state must leave the state offloaded"
+            assert policy.residency.offloaded is not None, "save_state must leave the state offloaded"
             saved, reference = checkpoint(tmp_path / "offloaded"), checkpoint(tmp_path / "in_place")
             assert saved.keys() == reference.keys() and any(k.endswith("/exp_avg_sq") for k in saved)
             assert all(torch.equal(saved[k], reference[k]) for k in saved)
@@ -87,7 +87,7 @@ def two_steps(cfg: PolicyConfig, backend: str, offload: bool, tmp_path: Path) ->
             assert on_device_state(policy).keys() == state.keys() and gradient_buffer_sizes(policy) == buffers
             policy.offload_optimizer_state()  # train_step brings it back by itself
         result = policy.train_step(B2, pg_token_mean_loss)
-        assert policy._offloaded_state is None
+        assert policy.residency.offloaded is None
         return (policy.hf_state_dict(), on_device_state(policy),
                 (result.metrics, result.grad_norm, result.learning_rate, result.version))
     finally:
@@ -113,7 +113,7 @@ def test_reset_and_load_while_offloaded(cfg, tmp_path):
         saved = on_device_state(policy)
         policy.offload_optimizer_state()
         policy.load_state(tmp_path / "after_b1")
-        assert policy._offloaded_state is not None and on_device_state(policy) == {}
+        assert policy.residency.offloaded is not None and on_device_state(policy) == {}
         policy.restore_optimizer_state()
         assert all(torch.equal(v, saved[k]) for k, v in on_device_state(policy).items())
         policy.offload_optimizer_state()
@@ -160,7 +160,7 @@ class SleepingEngine:
         self.policy, self.log = policy, log
 
     def _offloaded(self) -> str:
-        return "offloaded" if self.policy._offloaded_state is not None else "IN PLACE"
+        return "offloaded" if self.policy.residency.offloaded is not None else "IN PLACE"
 
     def update_weights(self, weights) -> None:
         list(weights)
@@ -243,7 +243,7 @@ def test_offload_frees_gpu_memory_and_the_step_is_unchanged(cfg, backend, tmp_pa
         policy.offload_optimizer_state()
         freed = before - torch.cuda.memory_allocated()
         assert freed >= state_bytes + buffer_bytes, (freed, state_bytes, buffer_bytes)
-        assert all(v.is_pinned() for copies in policy._offloaded_state.values() for v, _ in copies.values())
+        assert all(v.is_pinned() for copies in policy.residency.offloaded.values() for v, _ in copies.values())
     finally:
         policy.close()
     test_a_step_after_offload_and_restore_equals_one_without(cfg, backend, tmp_path)

@@ -153,7 +153,7 @@ def test_rows_must_attend_only_within_themselves(model_cfg, monkeypatch):
             return policy.model(input_ids=packed.input_ids, position_ids=packed.position_ids, cu_seq_lens_q=whole,
                                 use_cache=False).logits
 
-        monkeypatch.setattr(policy, "_packed_logits", one_segment)
+        monkeypatch.setattr(policy.adapter, "packed_logits", one_segment)
         wrong = policy.logprobs(batch.input_ids, batch.attention_mask).logprobs
     finally:
         policy.close()

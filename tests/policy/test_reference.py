@@ -134,7 +134,7 @@ def test_the_reference_swap_clones_no_weights(model_path, backend, precision, mo
         cloned = []
         original = torch.Tensor.clone
         monkeypatch.setattr(torch.Tensor, "clone", lambda t, *a, **k: cloned.append(t.numel()) or original(t, *a, **k))
-        with policy._reference_weights_in():
+        with policy.reference.weights_in():
             inside = {n: p.detach() for n, p in policy.model.named_parameters()}
             if precision == "float32":  # the reference is in the parameters themselves
                 assert all(torch.equal(inside[n], initial[n]) for n in inside)

@@ -59,8 +59,8 @@ def run(policy_kwargs, share, batch, train=False):
     policy = MegatronPolicy(PolicyConfig(**policy_kwargs, megatron_cfg=MegatronConfig(
         share_prompts=share, fused_head_chunk_mib=1e-4)))  # (small chunks: the fused head, as a 49k vocabulary)
     decoder_tokens = []
-    forward = policy._forward_module.forward
-    policy._forward_module.forward = lambda ids, *a, **k: decoder_tokens.append(ids.numel()) or forward(ids, *a, **k)
+    forward = policy.adapter._forward_module.forward
+    policy.adapter._forward_module.forward = lambda ids, *a, **k: decoder_tokens.append(ids.numel()) or forward(ids, *a, **k)
     try:
         scores = policy.logprobs(batch.input_ids, batch.attention_mask, with_entropy=True, scored=batch.loss_mask)
         if train:
@@ -105,7 +105,7 @@ def test_rope_takes_each_tokens_own_position(model_factory):
     try:
         from megatron.core.utils import unwrap_model
 
-        gpt = unwrap_model(policy._forward_module)
+        gpt = unwrap_model(policy.adapter._forward_module)
         full = gpt.rotary_pos_emb.get_emb(8)  # [8, 1, 1, dim]
         positions = torch.tensor([[0, 1, 2, 2], [0, 5, 6, 7]])
         with shared_prompt.rope_at(gpt, positions):

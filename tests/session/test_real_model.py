@@ -34,7 +34,7 @@ def session(smollm2_folder):
 def policy_logits(session, ids):
     session.policy.model.eval()
     with torch.no_grad():
-        return session.policy._logits(ids)
+        return session.policy.adapter.logits(ids)
 
 
 def test_megatron_policy_matches_transformers_on_the_real_model(session, smollm2_folder):

@@ -19,7 +19,7 @@ def test_steps_train_and_rollouts_around_a_released_engine(tmp_path):
             assert abs(metrics["train/token_mult_prob_error"] - 1) < 1e-3 and not session.stale
         assert session.generator.weights_released is False  # the refit ending each step rebuilt them
         # and freed the policy's gradient buffers in turn (the next step reallocates them)
-        buffers = session.policy._forward_module.buffers
+        buffers = session.policy.adapter._forward_module.buffers
         assert buffers and all(b.grad_data.untyped_storage().nbytes() == 0 for b in buffers)
 
         batch = session.advantages(session.score(session.rollout()))
@@ -43,8 +43,8 @@ def test_adapters_with_the_base_and_the_engine_released_in_turn(tmp_path):
         for _ in range(2):
             metrics = session.step()
             assert abs(metrics["train/token_mult_prob_error"] - 1) < 1e-3
-            assert policy._frozen_base.released and not session.generator.weights_released
+            assert policy.adapter.frozen_base.released and not session.generator.weights_released
         base = [p for p in policy.model.parameters() if not p.requires_grad]
         assert base and all(p.untyped_storage().nbytes() == 0 for p in base)
         batch = session.logprobs(session.score(session.rollout()))  # the forward pass reads the base back
-        assert batch.info["logprob_abs_diff_max"] < 1e-3 and not policy._frozen_base.released
+        assert batch.info["logprob_abs_diff_max"] < 1e-3 and not policy.adapter.frozen_base.released

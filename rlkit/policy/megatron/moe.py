@@ -32,7 +32,7 @@ with ``moe_aux_loss_coeff=0`` (no auxiliary loss pulling against the RL objectiv
 (the router takes no gradient steps).
 
 Expert parallelism (``expert_model_parallel_size``) splits the experts over ranks (see
-:class:`MegatronMoEPolicy`); the all-gather token dispatcher brings every token to the rank holding its
+:class:`MegatronMoEAdapter`); the all-gather token dispatcher brings every token to the rank holding its
 experts. Refused with the reason: Qwen-MoE models with dense layers between the MoE ones
 (``decoder_sparse_step`` > 1 or ``mlp_only_layers``). Deliberate simplification: experts run one after
 another (no grouped GEMM). One stand-in: megatron-core 0.16.1 without Transformer Engine names an undefined
@@ -58,7 +58,7 @@ from rlkit.models.folder import num_experts_of
 from rlkit.policy.megatron import convert
 from rlkit.policy.architecture import Architecture
 from rlkit.policy.megatron.build import build_gpt_model, transformer_config
-from rlkit.policy.megatron.policy import MegatronPolicy
+from rlkit.policy.megatron.policy import MegatronAdapter
 from rlkit.weights import HFGroup
 
 
@@ -175,8 +175,8 @@ def megatron_layer_to_hf(mc: Mapping[str, Tensor], i: int, arch: MoEArchitecture
 
 
 # ---- the policy --------------------------------------------------------------------------------------
-class MegatronMoEPolicy(MegatronPolicy):
-    """:class:`MegatronPolicy` on a Mixture-of-Experts model; only the model and its weight mapping differ.
+class MegatronMoEAdapter(MegatronAdapter):
+    """:class:`MegatronAdapter` on a Mixture-of-Experts model; only the model and its weight mapping differ.
 
     With expert parallelism (``expert_model_parallel_size`` = EP) expert-parallel rank r holds the experts
     ``r*E/EP .. (r+1)*E/EP - 1`` as Megatron's local experts ``0 .. E/EP - 1``; loading keeps this rank's
@@ -213,7 +213,7 @@ class MegatronMoEPolicy(MegatronPolicy):
             return ps.get_expert_tensor_parallel_rank(), ps.get_expert_tensor_parallel_world_size()
         return self.tp_rank, self.tp_size
 
-    def _agreed_length(self, t: int) -> int:
+    def agreed_length(self, t: int) -> int:
         """Under expert parallelism the longest over the expert-parallel group: Megatron's all-gather token
         dispatcher needs the same number of tokens from every rank of the group in each forward pass."""
         if self.ep_size == 1:
@@ -246,7 +246,7 @@ class MegatronMoEPolicy(MegatronPolicy):
 
     def __repr__(self) -> str:
         ep = f", EP={self.ep_size}" if self.ep_size > 1 else ""
-        return super().__repr__().replace("MegatronPolicy(", f"MegatronMoEPolicy({self.arch.num_experts} experts "
+        return super().__repr__().replace("MegatronAdapter(", f"MegatronMoEAdapter({self.arch.num_experts} experts "
                                           f"top-{self.arch.top_k}{ep}, ", 1)
 
 

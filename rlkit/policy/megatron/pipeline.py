@@ -101,7 +101,7 @@ def run_schedule(model, microbatches: Sequence[Any], forward: Callable[[Any], Te
 
 
 class PipelineSchedule:
-    """The microbatch loop of a policy split into pipeline stages (the policy's ``_pipeline``): the loop of
+    """The microbatch loop of a policy split into pipeline stages (a model adapter's ``pipeline``): the loop of
     :class:`rlkit.policy.in_process.InProcessPolicy` hands over its own functions (the forward length, the scores of
     logits, a microbatch's loss) and gets every stage the last stage's results.
 

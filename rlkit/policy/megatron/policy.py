@@ -6,9 +6,10 @@ weights are sharded per tensor-parallel rank (and experts per expert-parallel ra
 over the ranks that hold the same weights and see different data, and the loss is normalised by counts
 over the global batch.
 
-What is shared with the DTensor backend (the logprob and microbatch loops, the optimizer step, the
-reference swap, checkpoint state) lives in :class:`rlkit.policy.in_process.InProcessPolicy`; this class adds
-the model, its vocabulary-parallel logprobs, its gradient reductions and its HF mapping.
+What is shared with the other backends (the logprob and microbatch loops, the optimizer step, the reference,
+checkpoint state) is the training loop :class:`rlkit.policy.in_process.InProcessPolicy`; :class:`MegatronAdapter`
+(a :class:`rlkit.policy.adapter.ModelAdapter`) supplies the model, its fused head and vocabulary-parallel
+logprobs, its gradient reductions, its pipeline runner and its HF mapping.
 
 Gradients: Megatron-Core's own ``DistributedDataParallel`` (contiguous gradient buffers, bucketed reduce,
 optional ``overlap_grad_reduce``: ``policy.megatron_cfg.distributed_data_parallel_config``) and its
@@ -48,8 +49,9 @@ from torch import Tensor
 
 from rlkit.config.components import PolicyConfig
 from rlkit.errors import ModelError
+from rlkit.policy.adapter import ModelAdapter
 from rlkit.policy.in_process import InProcessPolicy
-from rlkit.policy.lora import AdapterReference, merged
+from rlkit.policy.lora import merged
 from rlkit.policy.optimizer import sum_of_squares
 from rlkit.policy.megatron import convert, head, lora, parallel, pipeline
 from rlkit.policy.architecture import Architecture, load_hf_state
@@ -70,8 +72,12 @@ def _base_group(name: str):
     return int(m.group(1)) if m else "ends"
 
 
-class MegatronPolicy(AdapterReference, InProcessPolicy):
-    """A causal LM on Megatron-Core with HF weights in and out (implements :class:`rlkit.policy.base.Policy`)."""
+def MegatronPolicy(cfg: PolicyConfig, seed: int = 0) -> InProcessPolicy:  # the loop over a MegatronAdapter
+    return InProcessPolicy(MegatronAdapter(cfg, seed))
+
+
+class MegatronAdapter(ModelAdapter):
+    """A causal LM on Megatron-Core with HF weights in and out."""
 
     architecture = Architecture  # what it reads from the HF folder (the MoE subclass reads more)
 
@@ -84,7 +90,7 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         mc = cfg.megatron_cfg
         self.layout = parallel.ParallelLayout(**mc.model_dump(include=set(parallel.ParallelLayout.__dataclass_fields__)))
         parallel.init_parallel(self.layout, seed)
-        self._holds_process_group = True
+        self.holds_process_group = True
         self.tp_rank, self.tp_size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
         self.pp_rank, self.pp_size = ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()
         self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
@@ -96,7 +102,7 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         # fp32 base is never filled (its pages never touched: 4 bytes per parameter less at the load's peak)
         base_once = cfg.precision == "bfloat16" and not cfg.pure_bf16 and self._lora_cfg() is not None
         if not base_once:
-            self.load_hf_state(load_hf_state(cfg.model_name))
+            self.copy_hf_state(load_hf_state(cfg.model_name))
         self._forward_module = self.model
         self._grad_pairs = [(p, p) for p in self.model.parameters() if p.requires_grad]  # (optimizer's, DDP's)
         ddp_cfg = mc.distributed_data_parallel_config
@@ -104,17 +110,17 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
             self._forward_module = Float16Module(self.model.config, self.model)
             ddp_cfg = ddp_cfg.model_copy(update={"grad_reduce_in_fp32": False})
         elif cfg.precision == "bfloat16":
-            self._twin, self._forward_module = bf16_twin_of(self.model, self.arch, self.model.config,
+            self.twin, self._forward_module = bf16_twin_of(self.model, self.arch, self.model.config,
                                                             getattr(self.arch, "num_experts", 0),
                                                             self._lora_cfg(), seed)
-            self._grad_pairs = [(fp32, bf16) for fp32, bf16 in self._twin.pairs if fp32.requires_grad]
+            self._grad_pairs = [(fp32, bf16) for fp32, bf16 in self.twin.pairs if fp32.requires_grad]
         if base_once:
-            self.load_hf_state(load_hf_state(cfg.model_name))
+            self.copy_hf_state(load_hf_state(cfg.model_name))
+            self.twin.pull()
         self._forward_module = data_parallel_wrapper(self._forward_module, ddp_cfg)
         if self.pp_size > 1:  # Megatron's schedule runs the microbatches
-            self._pipeline = pipeline.PipelineSchedule(self._forward_module, self._stage_forward, self._padded_length)
+            self.pipeline = pipeline.PipelineSchedule(self._forward_module, self._stage_forward, self._padded_length)
         self._no_sync = None  # Megatron's no_sync() context, held over all but the last microbatch
-        self._start_training()
 
     def _build_model(self):
         config = transformer_config(self.arch, self.tp_size, self.layout.sequence_parallel, self.pp_size,
@@ -129,8 +135,8 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
     def _lora_cfg(self):
         return self.cfg.lora_cfg if self.cfg.lora_cfg.enabled else None
 
-    def _adapters_disabled(self):
-        return lora.adapters_disabled(self.model, self._twin.compute if self._twin is not None else None)
+    def adapters_disabled(self):
+        return lora.adapters_disabled(self.model, self.twin.compute if self.twin is not None else None)
 
     def export_adapter_tensors(self) -> Iterator[tuple[str, Tensor]]:
         """The adapters as full tensors under their PEFT file names, each fused adapter split into its HF
@@ -163,7 +169,7 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         """The tensor-parallel rank and size that split parameter ``name``."""
         return self.tp_rank, self.tp_size
 
-    def _copy_hf_state(self, hf: Mapping[str, Tensor]) -> None:
+    def copy_hf_state(self, hf: Mapping[str, Tensor]) -> None:
         """Copy HF-named full tensors; this rank keeps its pipeline stage's parameters and its tensor-parallel
         shard of each. One group (a layer) is converted at a time, so with a lazy ``hf`` (:func:`load_hf_state`)
         the whole model is never held twice. Strict on names and shapes: a first pass on meta tensors checks
@@ -219,22 +225,22 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
 
     # ---- the frozen base of adapters, released while an engine generates (policy.lora_cfg) ------------
     def release_frozen_base(self) -> int:
-        if self._frozen_base is None:
+        if self.frozen_base is None:
             if self._lora_cfg() is None:
                 raise ValueError("release_frozen_base: only adapters leave frozen weights, and this policy trains "
                                  "every weight (set policy.lora_cfg.enabled=true to train adapters on a frozen base)")
             groups: dict = {}
             for name, param in self._params_by_global_name().items():
                 groups.setdefault(_base_group(name), []).append(param)
-            self._frozen_base = FrozenBase(groups, self._reload_base)
-        return self._frozen_base.release()
+            self.frozen_base = FrozenBase(groups, self._reload_base)
+        return self.frozen_base.release()
 
     def _reload_base(self, group) -> None:
         """Copy the model folder's weights of base group ``group`` (a decoder layer, "ends": embedding, final norm
         and head; None: all) into the model, through the conversion of the first load."""
         hf = load_hf_state(self.cfg.model_name)
         if group is None:
-            return self._copy_hf_state(hf)
+            return self.copy_hf_state(hf)
         params = {n: p for n, p in self._params_by_global_name().items() if _base_group(n) == group}
         layers, ends = ([], True) if group == "ends" else ([group], False)
         with torch.no_grad():
@@ -246,7 +252,7 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         them past the next optimizer step. A released frozen base (:meth:`release_frozen_base`) is read back
         one layer at a time and released again as the export moves on (the embedding and final norm stay
         until its end), so a refit holds one layer of it beside the engine's weights."""
-        base = self._frozen_base if self._frozen_base is not None and self._frozen_base.released else None
+        base = self.frozen_base if self.frozen_base is not None and self.frozen_base.released else None
         params = self._params_by_global_name()
 
         def full(name: str) -> Tensor:
@@ -271,7 +277,7 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         return dict(dataclasses.asdict(self.layout), backend="megatron",
                     data_parallel_size=ps.get_data_parallel_world_size())
 
-    def _checkpoint_names(self) -> dict[str, str]:
+    def checkpoint_names(self) -> dict[str, str]:
         """Global names (layers numbered across stages, experts globally), with the shard's rank for a tensor
         split by tensor (or expert-tensor) parallelism."""
         names = {}
@@ -302,19 +308,19 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         self._forward_module.train(self.model.training)
         return self._forward_module(input_ids.to(self.device), positions.to(self.device), mask, **packed)
 
-    def _logits(self, input_ids: Tensor) -> Tensor:
+    def logits(self, input_ids: Tensor) -> Tensor:
         """input_ids [b, T] -> logits [b, T, V/tp] (one stage only)."""
         t = input_ids.shape[1]
         ids = torch.nn.functional.pad(input_ids, (0, self._padded_length(t) - t))
         return self._stage_forward(ids)[:, :t]
 
-    def _pack(self, input_ids: Tensor, attention_mask: Tensor) -> PackedRows:
+    def pack(self, input_ids: Tensor, attention_mask: Tensor) -> PackedRows:
         """Under sequence parallelism the packed sequence is split over the tensor-parallel ranks: its length is
         padded to a multiple of their number by a filler segment."""
         multiple = self.tp_size if self.layout.sequence_parallel else 1
         return pack_rows(input_ids, attention_mask.sum(1).tolist(), multiple_of=multiple)
 
-    def _packed_logits(self, packed: PackedRows) -> Tensor:
+    def packed_logits(self, packed: PackedRows) -> Tensor:
         """Packed rows -> logits [1, L, V/tp]: Megatron's "thd" format (``PackedSeqParams``), whose
         ``cu_seqlens`` restart RoPE per row and which the core attention runs row by row
         (:mod:`rlkit.policy.megatron.attention`)."""
@@ -325,16 +331,16 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         return {"packed_seq_params": PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu,
                                                      max_seqlen_q=packed.max_seqlen, max_seqlen_kv=packed.max_seqlen)}
 
-    def _forward_scores(self, input_ids: Tensor, with_entropy: bool, packed: Optional[PackedRows] = None,
-                        scored: Optional[Tensor] = None) -> tuple[Tensor, Optional[Tensor]]:
+    def fused_scores(self, input_ids: Tensor, with_entropy: bool, temperature: float, packed: Optional[PackedRows],
+                     scored: Optional[Tensor]) -> Optional[tuple[Tensor, Optional[Tensor]]]:
         """The decoder's output scored by the fused head (:mod:`.head`) when the [b, t, V/tp] fp32 logits would exceed
         one of its chunks: they are then never held, and only the positions ``scored`` marks (the ids' layout)
-        get logits. Smaller ones go through the full logits (the two agree within 1e-6, but a long run's
-        trajectory follows the rounding)."""
+        get logits. None for smaller ones: the loop scores the full logits (the two agree within 1e-6, but a long
+        run's trajectory follows the rounding)."""
         t = input_ids.shape[1]
         chunk_bytes = self.cfg.megatron_cfg.fused_head_chunk_bytes
         if input_ids.numel() * (self.arch.vocab_size // self.tp_size) * 4 <= chunk_bytes:
-            return super()._forward_scores(input_ids, with_entropy, packed)
+            return None
         pad = (0, self._padded_length(t) - t)
         ids, positions, kwargs = torch.nn.functional.pad(input_ids, pad), None, {}
         if scored is not None and packed is None:
@@ -344,19 +350,19 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         gpt = unwrap_model(self._forward_module)
         with head.hidden_states_out(gpt):
             hidden = self._stage_forward(ids, positions, **kwargs)
-        values = head.head_scores(hidden, head.output_weight(gpt), ids.to(self.device), self.temperature,
+        values = head.head_scores(hidden, head.output_weight(gpt), ids.to(self.device), temperature,
                                   self.layout.sequence_parallel, with_entropy, chunk_bytes,
                                   None if scored is None else scored.to(self.device))
         return tuple(v if v is None else v[:, :t] for v in values)
 
-    def _shared_prompt_scores(self, input_ids: Tensor, attention_mask: Tensor, with_entropy: bool,
-                              scored: Tensor) -> Optional[list[Tensor]]:
+    def shared_prompt_scores(self, input_ids: Tensor, attention_mask: Tensor, with_entropy: bool, scored: Tensor,
+                             temperature: float) -> Optional[list[Tensor]]:
         """With ``policy.megatron_cfg.share_prompts``: the rows that share a prompt as one sequence per group
         (:mod:`.shared_prompt`), scored by the fused head at the positions ``scored`` [b, T] marks -> [logprobs] or
         [logprobs, entropy], each [b, T], 0 elsewhere. None (the ordinary rows) where no two rows share a prompt,
         or under a layout the shared sequence does not take (sequence parallel, pipeline, context parallel, packing)."""
         layout = self.layout
-        if (not self.cfg.megatron_cfg.share_prompts or layout.sequence_parallel or self._pipeline is not None
+        if (not self.cfg.megatron_cfg.share_prompts or layout.sequence_parallel or self.pipeline is not None
                 or layout.context_parallel_size > 1 or self.cfg.sequence_packing.enabled):
             return None
         shared = share_prompts(input_ids, attention_mask, scored)
@@ -367,21 +373,21 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
             hidden = self._stage_forward(shared.input_ids, shared.positions, shared.mask)  # [S, g, h]
         source = shared.source.to(self.device)
         values = head.pair_scores(hidden[source[:, 1], source[:, 0]], head.output_weight(gpt), shared.targets,
-                                  self.temperature, with_entropy, self.cfg.megatron_cfg.fused_head_chunk_bytes)
+                                  temperature, with_entropy, self.cfg.megatron_cfg.fused_head_chunk_bytes)
         where = tuple(shared.where.to(input_ids.device).t())
         return [torch.zeros(input_ids.shape, dtype=v.dtype, device=input_ids.device).index_put(where, v.to(input_ids.device))
                 for v in values if v is not None]
 
-    def _rows_group(self):
+    def rows_group(self):
         return ps.get_data_parallel_group()
 
-    def _token_logprobs_and_entropy(self, logits: Tensor, input_ids: Tensor,
-                                    with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
+    def token_logprobs_and_entropy(self, logits: Tensor, input_ids: Tensor,
+                                   with_entropy: bool) -> tuple[Tensor, Optional[Tensor]]:
         entropy = shifted_entropy(logits, ps.get_tensor_model_parallel_group()) if with_entropy else None
         return shifted_token_logprobs(logits, input_ids), entropy
 
     # ---- training ---------------------------------------------------------------------------------
-    def _grad_norm(self) -> float:
+    def grad_norm(self) -> float:
         sq = torch.zeros((), dtype=torch.float64, device=self.device)  # parameters every rank holds (TP shards summed)
         expert_sq = torch.zeros((), dtype=torch.float64, device=self.device)  # experts split by expert parallelism
         for p in self.model.parameters():
@@ -400,7 +406,7 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
             dist.all_reduce(total, group=ps.get_pipeline_model_parallel_group())
         return float(total.sqrt())
 
-    def _microbatch_starting(self, index: int, count: int) -> None:
+    def microbatch_starting(self, index: int, count: int) -> None:
         """Gradients accumulate in DDP's buffers, zeroed before the first microbatch; every microbatch but the
         last runs under DDP's ``no_sync`` so that, with ``overlap_grad_reduce``, each bucket's reduce starts
         during the last backward only (a context left open by an interrupted step is closed first)."""
@@ -418,7 +424,7 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
             self._no_sync.close()
             self._no_sync = None
 
-    def _reduce_grads(self) -> None:
+    def reduce_grads(self) -> None:
         """Megatron's ``finalize_model_grads``: DDP's bucketed reduce over the (expert-)data-parallel group, the
         sum over TP of the gradients each rank holds a part of (norms under sequence parallelism, the MoE
         router, Qwen3's q/k norms), a tied embedding over its first and last pipeline stages. Each optimizer
@@ -429,10 +435,10 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
             grad = computed.main_grad
             param.grad = grad if grad.dtype == param.dtype else grad.to(param.dtype)
 
-    def _release_gradient_buffers(self) -> None:
+    def release_gradient_buffers(self) -> None:
         self._forward_module.offload_grad_buffers(synchronize=self.device.type == "cuda", empty_cache=False)
 
-    def _reallocate_gradient_buffers(self) -> None:
+    def reallocate_gradient_buffers(self) -> None:
         self._forward_module.restore_grad_buffers(synchronize=False)
 
     def close(self) -> None:
@@ -441,14 +447,14 @@ class MegatronPolicy(AdapterReference, InProcessPolicy):
         super().close()
         if self._forward_module is not None:
             self._forward_module.config.no_sync_func = None  # (set by data_parallel_wrapper: a reference cycle)
-        self._forward_module = self._pipeline = None  # DDP around the model: it holds Megatron's process groups
+        self._forward_module = self.pipeline = None  # DDP around the model: it holds Megatron's process groups
         self._grad_pairs = []
         parallel.destroy_parallel()
 
     def __repr__(self) -> str:
         a = self.arch
         return (
-            f"MegatronPolicy({a.family}, {a.num_layers}x{a.hidden_size}, {self.cfg.precision}, TP={self.tp_size}, "
+            f"MegatronAdapter({a.family}, {a.num_layers}x{a.hidden_size}, {self.cfg.precision}, TP={self.tp_size}, "
             f"{f'PP={self.pp_size}, ' if self.pp_size > 1 else ''}"
-            f"DP={ps.get_data_parallel_world_size() if self.model is not None else '?'}, version={self.version})"
+            f"DP={ps.get_data_parallel_world_size() if self.model is not None else '?'})"
         )
