@@ -211,6 +211,7 @@ class Run:
         if not allow_reuse:
             warn_if_reused(batch, self.state.step)
         version_before, seed = self.policy.version, self.sampling().seed
+        self.end_warm_start()
         history.before_train(self.state.store, self.policy, self.config, self.state.step)
         self._before_policy_pass()
         try:
@@ -266,8 +267,11 @@ class Run:
         """Supervised warm start on the task's answers (see :meth:`rlkit.Session.sft`)."""
         self.refuse_if_closed("sft")
         settings = self.settings.sft if num_steps is None else stages.SFTSettings.from_config(self.config, num_steps)
-        sampler = PromptSampler(self.components.dataset["train"], settings.sft.batch_size, seed=self.config.seed + 1)
-        self.state.last_sft = stages.sft(self.policy, self.components.tokenizer, sampler, settings, progress)
+        if self.state.warm_start is None:  # later calls continue it: the next rows, the same optimizer and schedule
+            rows = PromptSampler(self.components.dataset["train"], settings.sft.batch_size, seed=self.config.seed + 1)
+            self.state.warm_start = stages.WarmStart(rows)
+        self.state.last_sft = stages.sft(self.policy, self.components.tokenizer, self.state.warm_start, settings,
+                                         progress, keep_optimizer=True)
         if refit:
             self.refit()
         return self.state.last_sft
@@ -448,10 +452,23 @@ class Run:
     def compare_branches(self, facade: Any, num_prompts: Optional[int] = None, greedy: Optional[bool] = None) -> Any:
         return forking.compare_branches(self, facade, num_prompts, greedy)
 
+    def end_warm_start(self) -> None:
+        """The RL optimizer and schedule (fresh) back in the policy if a warm start's are there (before the first RL
+        update and a checkpoint); a later ``sft()`` starts a new optimizer and warm-up on the rows after the last."""
+        if self.state.warm_start is not None:
+            self.state.warm_start.hand_back(self.policy, self.settings.sft)
+
+    def new_optimizer(self) -> None:
+        """A fresh RL optimizer and schedule from ``policy.optimizer``/``policy.scheduler`` (a warm start's ends)."""
+        self.policy.reset_optimizer(self.config.policy.optimizer, self.config.policy.scheduler)
+        if self.state.warm_start is not None:
+            self.state.warm_start.optimizer_active = False
+
     # ---- checkpoints -----------------------------------------------------------------------------------
     def save(self, path: str | Path, extra: Optional[Mapping[str, Any]] = None) -> Path:
         """A checkpoint of this run at ``path`` (:func:`rlkit.tracking.checkpoint.save_checkpoint`)."""
         self.refuse_if_closed("save")
+        self.end_warm_start()  # a checkpoint holds the RL optimizer
         with self.rollouts.exclusive():  # async GRPO: keep its producer off the sampler meanwhile
             return save_checkpoint(path, self.policy, self.state, self.config, extra)
 

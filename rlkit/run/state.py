@@ -20,6 +20,7 @@ from rlkit.algorithms import RunningBaseline
 from rlkit.data import PromptSampler
 from rlkit.run.history import RolloutHistory
 from rlkit.run.metrics import StepMetrics
+from rlkit.stages.sft import WarmStart
 from rlkit.trajectories import Trajectories
 
 
@@ -37,6 +38,7 @@ class RunState:
     last_refit: Any = None
     last_eval: Any = None
     last_sft: Any = None
+    warm_start: Optional[WarmStart] = None  # what the next sft() continues (not saved: a resumed run starts anew)
     stop_requested: bool = False  # run() ends after the current step
     store: RolloutHistory = field(default_factory=RolloutHistory)  # past batches and weights (not saved)
 

@@ -29,10 +29,10 @@ from rlkit.stages.rollout import rollout
 from rlkit.stages.score import score
 from rlkit.stages.settings import (EvalSettings, RolloutSettings, ScoreSettings, SFTSettings, StageSettings,
                                    TrainSettings)
-from rlkit.stages.sft import SFTResult, sft
+from rlkit.stages.sft import SFTResult, WarmStart, sft
 from rlkit.stages.train import LossReport, TrainInterrupted, TrainResult, loss, loss_description, one_update, train
 
 __all__ = ["EvalResult", "EvalSettings", "LossReport", "RolloutSettings", "SFTResult", "SFTSettings",
-           "ScoreSettings", "StageSettings", "TrainInterrupted", "TrainResult", "TrainSettings", "advantages",
+           "ScoreSettings", "StageSettings", "TrainInterrupted", "TrainResult", "TrainSettings", "WarmStart", "advantages",
            "conversations", "dynamic_sampling", "evaluate", "is_multi_turn", "logprobs", "logprobs_from_train_step",
            "loss", "loss_description", "one_update", "refit", "rollout", "score", "sft", "train"]

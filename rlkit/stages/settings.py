@@ -92,7 +92,7 @@ class TrainSettings:
 
 @dataclass(frozen=True)
 class SFTSettings:
-    """:func:`rlkit.stages.sft`: its own steps and optimizer, then the RL optimizer and schedule restored."""
+    """:func:`rlkit.stages.sft`: its own steps and optimizer, and the RL optimizer and schedule it hands back."""
 
     sft: SFTConfig
     rl_optimizer: OptimizerConfig

@@ -2,7 +2,13 @@
 
 A random tiny model never produces a correct answer, so RL from scratch has no reward signal. Real
 pipelines start RL from an instruction-tuned model; this stage plays that part. It trains with its own
-optimizer settings, then restores the RL optimizer and makes the result the KL reference policy.
+optimizer settings and makes the result the KL reference policy.
+
+Warm starts add up: a :class:`WarmStart` carries the sampler (the next rows) and whether the policy's optimizer is
+still this warm start's, so ``sft(10)`` twice takes the same rows, schedule and optimizer moments as ``sft(20)``
+once (a session keeps one; :meth:`rlkit.run.run.Run.sft`). ``keep_optimizer=False`` (the default) hands the RL
+optimizer and schedule back at the end: fresh, as RL starts; the session passes True and hands it back at its
+first RL update instead, so a warm start continues until then.
 """
 
 from __future__ import annotations
@@ -52,23 +58,44 @@ def sft_batch_as_trajectories(tokenizer: Any, rows: list[dict[str, Any]], respon
     )
 
 
-def sft(policy: Policy, tokenizer: Any, sampler: PromptSampler, settings: SFTSettings,
-        progress: bool = False) -> SFTResult:
-    """``settings.sft.num_steps`` steps on the answers of ``sampler``'s batches, with a progress bar if asked."""
+@dataclass
+class WarmStart:
+    """A warm start that a later :func:`sft` call continues."""
+
+    sampler: PromptSampler  # the next SFT rows
+    steps: int = 0  # SFT steps taken so far
+    optimizer_active: bool = False  # the policy's optimizer and schedule are still this warm start's
+
+    def hand_back(self, policy: Policy, settings: SFTSettings) -> None:
+        """The RL optimizer and schedule (fresh) into ``policy``, if the warm start's is still there; the next
+        :func:`sft` call then starts a new optimizer and warm-up (on the rows after the last ones)."""
+        if self.optimizer_active:
+            policy.reset_optimizer(settings.rl_optimizer, settings.rl_scheduler)
+            self.optimizer_active = False
+
+
+def sft(policy: Policy, tokenizer: Any, warm: WarmStart, settings: SFTSettings, progress: bool = False,
+        keep_optimizer: bool = False) -> SFTResult:
+    """``settings.sft.num_steps`` steps on the answers of ``warm.sampler``'s batches, with a progress bar if asked;
+    the warm start's own optimizer continues when ``warm.optimizer_active`` (see the module docstring)."""
     t0 = time.perf_counter()
     cfg = settings.sft
-    policy.reset_optimizer(OptimizerConfig(lr=cfg.lr), SchedulerConfig(warmup_steps=cfg.warmup_steps))
+    if not warm.optimizer_active:
+        policy.reset_optimizer(OptimizerConfig(lr=cfg.lr), SchedulerConfig(warmup_steps=cfg.warmup_steps))
+        warm.optimizer_active = True
     losses = []
     bar = tqdm(total=cfg.num_steps, desc="SFT", disable=not progress)
     try:
         for _ in range(cfg.num_steps):
-            batch = sft_batch_as_trajectories(tokenizer, sampler.next_batch(), cfg.response_key, settings.system_prompt,
-                                              settings.tools, settings.chat_template_kwargs)
+            batch = sft_batch_as_trajectories(tokenizer, warm.sampler.next_batch(cfg.batch_size), cfg.response_key,
+                                              settings.system_prompt, settings.tools, settings.chat_template_kwargs)
             losses.append(policy.train_step(batch, nll_loss).metrics["loss"])
+            warm.steps += 1
             bar.update(1)
             bar.set_postfix(loss=f"{losses[-1]:.4f}")
     finally:
         bar.close()
-        policy.reset_optimizer(settings.rl_optimizer, settings.rl_scheduler)
+        if not keep_optimizer:
+            warm.hand_back(policy, settings)
         policy.set_reference_to_current()
     return SFTResult(tuple(losses), time.perf_counter() - t0)

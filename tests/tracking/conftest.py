@@ -46,7 +46,7 @@ def warm_model(model_factory, tmp_path_factory):
 
     from rlkit.builders import build_policy
     from rlkit.data import PromptSampler, load_prompt_dataset
-    from rlkit.stages import SFTSettings, sft
+    from rlkit.stages import SFTSettings, WarmStart, sft
     from rlkit.tracking.export import export_hf_folder
 
     base = model_factory("nano")
@@ -55,7 +55,7 @@ def warm_model(model_factory, tmp_path_factory):
     policy = build_policy(cfg)
     try:
         sampler = PromptSampler(load_prompt_dataset(cfg.data)["train"], cfg.sft.batch_size, seed=1)
-        sft(policy, AutoTokenizer.from_pretrained(base), sampler, SFTSettings.from_config(cfg))
+        sft(policy, AutoTokenizer.from_pretrained(base), WarmStart(sampler), SFTSettings.from_config(cfg))
         export_hf_folder(policy, base, out)
     finally:
         policy.close()
