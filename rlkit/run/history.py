@@ -63,6 +63,7 @@ class RolloutHistory:
         self.records: OrderedDict[int, StepRecord] = OrderedDict()  # step -> record, oldest first
         self.snapshots: OrderedDict[int, dict[str, Tensor]] = OrderedDict()  # step -> weights it started from
         self.files = None  # a RolloutFiles while the session records
+        self.unsnapshotted: list[int] = []  # steps whose full weights were not kept (full_weight_snapshots off)
 
     # ---- adding ---------------------------------------------------------------------------------
     def add(self, record: StepRecord, max_steps: int, max_bytes: int) -> None:
@@ -100,10 +101,14 @@ class RolloutHistory:
 
     def weights(self, step: int) -> dict[str, Tensor]:
         """The weights step ``step`` started from; KeyError saying which snapshots exist and why."""
+        if step in self.unsnapshotted:
+            raise KeyError(f"no weight snapshot for step {step}: with adapters off a snapshot is every weight, kept "
+                           "only with history.full_weight_snapshots=true, which was off when it ran. It is a live key: "
+                           "session.configure(['history.full_weight_snapshots=true']) makes the steps from then on "
+                           "replayable (the ones already taken are not)")
         if step not in self.snapshots:
             raise KeyError(f"no weight snapshot for step {step} (snapshots kept: {list(self.snapshots) or 'none'}); "
-                           "history.snapshots sets how many are kept, and with adapters off "
-                           "history.full_weight_snapshots=true turns them on")
+                           "history.snapshots sets how many are kept")
         return self.snapshots[step]
 
     @property
@@ -133,8 +138,9 @@ def before_train(store: RolloutHistory, policy: Any, config: Any, step: int) -> 
     """Snapshot the weights the coming update (of step ``step + 1``) starts from, when ``history.*`` asks for it and
     the weights are in this process (a Ray worker group's are not: its steps keep no snapshot)."""
     cfg = config.history
-    wanted = cfg.snapshots and (cfg.full_weight_snapshots or config.policy.lora_cfg.enabled)
-    if wanted and getattr(policy, "model", None) is not None:
+    if cfg.snapshots and not (cfg.full_weight_snapshots or config.policy.lora_cfg.enabled):
+        store.unsnapshotted = [*store.unsnapshotted[-cfg.snapshots + 1:], step + 1]  # for replay's message
+    elif cfg.snapshots and getattr(policy, "model", None) is not None:
         store.add_snapshot(step + 1, capture_weights(policy), cfg.snapshots)
 
 

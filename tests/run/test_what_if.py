@@ -70,8 +70,25 @@ def test_the_rings_keep_the_last_steps_within_their_bounds(session):
     assert (record.version_before, record.policy_version) == (3, 4)
     with pytest.raises(KeyError, match="history.max_steps"):
         store.record(1)
-    with pytest.raises(KeyError, match="full_weight_snapshots"):
+    with pytest.raises(KeyError, match=r"snapshots kept: \[3, 4\]\); history.snapshots sets how many"):
         session.replay(2)
+
+
+def test_replay_without_full_weight_snapshots_says_the_key_is_live_and_which_steps_it_reaches():
+    """The docs' first replay with full weights and the default history: the message names the live key and says
+    the steps already taken stay unreplayable (the steps ran with the key off)."""
+    from rlkit.config.loading import load_config
+    from rlkit.run.history import RolloutHistory, before_train
+
+    config, store = load_config("quickstart_nano"), RolloutHistory()
+    assert not config.history.full_weight_snapshots and not config.policy.lora_cfg.enabled
+    for step in range(6):
+        before_train(store, None, config, step)
+    assert store.unsnapshotted == [3, 4, 5, 6] and not store.snapshots  # as many as history.snapshots
+    with pytest.raises(KeyError, match=r"step 5: .*full_weight_snapshots=true, which was off.*session\.configure"):
+        store.weights(5)
+    with pytest.raises(KeyError, match="snapshots kept: none"):
+        store.weights(1)
 
 
 def test_the_byte_bound_holds(session):
