@@ -43,8 +43,17 @@ class RunRecords:
     config: Optional[dict[str, Any]]  # config.yaml as a nested dict
 
     def table(self, name: str = "rollout/samples") -> Any:
-        """The rows of the tables logged under ``name``, with their step (DataFrame)."""
-        rows = self.tables[self.tables["table"] == name] if len(self.tables) else self.tables
+        """The rows of the tables logged under ``name``, with their step (DataFrame); KeyError when none was (an
+        empty frame would look like a run that logged empty tables)."""
+        rows = self.tables[self.tables["table"] == name]
+        if not len(rows):
+            logged = sorted(set(self.tables["table"]))
+            period = ((self.config or {}).get("logger") or {}).get("sample_table_period")
+            steps = int(self.metrics["step"].max()) if len(self.metrics) else 0
+            why = (f"; logger.sample_table_period={period} logs one every {period} steps, this run has {steps}"
+                   if period is not None and name == "rollout/samples" else "")
+            raise KeyError(f"no table {name!r} in {self.folder} (logged: {logged or 'none'}){why}. "
+                           ".rollouts() reads every sample of the steps stored in rollouts/")
         return rows.dropna(axis=1, how="all").reset_index(drop=True)
 
     def batch(self, step: int, tokenizer: Any = None) -> Any:

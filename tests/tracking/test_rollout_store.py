@@ -51,6 +51,16 @@ def test_open_run_reads_a_stored_batch_and_names_the_kept_steps(tmp_path):
         run.batch(2)
 
 
+def test_a_table_no_step_logged_is_an_error_naming_the_period_not_an_empty_frame(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 0.5}) + "\n" for s in (1, 2, 3)))
+    (tmp_path / "config.yaml").write_text("logger:\n  sample_table_period: 10\n")
+    run = open_run(tmp_path)
+    with pytest.raises(KeyError, match=r"no table 'rollout/samples' .*\(logged: none\); "
+                                       r"logger.sample_table_period=10 logs one every 10 steps, this run has 3.*"
+                                       r"\.rollouts\(\)"):
+        run.table("rollout/samples")
+
+
 @pytest.mark.parametrize("bound", ["rows", "bytes"])
 def test_a_long_run_stays_under_the_disk_bound(tmp_path, bound):
     files = RolloutFiles(tmp_path)
