@@ -1,4 +1,4 @@
-"""The memory plan (:mod:`rlkit.config.memory_plan`) against measured peak RSS of short GRPO runs on the CPU.
+"""The memory plan (:mod:`rlkit.memory.plan`) against measured peak RSS of short GRPO runs on the CPU.
 
     .venv/bin/python bench/memory_plan.py                  # tiny (quickstart model), qwen3-0.6b-4l, qwen3-0.6b
     .venv/bin/python bench/memory_plan.py --sizes tiny qwen3-0.6b-4l
@@ -113,7 +113,7 @@ def overrides(folder: Path, extra: list[str]) -> list[str]:
 
 def planned(folder: Path, extra: list[str]) -> int:
     from rlkit.config.loading import load_config
-    from rlkit.config.memory_plan import plan_memory
+    from rlkit.memory.plan import plan_memory
 
     return plan_memory(load_config("quickstart", overrides(folder, extra))).total
 
@@ -121,7 +121,7 @@ def planned(folder: Path, extra: list[str]) -> int:
 def h200_plans() -> str:
     """The plans of Qwen3-8B and -32B (math_qwen3's workload) on one and on eight H200s."""
     from rlkit.config.loading import load_config
-    from rlkit.config.memory_plan import Device, plan_memory
+    from rlkit.memory.plan import Device, plan_memory
     from rlkit.models import make_model
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -12,7 +12,6 @@ from rlkit.algorithms import RLLoss
 from rlkit.config.changes import Change, changes_needed, refusals
 from rlkit.config.components import ColocatedConfig
 from rlkit.config.loading import load_config, parse_overrides
-from rlkit.config.memory_plan import GIB, kv_cache_bytes
 from rlkit.config.run import RunConfig
 from rlkit.data import load_prompt_dataset
 from rlkit.envs import RewardFunctionEnvironment, make_environment
@@ -22,6 +21,7 @@ from rlkit.errors import CheckpointError, ConfigError
 from rlkit.generation.base import Generator
 from rlkit.generation.engines import in_process_generator
 from rlkit.generation.openai_server import OpenAIEndpoint
+from rlkit.memory.plan import GIB, kv_cache_bytes
 from rlkit.models import make_model, read_hf_config
 from rlkit.models.pretrained import PRETRAINED, get_model
 from rlkit.models.vocabulary import check_tokenizer_fits

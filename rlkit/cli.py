@@ -109,7 +109,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from rlkit.config.memory_plan import plan_memory
+    from rlkit.memory.plan import plan_memory
 
     plan = plan_memory(load_config(args.config, args.overrides))
     print(plan.table())

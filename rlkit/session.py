@@ -18,9 +18,9 @@ from rlkit.builders import (build_components, check_sft_columns, companions_note
                             rebuild, saved_environment, start_endpoint)
 from rlkit.config.changes import Change, changes_summary
 from rlkit.config.loading import load_config
-from rlkit.config.memory_plan import plan_memory, refuse_unless_fits
 from rlkit.config.run import RunConfig
 from rlkit.generation.base import SamplingSettings
+from rlkit.memory.plan import plan_memory, refuse_unless_fits
 from rlkit.notebook.dashboard import Dashboard
 from rlkit.notebook.display import session_html, session_summary
 from rlkit.run.history import weights_at
@@ -248,7 +248,7 @@ class Session:
         return start_endpoint(self.components, self.config, self.sampling())
 
     def memory_plan(self):
-        """The bytes this session's config needs per device and per part (:mod:`rlkit.config.memory_plan`)."""
+        """The bytes this session's config needs per device and per part (:mod:`rlkit.memory.plan`)."""
         return plan_memory(self.config)
 
     # ---- what if: the Run's (rlkit.run.history, rlkit.run.replay, rlkit.stages.compare, rlkit.run.fork) ------

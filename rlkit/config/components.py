@@ -87,7 +87,7 @@ class BackendSection(Section):
     name: ClassVar[str]  # the backend's name: policy.backend=<name>, and policy.<name>_cfg is its section
     title: ClassVar[str]  # the backend in words on the session card
     start_words: ClassVar[str]  # ... and on the start line
-    # the memory plan's facts (rlkit.config.memory_plan): at policy.precision=bfloat16, a whole bf16 compute copy of
+    # the memory plan's facts (rlkit.memory.plan): at policy.precision=bfloat16, a whole bf16 compute copy of
     # the weights beside the masters (with adapters the frozen base is that copy, held once), not one gathered layer
     keeps_bf16_twin: ClassVar[bool] = False
     # attention keeps its T x T scores and probabilities on the CPU (Megatron's local spec; SDPA's kernels keep none)
@@ -400,7 +400,7 @@ class SequencePackingConfig(Section):
 
 class VllmConfig(Section):
     # vLLM's KV cache on CPU machines (allocated and zeroed: resident memory), in GiB; "auto": what the rollout
-    # batch needs at full length (rlkit.config.memory_plan.auto_kv_cache_bytes); larger batches (an eval) queue
+    # batch needs at full length (rlkit.memory.plan.auto_kv_cache_bytes); larger batches (an eval) queue
     kv_cache_space_gib: Union[Literal["auto"], PositiveFloat] = "auto"
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)  # GPU machines only
     enforce_eager: bool = True  # torch.compile adds 20-50 s of start-up on CPU for no speed

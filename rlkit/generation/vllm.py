@@ -47,7 +47,6 @@ import torch
 
 from rlkit.config.components import GenerationConfig
 from rlkit.config.engines import engine_handoff
-from rlkit.config.memory_plan import GIB, auto_kv_cache_bytes
 from rlkit.errors import defer_keyboard_interrupt
 from rlkit.generation.base import Generation, SamplingSettings
 from rlkit.generation.vllm_cpu_kernels import (drop_unused_cpu_embedding_kernels, moe_layers_with_experts_in,
@@ -55,6 +54,7 @@ from rlkit.generation.vllm_cpu_kernels import (drop_unused_cpu_embedding_kernels
                                                redispatch_cpu_tied_layers, release_cpu_weights,
                                                released_cpu_layers)
 from rlkit.host_memory import release_freed_heap_pages
+from rlkit.memory.plan import GIB, auto_kv_cache_bytes
 from rlkit.models.factory import check_head_dim, head_dim_of, read_hf_config
 from rlkit.quiet import quieted
 

@@ -13,7 +13,7 @@ import yaml
 from rlkit.config.components import BackendName, BackendSection, DTensorConfig, MegatronConfig, PolicyConfig
 from rlkit.config.engines import ENGINES
 from rlkit.config.loading import config_to_yaml, load_config
-from rlkit.config.memory_plan import GIB, Device, plan_memory
+from rlkit.memory.plan import GIB, Device, plan_memory
 from rlkit.errors import ConfigError
 from rlkit.startup import generator_engine, policy_engine
 

@@ -4,7 +4,7 @@ CLI, and (slow) the plan against measured peak RSS of short runs (bench/memory_p
 import pytest
 
 from rlkit.config.loading import load_config
-from rlkit.config.memory_plan import GIB, RUNTIME_CPU_BYTES, Device, MemoryPlanError, plan_memory
+from rlkit.memory.plan import GIB, RUNTIME_CPU_BYTES, Device, MemoryPlanError, plan_memory
 
 # a hand-countable Llama: vocab 64, hidden 8, 2 layers, 2 heads of 4, 1 KV head, ffn 16, untied head
 HF = dict(model_type="llama", vocab_size=64, hidden_size=8, intermediate_size=16, num_hidden_layers=2,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rlkit.config.loading import available_presets, load_config
-from rlkit.config.memory_plan import GIB, Device, plan_memory
+from rlkit.memory.plan import GIB, Device, plan_memory
 
 HF = dict(model_type="llama", vocab_size=64, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
           num_attention_heads=2, num_key_value_heads=1, head_dim=4, tie_word_embeddings=False,
