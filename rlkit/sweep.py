@@ -136,8 +136,14 @@ def _axes(grid: Grid) -> tuple[list[tuple[str, ...]], list[list[tuple]]]:
     return keys, points
 
 
+def run_name(base: str, point: Sequence[tuple[str, Any]], seed: int) -> str:
+    """A sweep run's name: the config's, the grid point's settings, the seed (``quickstart-clip=0.28-seed1``); a
+    grid of seeds alone has no settings to name (``quickstart-seed1``)."""
+    return "-".join(part for part in (base, _label(point), f"seed{seed}") if part)
+
+
 def _label(point: Sequence[tuple[str, Any]]) -> str:
-    text = "_".join(f"{key.rsplit('.', 1)[-1]}={value}" for key, value in point) or "base"
+    text = "_".join(f"{key.rsplit('.', 1)[-1]}={value}" for key, value in point)
     return re.sub(r"[^A-Za-z0-9_.=+-]", "", text.replace(" ", ""))
 
 
@@ -282,7 +288,7 @@ def run_sweep(config: str | Path | Mapping[str, Any] | RunConfig, grid: Grid,
     for values in itertools.product(*axis_points):
         point = tuple((key, value) for keys, vals in zip(axes, values) for key, value in zip(keys, vals))
         for seed in seeds:
-            name = f"{base.name}-{_label(point)}-seed{seed}"
+            name = run_name(base.name, point, seed)
             overrides = {**defaults, **user, **dict(point), "seed": seed, "name": name,
                          "logger.log_dir": str(folder)}
             try:

@@ -8,7 +8,7 @@ import pytest
 
 from rlkit.errors import ConfigError
 from rlkit.session import Session
-from rlkit.sweep import can_reuse, parse_grid, run_sweep
+from rlkit.sweep import can_reuse, parse_grid, run_name, run_sweep
 from tests.tracking.conftest import deterministic, tiny_config, tiny_overrides
 
 
@@ -20,6 +20,11 @@ def test_parse_grid_reads_yaml_values_and_reports_every_bad_entry():
     with pytest.raises(ConfigError) as e:
         parse_grid(["seed", "a.b=", "seed=1"])
     assert len(e.value.problems) == 2
+
+
+def test_run_names_say_the_grid_point_and_a_seeds_only_grid_adds_no_label():
+    assert run_name("quickstart_nano", [("loss_fn.ratio_clip_max", 0.28)], 1) == "quickstart_nano-ratio_clip_max=0.28-seed1"
+    assert run_name("quickstart_nano", [], 0) == "quickstart_nano-seed0"  # was quickstart_nano-base-seed0
 
 
 def test_reuse_only_when_model_generator_and_data_are_unchanged(tmp_path):
