@@ -40,7 +40,8 @@ def main() -> None:
 
     from megatron_vs_dtensor import make_batch  # the same synthetic batch as the backend comparison
 
-    from rlkit.config.components import MegatronConfig, PolicyConfig
+    from rlkit.config.backends import MegatronConfig
+    from rlkit.config.components import PolicyConfig
     from rlkit.models import make_model
     from rlkit.models.factory import count_parameters
     from rlkit.policy.megatron.policy import MegatronPolicy

@@ -48,7 +48,8 @@ def test_glibcs_own_variable_keeps_the_threshold_the_user_chose():
 
 @pytest.mark.parametrize("switch", [False, True])
 def test_the_policy_switch_fixes_the_threshold_only_when_on(switch, model_factory, monkeypatch):
-    from rlkit.config.components import HFPolicyConfig, MegatronConfig, PolicyConfig
+    from rlkit.config.backends import HFPolicyConfig, MegatronConfig
+    from rlkit.config.components import PolicyConfig
     from rlkit import host_memory
     from rlkit.policy.backends import in_process_policy
 

@@ -1,7 +1,8 @@
 """Checks that span sections: combinations that are each valid alone but impossible together.
 
 Every check names the dotted keys involved, the reason and the fix. They run on whichever sections
-validated, so a config with a typo elsewhere still gets these reported in the same error.
+validated, so a config with a typo elsewhere still gets these reported in the same error. The machine is probed
+(:func:`cuda_here`, which imports torch) only by a check whose answer depends on it, after its other conditions.
 """
 
 from __future__ import annotations
@@ -13,8 +14,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
-import torch
-
 from rlkit.errors import ModelError
 from rlkit.models import PRESETS
 from rlkit.models.factory import architecture_name, check_head_dim, head_dim_of, hf_config
@@ -24,49 +23,11 @@ from rlkit.models.pretrained import PRETRAINED
 from rlkit.models.tokenizer import tokenizer_vocab_size
 
 
-def parallel_layout_problems(megatron_cfg: Any, model_config: Mapping[str, Any], world_size: int = 1) -> list[str]:
-    """Rules a Megatron layout must satisfy for a model (heads, query groups, vocabulary, layers, world)."""
-    tp = megatron_cfg.tensor_model_parallel_size
-    pp = megatron_cfg.pipeline_model_parallel_size
-    cp = megatron_cfg.context_parallel_size
-    key = "policy.megatron_cfg"
-    heads = model_config["num_attention_heads"]
-    groups = model_config.get("num_key_value_heads") or heads
-    out = []
-    if heads % tp:
-        out.append(f"{key}.tensor_model_parallel_size={tp}: must divide num_attention_heads={heads}")
-    if groups % tp:
-        out.append(f"{key}.tensor_model_parallel_size={tp}: must divide num_key_value_heads={groups} "
-                   "(each rank holds whole KV groups)")
-    if model_config["vocab_size"] % tp:
-        out.append(f"{key}.tensor_model_parallel_size={tp}: must divide vocab_size={model_config['vocab_size']}")
-    if model_config["num_hidden_layers"] % pp:
-        out.append(f"{key}.pipeline_model_parallel_size={pp}: must divide num_hidden_layers="
-                   f"{model_config['num_hidden_layers']}")
-    if cp > 1:
-        out.append(f"{key}.context_parallel_size={cp}: context parallelism needs Transformer Engine's attention "
-                   "(Megatron's local attention refuses it), and rlkit builds the local layer spec; use 1")
-    if megatron_cfg.sequence_parallel and tp == 1:
-        out.append(f"{key}.sequence_parallel: needs tensor_model_parallel_size > 1")
-    experts = num_experts_of(model_config)
-    ep, etp = megatron_cfg.expert_model_parallel_size, megatron_cfg.expert_tensor_parallel_size
-    if ep > 1 and not experts:
-        out.append(f"{key}.expert_model_parallel_size={ep}: needs a Mixture-of-Experts model (this one has no experts)")
-    elif experts and experts % ep:
-        out.append(f"{key}.expert_model_parallel_size={ep}: must divide num_local_experts={experts}")
-    if ep > 1 and world_size % (ep * pp):
-        out.append(f"{key}.expert_model_parallel_size={ep}: expert x pipeline = {ep * pp} must divide the world "
-                   f"size {world_size} (policy.num_workers)")
-    if experts and tp > 1 and not megatron_cfg.sequence_parallel:
-        out.append(f"{key}.tensor_model_parallel_size={tp}: Megatron's MoE layer trains with tensor parallelism only "
-                   f"together with sequence parallelism; set {key}.sequence_parallel=true")
-    if etp is not None and etp != tp:
-        out.append(f"{key}.expert_tensor_parallel_size={etp}: only the default (= tensor_model_parallel_size={tp}) "
-                   "is supported; leave it unset")
-    model_parallel = tp * pp * cp
-    if world_size % model_parallel:
-        out.append(f"{key}: tensor x pipeline x context = {model_parallel} must divide the world size {world_size}")
-    return out
+def cuda_here() -> bool:
+    """Whether this machine has a CUDA device: asked by the checks that need it, at validation (not at import)."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def cross_section_problems(sections: Mapping[str, Any]) -> list[str]:
@@ -145,33 +106,13 @@ def precision_problems(policy: Any) -> list[str]:
     if not policy.generation.engine.reads_vllm_cfg and vllm.precision != "float32":
         out.append(f"{key}={vllm.precision}: only the vLLM generator has a precision setting; the HF generator "
                    "(policy.generation.backend=hf) samples in float32. Fix: set it to float32 or backend=vllm")
-    elif vllm.precision == "fp8" and policy.ray_address is None and not torch.cuda.is_available():
+    elif vllm.precision == "fp8" and policy.ray_address is None and not cuda_here():
         out.append(f"{key}=fp8: vLLM's online FP8 weight quantization needs a CUDA GPU (FP8 matmuls: NVIDIA Ada or "
                    "Hopper); this machine has none. Fix: use bfloat16 or float32 here, fp8 on a GPU machine")
     if policy.optimizer.main_params_dtype == "bfloat16" and policy.precision != "bfloat16":
         out.append("policy.optimizer.main_params_dtype=bfloat16: pure bf16 training needs bf16 compute. Fix: set "
                    "policy.precision=bfloat16 too, or main_params_dtype=float32")
     return out
-
-
-def distributed_optimizer_problems(policy: Any) -> list[str]:
-    """Megatron's distributed optimizer (ZeRO-1) needs CUDA: ``DistributedOptimizer`` accepts only
-    ``torch.cuda.*Tensor`` parameters (megatron-core 0.16.1 ``optimizer/distrib_optimizer.py:361,420``, a
-    TypeError for CPU tensors) and its mixed-precision base allocates ``device='cuda'`` tensors
-    (``optimizer/optimizer.py:473,481,485``). On a GPU it is refused too, for now: rlkit's step (clipping, the
-    learning-rate schedule, checkpoints of the optimizer state) is written for one AdamW over whole tensors
-    and has not been ported to sharded state. Megatron's DistributedDataParallel runs everywhere (gloo too)."""
-    if not policy.megatron_cfg.optimizer.use_distributed_optimizer:
-        return []
-    key = "policy.megatron_cfg.optimizer.use_distributed_optimizer=true"
-    if not torch.cuda.is_available():
-        return [f"{key}: needs CUDA, which this machine lacks: Megatron's distributed optimizer (megatron-core "
-                "0.16.1 optimizer/distrib_optimizer.py:361,420 accept only torch.cuda tensors; optimizer/optimizer.py:"
-                "473-485 allocate on 'cuda'). Fix: set it false (gradients still go through Megatron's "
-                "DistributedDataParallel)"]
-    return [f"{key}: not built yet: rlkit's optimizer step (clipping, schedule, optimizer-state checkpoints) runs "
-            "one AdamW over whole tensors, not Megatron's sharded optimizer state. Fix: set it false (gradients "
-            "still go through Megatron's DistributedDataParallel)"]
 
 
 def run_name_problems(name: str, log_dir: str) -> list[str]:
@@ -234,13 +175,12 @@ def _head_dim_problems(policy: Any, model_config: Mapping[str, Any]) -> list[str
     """vLLM's CPU attention kernels take a few head sizes only; other sizes fail at the first generate, after
     the policy is built. The engine runs on this machine's CPU when there is no GPU here and no Ray cluster
     (``policy.ray_address``) whose machines this check cannot see."""
-    if not policy.generation.engine.cpu_head_dims_limited or policy.ray_address is not None \
-            or torch.cuda.is_available():
+    if not policy.generation.engine.cpu_head_dims_limited or policy.ray_address is not None:
         return []
     try:
         check_head_dim(head_dim_of(model_config))
     except ModelError as exc:
-        return [f"policy.model_name={policy.model_name!r}: {exc}"]
+        return [] if cuda_here() else [f"policy.model_name={policy.model_name!r}: {exc}"]
     return []
 
 
@@ -316,12 +256,3 @@ def _sequence_packing_problems(policy: Any) -> list[str]:
         return []
     return ["policy.sequence_packing.enabled: exclusive with policy.dynamic_batching.enabled (packing already "
             "leaves no padding); set one of them false"]
-
-
-def expert_packing_problems(policy: Any) -> list[str]:
-    """Megatron's expert dispatch needs equal token counts per rank, which packs do not have."""
-    if policy.sequence_packing.enabled and policy.megatron_cfg.expert_model_parallel_size > 1:
-        return ["policy.sequence_packing.enabled: not with expert parallelism (Megatron's all-gather token "
-                "dispatcher needs as many tokens from every expert-parallel rank, and packs differ in length); "
-                "set it false or policy.megatron_cfg.expert_model_parallel_size=1"]
-    return []

@@ -17,7 +17,8 @@ from rlkit.data import DataParams
 from rlkit.envs.answers import ANSWER_FROM_ENVS, AnswerFrom
 from rlkit.envs.base import MAX_REWARD_FAILURE_FRACTION
 from rlkit.envs.registry import EnvironmentName
-from rlkit.config.components import PolicyConfig, Section, generation_colocated
+from rlkit.config.components import PolicyConfig, generation_colocated
+from rlkit.config.section import Section
 
 _ADV = AdvantageParams()
 

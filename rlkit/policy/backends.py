@@ -2,7 +2,7 @@
 
 A backend is three pieces, none of which any other module branches on:
 
-- its config section in :mod:`rlkit.config.components` (a ``BackendSection`` field of ``PolicyConfig``, listed in
+- its config section in :mod:`rlkit.config.backends` (a ``BackendSection`` field of ``PolicyConfig``, listed in
   ``BACKEND_SECTIONS``): its settings ``policy.<name>_cfg``, chosen by ``policy.backend=<name>``; its validation
   and layout rules, its memory-plan facts, its words for the start line and the session card. Config
   validation and the memory plan read them without importing a backend (``PolicyConfig.backend_section``);

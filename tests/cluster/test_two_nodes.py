@@ -18,7 +18,8 @@ import time
 import pytest
 import torch
 
-from rlkit.config.components import MegatronConfig, OptimizerConfig, PolicyConfig, RayClusterConfig
+from rlkit.config.backends import MegatronConfig
+from rlkit.config.components import OptimizerConfig, PolicyConfig, RayClusterConfig
 from tests.helpers import pg_token_mean_loss, random_batch
 from tests.policy.test_parallel import check_against_reference, single_process_reference
 

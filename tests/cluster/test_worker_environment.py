@@ -10,7 +10,8 @@ import torch
 from rlkit.cluster import job_runtime_env, package_versions, version_mismatches, worker_env_vars
 from rlkit.cluster_model import folder_fingerprint, folder_files, folder_problem, write_cached_folder
 from rlkit.cluster_placement import pack_size
-from rlkit.config.components import DTensorConfig, MegatronConfig, PolicyConfig
+from rlkit.config.backends import DTensorConfig, MegatronConfig
+from rlkit.config.components import PolicyConfig
 from rlkit.errors import ConfigError
 
 

@@ -10,7 +10,8 @@ from typing import get_args
 import pytest
 import yaml
 
-from rlkit.config.components import BackendName, BackendSection, DTensorConfig, MegatronConfig, PolicyConfig
+from rlkit.config.backends import BackendName, BackendSection, DTensorConfig, MegatronConfig
+from rlkit.config.components import PolicyConfig
 from rlkit.config.engines import ENGINES
 from rlkit.config.loading import config_to_yaml, load_config
 from rlkit.memory.plan import GIB, Device, plan_memory

@@ -63,8 +63,7 @@ def test_impossible_combinations_name_keys_and_fixes():
 
 
 def test_parallel_layout_rules(tmp_path):
-    from rlkit.config.checks import parallel_layout_problems
-    from rlkit.config.components import MegatronConfig
+    from rlkit.config.backends import MegatronConfig, parallel_layout_problems
 
     model = {"num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128, "num_hidden_layers": 4}
     assert parallel_layout_problems(MegatronConfig(tensor_model_parallel_size=2), model, world_size=2) == []

@@ -11,8 +11,8 @@ position or the weights came back wrong.
 import pytest
 import torch
 
-from rlkit.config.components import (MegatronConfig, OptimizerConfig, PolicyConfig,
-                                     SchedulerConfig)
+from rlkit.config.backends import MegatronConfig
+from rlkit.config.components import OptimizerConfig, PolicyConfig, SchedulerConfig
 from rlkit.policy.architecture import load_hf_state
 from rlkit.policy.backends import in_process_policy
 from rlkit.policy.base import Policy

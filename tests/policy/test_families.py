@@ -15,7 +15,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlkit.config.components import GenerationConfig, MegatronConfig, OptimizerConfig, PolicyConfig
+from rlkit.config.backends import MegatronConfig
+from rlkit.config.components import GenerationConfig, OptimizerConfig, PolicyConfig
 from rlkit.errors import ModelError
 from rlkit.models.compare import LogitsAgreement, logits_agreement
 from rlkit.policy import architecture

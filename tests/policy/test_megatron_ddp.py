@@ -16,7 +16,8 @@
 import pytest
 import torch
 
-from rlkit.config.components import MegatronConfig, OptimizerConfig, PolicyConfig
+from rlkit.config.backends import MegatronConfig
+from rlkit.config.components import OptimizerConfig, PolicyConfig
 from rlkit.policy.megatron import convert
 from rlkit.policy.megatron.policy import MegatronPolicy
 from tests.helpers import pg_token_mean_loss, random_batch
@@ -144,7 +145,7 @@ def test_distributed_optimizer_is_refused_on_the_cpu_before_any_model_loads(mode
 
 def test_distributed_optimizer_on_a_gpu_is_refused_as_not_built_yet(model_path, monkeypatch):
     """The GPU branch of the check, run here with CUDA reported present (only the check reads it)."""
-    from rlkit.config.checks import distributed_optimizer_problems
+    from rlkit.config.backends import distributed_optimizer_problems
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     cfg = PolicyConfig(model_name=str(model_path), megatron_cfg={"optimizer": {"use_distributed_optimizer": True}})

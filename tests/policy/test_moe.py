@@ -8,7 +8,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlkit.config.components import GenerationConfig, MegatronConfig, OptimizerConfig, PolicyConfig
+from rlkit.config.backends import MegatronConfig
+from rlkit.config.components import GenerationConfig, OptimizerConfig, PolicyConfig
 from rlkit.policy.factory import in_process_policy
 from rlkit.policy.megatron import moe
 from rlkit.policy.megatron.policy import load_hf_state

@@ -15,7 +15,8 @@ purpose). The batch holds a row of one token and a row that fills the whole trai
 import pytest
 import torch
 
-from rlkit.config.components import MegatronConfig, OptimizerConfig, PolicyConfig, SequencePackingConfig
+from rlkit.config.backends import MegatronConfig
+from rlkit.config.components import OptimizerConfig, PolicyConfig, SequencePackingConfig
 from rlkit.errors import ConfigError
 from rlkit.policy.factory import in_process_policy
 from rlkit.policy.packing import pack_rows, packed_tokens, packing_plan

@@ -14,7 +14,8 @@ import os
 import pytest
 import torch
 
-from rlkit.config.components import MegatronConfig, OptimizerConfig, PolicyConfig
+from rlkit.config.backends import MegatronConfig
+from rlkit.config.components import OptimizerConfig, PolicyConfig
 from rlkit.errors import ConfigError
 from rlkit.policy.megatron.policy import MegatronPolicy
 from tests.helpers import pg_token_mean_loss, random_batch

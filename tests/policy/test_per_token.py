@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from rlkit.algorithms import LossParams, RLLoss
-from rlkit.config.components import MegatronConfig, OptimizerConfig, PolicyConfig
+from rlkit.config.backends import MegatronConfig
+from rlkit.config.components import OptimizerConfig, PolicyConfig
 from rlkit.policy.backends import in_process_policy
 from rlkit.policy.per_token import evaluate_loss_per_token
 from rlkit.policy.snapshots import capture_state, capture_weights, gradient, load_state

@@ -11,7 +11,8 @@ by whole gradients or lr steps."""
 
 import pytest
 
-from rlkit.config.components import MegatronConfig, OptimizerConfig, PolicyConfig
+from rlkit.config.backends import MegatronConfig
+from rlkit.config.components import OptimizerConfig, PolicyConfig
 from tests.helpers import pg_token_mean_loss
 from tests.policy.test_parallel import single_process_reference
 

@@ -8,7 +8,8 @@ differ in the order of sums only: measured ~5e-7)."""
 import pytest
 import torch
 
-from rlkit.config.components import LoraConfig, MegatronConfig, PolicyConfig
+from rlkit.config.backends import MegatronConfig
+from rlkit.config.components import LoraConfig, PolicyConfig
 from rlkit.policy.megatron import shared_prompt
 from rlkit.policy.megatron.policy import MegatronPolicy
 from rlkit.policy.megatron.shared_prompt import share_prompts
