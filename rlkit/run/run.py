@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import time
 import warnings
-from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Mapping, Optional, Sequence
@@ -69,6 +68,7 @@ class Run:
         self.listeners: list[Callable[[StepMetrics], None]] = []  # called after every step of run()
         self.records: Optional[RunRecorder] = None  # while the run records (Session.log_to, rlkit train)
         self.clock: Optional[StepClock] = None  # the step clock of the step under way in step() or run()
+        self.cell_clock = StepClock()  # the stages run cell by cell since the last record, which train() makes
         self.forks: Optional[forking.Forks] = None  # the branches, once forked
         self.closed = False
         self._settings: tuple[Any, Any] = (None, None)
@@ -183,19 +183,22 @@ class Run:
 
     def score(self, batch: Optional[Trajectories] = None) -> Trajectories:
         self.refuse_if_closed("score")
-        return self.keep(self.score_fresh(self.latest(batch, "score")))  # a scored batch is kept as it is
+        with self.timed("score"):
+            return self.keep(self.score_fresh(self.latest(batch, "score")))  # a scored batch is kept as it is
 
     def advantages(self, batch: Optional[Trajectories] = None) -> Trajectories:
         self.refuse_if_closed("advantages")
         g = self.config.grpo
-        return self.keep(stages.advantages(self.latest(batch, "advantages"), g.advantage_estimator,
-                                           g.advantage_params(), self.state.baseline))
+        with self.timed("advantages"):
+            return self.keep(stages.advantages(self.latest(batch, "advantages"), g.advantage_estimator,
+                                               g.advantage_params(), self.state.baseline))
 
     def logprobs(self, batch: Optional[Trajectories] = None) -> Trajectories:
         self.refuse_if_closed("logprobs")
-        self._before_policy_pass()
-        return self.keep(stages.logprobs(self.latest(batch, "logprobs"), self.policy, self.needs_reference,
-                                         self.config.grpo.mismatch_warning_threshold))
+        with self.timed("logprobs"):
+            self._before_policy_pass()
+            return self.keep(stages.logprobs(self.latest(batch, "logprobs"), self.policy, self.needs_reference,
+                                             self.config.grpo.mismatch_warning_threshold, self.timed))
 
     def loss(self, batch: Optional[Trajectories] = None) -> stages.LossReport:
         self.refuse_if_closed("loss")
@@ -236,7 +239,7 @@ class Run:
         """Push the policy's weights into the generator. Interrupted midway, the generator stays stale."""
         self.refuse_if_closed("refit")
         self.generator_version = -1  # unknown mixture until the sync completes
-        with self.rollouts.exclusive():
+        with self.timed("refit"), self.rollouts.exclusive():
             self.components.handoff.before_refit()
             report = stages.refit(self.policy, self.generator, self.components.weight_sync)
         self.generator_version = report.policy_version
@@ -289,27 +292,21 @@ class Run:
         own_clock = self.clock is None  # run() keeps its own clock open over the progress bar and evaluation
         clock = self.clock = self.clock or StepClock()
         try:
-            with clock.part("refit"):  # the weights of an update made outside step() (a cell's session.train())
-                if self.stale:
-                    self.refit()
-            with clock.part("rollout"):
+            if self.stale:  # the weights of an update made outside step() (a cell's session.train())
+                self.refit()
+            with clock.part("rollout"):  # (the source's wait included; the sampling is timed in sample())
                 batch = self.rollout()
-            with clock.part("score"):
-                batch = self.score(batch)
+            batch = self.score(batch)  # (score, logprobs, advantages and refit time themselves)
             # logprobs before advantages: estimators that fold KL into the reward need the reference logprobs
             on_policy = self.skips_logprobs_pass(batch)
             if on_policy:
                 clock.skipped("logprobs")
             else:
-                with clock.part("logprobs"):
-                    batch = self.logprobs(batch)
-                clock.split("logprobs", "reference_logprobs", batch.info.get("timing/reference_logprobs", 0.0))
-            with clock.part("advantages"):
-                batch = self.advantages(batch)
+                batch = self.logprobs(batch)
+            batch = self.advantages(batch)
             with clock.part("train"):
                 metrics = self.train(batch, on_policy=on_policy)
-            with clock.part("refit"):
-                self.refit()
+            self.refit()
             with clock.part("metrics"):
                 metrics.values.update(self.rollouts.step_timings())
                 clock.samples, clock.tokens = batch.batch_size, float(batch.completion_lengths.sum())
@@ -391,16 +388,20 @@ class Run:
         self.state.stop_requested = True
 
     def timed(self, part: str) -> ContextManager[None]:
-        """Time a block as part ``part`` of the step under way (a listener's checkpoint save); outside a
-        ``step()``/``run()``, or in another thread, it times nothing (:mod:`rlkit.run.step_clock`)."""
-        clock = self.clock  # read once: async GRPO's producer thread calls this while the clock is replaced
-        return clock.part(part) if clock is not None else nullcontext()
+        """Time a block as part ``part`` of the step under way (a stage, a listener's checkpoint save); outside a
+        ``step()``/``run()``, of the cell-by-cell step the next ``train()`` records; in another thread (async GRPO's
+        producer), nothing (:mod:`rlkit.run.step_clock`)."""
+        return (self.clock or self.cell_clock).part(part)  # (self.clock read once: run() replaces it per step)
 
     def _end_step(self, batch: Trajectories, train_metrics: dict[str, float], seconds: float,
                   version_before: int) -> StepMetrics:
         with self.timed("metrics"):
-            metrics = step_metrics(self.state.step + 1, self.policy.version, batch, train_metrics,
-                                   {"train": seconds}, version_before)
+            # step() writes its clock's parts once the step is done; cell by cell, the record takes the stages'
+            # parts since the last record, and this train()'s
+            timings = {} if self.clock else {**self.cell_clock.seconds, "train": seconds}
+            self.cell_clock = StepClock()
+            metrics = step_metrics(self.state.step + 1, self.policy.version, batch, train_metrics, timings,
+                                   version_before)
             # the async producer's rollout/ figures, dynamic sampling's rounds (tries, kept and dropped groups)
             metrics.values.update({k: v for k, v in batch.info.items()
                                    if k.startswith(("rollout/", "dynamic_sampling/"))})

@@ -1,18 +1,15 @@
-"""The step clock: every second of an RL step under a named ``timing/`` key.
+"""The step clock: every second of an RL step under a named ``timing/`` key, each measured once.
 
-Why: the stage timers a batch carries in ``info`` cover only the stage functions, not the work between them
-(metrics reduction, the progress bar, an evaluation inside ``run()``, logging and checkpoint saves) nor
-dynamic sampling's extra generation rounds. The clock times the parts of a step where the session does
-them, and names the remainder.
+Why one clock: it times the parts of a step where the run does them (each stage method of
+:class:`rlkit.run.run.Run`, dynamic sampling's extra rounds, metrics reduction, the progress bar, an evaluation
+inside ``run()``, logging and checkpoint saves), and names the remainder; the stage functions write no ``timing/``
+figure. A stage run cell by cell is timed on the run's cell clock, whose parts the next ``train()`` records.
 
 How the parts add up: parts nest, and a part's seconds exclude the parts opened inside it (dynamic
 sampling's scoring inside its rollout counts as ``score``, not twice), so the parts partition the step's wall
 time and ``timing/other`` = ``timing/step_total`` - the sum of the parts is what no part covers. Only the thread
 that opened the clock records: async GRPO's producer samples in its own thread, and that time is not this
 step's (the step's wait for the batch is its ``rollout``).
-
-Deliberate simplification: ``timing/reference_logprobs`` is split out of ``timing/logprobs`` from the
-stage's own figure (the stage is a plain function and knows nothing of the clock).
 """
 
 from __future__ import annotations
@@ -57,12 +54,6 @@ class StepClock:
     def skipped(self, name: str) -> None:
         """Record part ``name`` at 0 s: a stage this step did not need, its column kept in every record."""
         self.seconds[name] += 0.0
-
-    def split(self, name: str, sub: str, seconds: float) -> None:
-        """Move ``seconds`` of part ``name`` to part ``sub`` (a stage's own timer of a piece of its work)."""
-        seconds = min(seconds, self.seconds.get(name, 0.0))
-        self.seconds[name] -= seconds
-        self.seconds[sub] += seconds
 
     def finish(self, values: MutableMapping[str, float]) -> float:
         """Write the parts, ``timing/other``, ``timing/step_total`` and the throughput into ``values``; the total."""

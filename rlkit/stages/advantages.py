@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import warnings
 from typing import Optional, Union
 
@@ -22,7 +21,6 @@ def advantages(batch: Trajectories, estimator: Union[str, AdvantageFn] = "grpo",
     Estimators that fold KL into the reward (REINFORCE++ with ``kl_coef``) need ``ref_logprobs``: run
     logprobs() first in that case.
     """
-    t0 = time.perf_counter()
     rewards = batch.require("rewards", "score()")
     kl = None
     if params.kl_in_reward:
@@ -33,7 +31,7 @@ def advantages(batch: Trajectories, estimator: Union[str, AdvantageFn] = "grpo",
     zero_var = zero_variance_group_fraction(rewards, batch.group_size)
     if zero_var >= ZERO_VARIANCE_WARNING and batch.group_size > 1:
         warnings.warn(zero_variance_message(rewards, zero_var, batch.info), stacklevel=2)
-    info = dict(batch.info, **{"timing/advantages": time.perf_counter() - t0, "zero_variance_groups": zero_var})
+    info = dict(batch.info, **{"zero_variance_groups": zero_var})
     return batch.with_(advantages=adv, info=info)
 
 

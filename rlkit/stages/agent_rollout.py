@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import uuid
 from typing import Any, Awaitable, Callable, Optional, Sequence
 
@@ -67,7 +66,6 @@ def agent_rollout(endpoint: OpenAIEndpoint, agent: Agent, rows: Sequence[dict[st
     """``len(rows) x num_generations`` agent episodes through ``endpoint`` -> scored Trajectories."""
     import openai
 
-    t0 = time.perf_counter()
     tag = uuid.uuid4().hex[:8]
     names = [f"{tag}-{i}" for i in range(len(rows) * num_generations)]
     episode_rows = [rows[i // num_generations] for i in range(len(names))]
@@ -114,7 +112,7 @@ def agent_rollout(endpoint: OpenAIEndpoint, agent: Agent, rows: Sequence[dict[st
             endpoint.episodes.pop(n, None)
     turns = [sum(g and not before for before, g in zip([False] + b.generated, b.generated)) if b else 0
              for b in branches]  # runs of sampled tokens: the episode's assistant turns
-    return batch.with_(info={"timing/rollout": time.perf_counter() - t0, "reward_errors": len(errors),
+    return batch.with_(info={"reward_errors": len(errors),
                              "rollout/turns_mean": sum(turns) / len(turns)})
 
 

@@ -41,7 +41,6 @@ not applied to conversations; a truncated conversation shows as finish reason ``
 
 from __future__ import annotations
 
-import time
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any, Optional, Sequence
@@ -104,7 +103,6 @@ def conversations(generator: Generator, tokenizer: Any, env: Environment, rows: 
     if settings.max_total_tokens is None:
         raise ValueError("conversations need RolloutSettings.max_total_tokens (the engine's length, "
                          "policy.max_model_len)")
-    t0 = time.perf_counter()
     num_generations, max_total_tokens, prompt_key = (settings.num_generations, settings.max_total_tokens,
                                                      settings.prompt_key)
     max_turns = settings.max_turns if settings.max_turns is not None else getattr(env, "max_turns", 1)
@@ -133,7 +131,7 @@ def conversations(generator: Generator, tokenizer: Any, env: Environment, rows: 
     check_reward_failures(errors, batch, env.name, settings.max_failure_fraction)
     turns = torch.tensor([float(c.turns) for c in games])
     env_tokens = (batch.attention_mask & ~batch.loss_mask).sum(1).float() - torch.tensor([float(c.prompt_length) for c in games])
-    info = {"timing/rollout": time.perf_counter() - t0, "sampling_seed": sampling.seed,
+    info = {"sampling_seed": sampling.seed,
             "rollout/turns_mean": float(turns.mean()), "rollout/env_tokens_mean": float(env_tokens.mean()),
             "reward_errors": len(errors)}
     return batch.with_(info=info)

@@ -20,7 +20,6 @@ take both, :func:`rlkit.run.loop.train`):
 
 from __future__ import annotations
 
-from collections import Counter
 from typing import Callable
 
 import torch
@@ -35,11 +34,9 @@ def dynamic_sampling(sample_and_score: Callable[[int], Trajectories], num_prompt
     kept: list[Trajectories] = []
     sampled: list[torch.Tensor] = []  # every round's rewards [N*G], kept or not
     have = dropped = tries = 0
-    timings: Counter[str] = Counter()  # every round's stage seconds (timing/rollout, timing/score), summed
     while have < num_prompts and tries < max_tries:
         batch = sample_and_score(tries)
         tries += 1
-        timings.update({key: seconds for key, seconds in batch.info.items() if key.startswith("timing/")})
         rewards = batch.require("rewards", "score()")
         sampled.append(rewards)
         keep = nonzero_variance_groups(rewards, batch.group_size)
@@ -53,7 +50,7 @@ def dynamic_sampling(sample_and_score: Callable[[int], Trajectories], num_prompt
     out = Trajectories.concat(kept)
     all_rewards = torch.cat(sampled).float()
     sampled_groups = all_rewards.numel() // batch.group_size
-    info = dict(kept[0].info, **timings, **{"dynamic_sampling/tries": tries, "dynamic_sampling/dropped_groups": dropped,
+    info = dict(kept[0].info, **{"dynamic_sampling/tries": tries, "dynamic_sampling/dropped_groups": dropped,
                                  "dynamic_sampling/kept_groups": have,
                                  "dynamic_sampling/shortfall": max(0, num_prompts - have),
                                  "dynamic_sampling/sampled_groups": sampled_groups,

@@ -3,9 +3,9 @@ policy's (skipped when nothing uses them), and how far the generator's logprobs 
 
 from __future__ import annotations
 
-import time
 import warnings
-from typing import Optional
+from contextlib import nullcontext
+from typing import Callable, ContextManager, Optional
 
 import torch
 
@@ -15,23 +15,22 @@ from rlkit.trajectories import Trajectories
 
 
 def logprobs(batch: Trajectories, policy: Policy, with_reference: bool = True,
-             mismatch_warning_threshold: float = 1e-2) -> Trajectories:
+             mismatch_warning_threshold: float = 1e-2,
+             timed: Callable[[str], ContextManager] = lambda part: nullcontext()) -> Trajectories:
     """Trajectories with ``prev_logprobs``, ``entropy`` and (if ``with_reference``) ``ref_logprobs``, all [B, T]
     and, like every per-token field, 0 outside the completion (the policy scores prompt tokens too).
 
     ``info["token_mult_prob_error"]`` is NeMo-RL's mismatch metric (1.0 = generator and trainer agree);
     a value past ``1 + mismatch_warning_threshold`` warns (stale weights, a wrong refit, bf16 drift).
+    ``timed("reference_logprobs")`` wraps the reference pass (the run's step clock: ``timing/reference_logprobs``).
     """
-    t0 = time.perf_counter()
     mask = batch.loss_mask  # the completion: the only positions kept (a fused head computes no others)
     scores = policy.logprobs(batch.input_ids, batch.attention_mask, with_entropy=True, scored=mask)
-    t1 = time.perf_counter()
-    ref = policy.reference_logprobs(batch.input_ids, batch.attention_mask, scored=mask).logprobs \
-        if with_reference else None
-    t2 = time.perf_counter()
+    with timed("reference_logprobs"):
+        ref = policy.reference_logprobs(batch.input_ids, batch.attention_mask, scored=mask).logprobs \
+            if with_reference else None
     out = _with_trainer_logprobs(batch, scores.logprobs, scores.entropy, policy.version, mismatch_warning_threshold)
-    return out.with_(ref_logprobs=_on_completion(ref, batch.loss_mask), info=dict(
-        out.info, **{"timing/logprobs": t1 - t0, "timing/reference_logprobs": t2 - t1}))
+    return out.with_(ref_logprobs=_on_completion(ref, batch.loss_mask))
 
 
 def logprobs_from_train_step(batch: Trajectories, step: TrainStepResult, version: int,

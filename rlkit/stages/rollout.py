@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any, Sequence
 
 from rlkit.data import render_prompt_texts
@@ -15,10 +14,9 @@ from rlkit.trajectories import Trajectories
 def rollout(generator: Generator, tokenizer: Any, rows: Sequence[dict[str, Any]], sampling: SamplingSettings,
             policy_version: int, settings: RolloutSettings = RolloutSettings()) -> Trajectories:
     """``len(rows)`` prompts x ``settings.num_generations`` samples -> Trajectories (no rewards yet)."""
-    t0 = time.perf_counter()
     texts = render_prompt_texts(tokenizer, [r[settings.prompt_key] for r in rows], settings.system_prompt, settings.tools,
                                 settings.chat_template_kwargs)
     ids = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
     generation = generator.generate(ids, settings.num_generations, sampling)
     batch = trajectories_from_generation(generation, tokenizer.pad_token_id, texts, rows, policy_version, tokenizer)
-    return batch.with_(info={"timing/rollout": time.perf_counter() - t0, "sampling_seed": sampling.seed})
+    return batch.with_(info={"sampling_seed": sampling.seed})

@@ -9,7 +9,6 @@ warning with the count.
 
 from __future__ import annotations
 
-import time
 import warnings
 
 from rlkit.algorithms import overlong_reward_shaping
@@ -28,7 +27,6 @@ def score(batch: Trajectories, env: Environment, settings: ScoreSettings = Score
     With ``settings.overlong_buffer_length`` set, DAPO's soft overlong punishment is added to the rewards. More
     than ``settings.max_failure_fraction`` of the samples failing (or all of them) raises ``RewardError``.
     """
-    t0 = time.perf_counter()
     conversations = [
         [{"role": "user", "content": p}, {"role": "assistant", "content": c}]
         for p, c in zip(batch.prompts, batch.completions)
@@ -39,7 +37,7 @@ def score(batch: Trajectories, env: Environment, settings: ScoreSettings = Score
     if settings.overlong_buffer_length is not None:
         rewards = rewards + overlong_reward_shaping(batch.completion_lengths, settings.max_new_tokens,
                                                     settings.overlong_buffer_length, settings.overlong_penalty)
-    info = dict(batch.info, **{"timing/score": time.perf_counter() - t0, "reward_errors": len(result.errors)})
+    info = dict(batch.info, **{"reward_errors": len(result.errors)})
     return batch.with_(rewards=rewards, reward_errors=tuple(result.errors), info=info,
                        env_metadata=tuple(result.metadata))
 

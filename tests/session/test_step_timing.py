@@ -3,6 +3,7 @@
 ``run()`` and ``run_experiment`` (what ``rlkit train`` calls), with and without dynamic sampling."""
 
 import json
+import time
 
 import pytest
 
@@ -40,20 +41,40 @@ def test_step_parts_add_up_to_its_total(timed_session):
 
 
 @pytest.mark.filterwarnings("ignore:100% of prompt groups")
-def test_dynamic_sampling_rounds_are_all_timed(timed_session):
+def test_dynamic_sampling_rounds_are_all_timed(timed_session, monkeypatch):
     if not timed_session.config.grpo.use_dynamic_sampling:
         pytest.skip("plain rollouts have one round")
-    timed_session.env.fn = lambda prompts, completions, answer, **_: [1.0] * len(completions)
+    generator, generate = timed_session.generator, timed_session.generator.generate
+
+    def slow_generate(*args, **kwargs):  # each round's generation and scoring 50 ms longer
+        time.sleep(0.05)
+        return generate(*args, **kwargs)
+
+    def same_reward(prompts, completions, answer, **_):
+        time.sleep(0.05)
+        return [1.0] * len(completions)
+
+    monkeypatch.setattr(generator, "generate", slow_generate)
+    timed_session.env.fn = same_reward
     try:  # every group has zero variance: all 3 rounds run, and their generation must be in timing/rollout
         m = timed_session.step()
     finally:
         timed_session.env.fn = varied_reward
-    info = timed_session.batch.info
-    assert info["dynamic_sampling/tries"] == 3
+    assert timed_session.batch.info["dynamic_sampling/tries"] == 3
     assert m["dynamic_sampling/tries"] == 3 and m["dynamic_sampling/kept_groups"] == 0  # in the step's record too
     assert_accounted(m.values, "rollout", "score")
-    # the batch sums its rounds' stage timers; the step's parts hold them (and the group selection)
-    assert m["timing/rollout"] >= info["timing/rollout"] and m["timing/score"] >= info["timing/score"] > 0
+    assert m["timing/rollout"] >= 3 * 0.05 and m["timing/score"] >= 3 * 0.05  # every round's, once
+
+
+def test_stages_run_cell_by_cell_are_timed_once_in_the_record_train_makes(timed_session):
+    s = timed_session
+    s.advantages(s.logprobs(s.score(s.rollout())))
+    m = s.train()
+    for part in ("rollout", "score", "logprobs", "advantages", "train"):
+        assert m[f"timing/{part}"] > 0, part
+    assert m["timing/reference_logprobs"] >= 0 and "timing/step_total" not in m.values
+    assert not [k for k in s.batch.info if k.startswith("timing/")]  # the stage functions write no timer of theirs
+    assert "timing/rollout" not in s.train(s.batch, allow_reuse=True).values  # counted in the record before
 
 
 def test_run_parts_add_up_including_progress_eval_and_listeners(timed_session):
