@@ -1,10 +1,6 @@
-"""The training backends' config sections, ``policy.<name>_cfg``: each one's settings, rules, words and memory facts.
-
-Why here and not in the backend: validation, the memory plan (:mod:`rlkit.memory.plan`), the start line and the
-session card read them without importing the backend; :mod:`rlkit.policy.backends` builds the one a section names.
-A new backend is a section here, a field of :class:`rlkit.config.components.PolicyConfig` and an entry in
-:data:`BACKEND_SECTIONS` (which makes its name a value of ``policy.backend``).
-"""
+"""The training backends' config sections, ``policy.<name>_cfg``: settings, rules, words and memory facts, which
+validation, the memory plan and the start line read without importing the backend (:mod:`rlkit.policy.backends`
+builds it). A new backend: a section here, in :data:`BACKEND_SECTIONS`, and its field of ``PolicyConfig``."""
 
 from __future__ import annotations
 
@@ -17,8 +13,7 @@ from rlkit.config.section import Section
 from rlkit.models.folder import num_experts_of
 
 
-# Megatron's fused linear layers by the HF projections they hold: adapters on them come together, and either name
-# family is accepted in policy.lora_cfg (rlkit.config.components.LoraConfig)
+# Megatron's fused linear layers by the HF projections they hold (either name goes in policy.lora_cfg)
 LORA_FUSED_MODULES = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),
                       "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",)}
 

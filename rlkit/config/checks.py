@@ -1,8 +1,7 @@
 """Checks that span sections: combinations that are each valid alone but impossible together.
 
 Every check names the dotted keys involved, the reason and the fix. They run on whichever sections
-validated, so a config with a typo elsewhere still gets these reported in the same error. The machine is probed
-(:func:`cuda_here`, which imports torch) only by a check whose answer depends on it, after its other conditions.
+validated, so a config with a typo elsewhere still gets these reported in the same error.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from rlkit.models.tokenizer import tokenizer_vocab_size
 
 
 def cuda_here() -> bool:
-    """Whether this machine has a CUDA device: asked by the checks that need it, at validation (not at import)."""
+    """Whether this machine has CUDA: asked (torch imported) by the checks whose answer depends on it, last."""
     import torch
 
     return torch.cuda.is_available()

@@ -1,5 +1,4 @@
-"""Typed configs of the engines: policy (optimizer, scheduler, adapters, batching) and generation; the training
-backends' sections are in :mod:`rlkit.config.backends`.
+"""Typed configs of the policy (optimizer, adapters, batching) and generation; backends: :mod:`rlkit.config.backends`.
 
 Key names follow NeMo-RL where it has one (``policy.megatron_cfg.tensor_model_parallel_size``,
 ``policy.generation.vllm_cfg``, ``policy.train_micro_batch_size`` ...). Defaults live here and only here.
@@ -43,8 +42,7 @@ class SchedulerConfig(Section):
     min_lr_ratio: float = Field(0.0, ge=0, le=1)
 
 
-# The linear layers of a Llama/Qwen decoder layer that adapters can go on, by HF name (Megatron's fused layers,
-# LORA_FUSED_MODULES, stand for their HF parts).
+# The linear layers of a Llama/Qwen decoder layer that adapters can go on, by HF name (or LORA_FUSED_MODULES')
 LORA_LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 

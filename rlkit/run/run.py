@@ -388,16 +388,14 @@ class Run:
         self.state.stop_requested = True
 
     def timed(self, part: str) -> ContextManager[None]:
-        """Time a block as part ``part`` of the step under way (a stage, a listener's checkpoint save); outside a
-        ``step()``/``run()``, of the cell-by-cell step the next ``train()`` records; in another thread (async GRPO's
-        producer), nothing (:mod:`rlkit.run.step_clock`)."""
+        """Time a block as part ``part`` of the step under way (a stage, a checkpoint save), else of the cell-by-cell
+        step the next ``train()`` records; async GRPO's producer thread is not timed (:mod:`rlkit.run.step_clock`)."""
         return (self.clock or self.cell_clock).part(part)  # (self.clock read once: run() replaces it per step)
 
     def _end_step(self, batch: Trajectories, train_metrics: dict[str, float], seconds: float,
                   version_before: int) -> StepMetrics:
         with self.timed("metrics"):
-            # step() writes its clock's parts once the step is done; cell by cell, the record takes the stages'
-            # parts since the last record, and this train()'s
+            # cell by cell, the stages' parts since the last record (step() writes its clock's when it is done)
             timings = {} if self.clock else {**self.cell_clock.seconds, "train": seconds}
             self.cell_clock = StepClock()
             metrics = step_metrics(self.state.step + 1, self.policy.version, batch, train_metrics, timings,
