@@ -208,10 +208,10 @@ def _new_run(run: Run, old: RunConfig, keys: list[str]) -> None:
     optimizer and schedule; a fresh run state and rollout source; the RNGs seeded as at construction."""
     new, policy = run.config, run.policy
     policy.load_hf_state(load_hf_state(new.policy.model_name))
-    policy.reset_optimizer(new.policy.optimizer, new.policy.scheduler)
+    run.start(RunState.fresh(new, run.components.dataset))  # no warm start: the one below is the RL optimizer
+    run.new_optimizer()
     policy.set_reference_to_current()
     policy.version = 0
-    run.start(RunState.fresh(new, run.components.dataset))
     run.refit()
     rng.seed(new.seed)  # as at construction: python, numpy, torch and a live backend's tracker
 
@@ -219,8 +219,7 @@ def _new_run(run: Run, old: RunConfig, keys: list[str]) -> None:
 # What a run rebuilds for each kind of change (LIVE: nothing; SESSION: refused), in this order.
 REBUILDS: dict[Change, Callable[[Run, RunConfig, list[str]], None]] = {
     Change.LOSS: _new_loss,
-    Change.OPTIMIZER: lambda run, old, keys: run.policy.reset_optimizer(run.config.policy.optimizer,
-                                                                        run.config.policy.scheduler),
+    Change.OPTIMIZER: lambda run, old, keys: run.new_optimizer(),
     Change.ROLLOUTS: lambda run, old, keys: run.start(run.state),
     Change.RUN: _new_run,
 }

@@ -10,6 +10,7 @@ session (``save``, ``load``, the environment it was made with).
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -358,6 +359,10 @@ class Session:
                                                                   Change.RUN, Change.SESSION})
         self.stop_logging()
         folder = Path(run_dir) if run_dir is not None else Path(self.config.logger.log_dir) / self.config.name
+        if run_dir is None and (folder / "metrics.jsonl").is_file() and (folder / "metrics.jsonl").stat().st_size:
+            warnings.warn(f"{folder} holds an earlier run's records (the folder is logger.log_dir/name, and name is "
+                          f"the preset's unless set): they are replaced. To keep both, pass "
+                          f"Session.from_config(..., {{'name': 'my-run'}}) or log_to(run_dir=...)", stacklevel=2)
         self.current.records = RunRecorder(folder, self.config)
         self._records_folder_fixed = run_dir is not None
         return folder

@@ -166,11 +166,15 @@ class Run:
     def rollout(self, rows: Optional[Sequence[dict]] = None, seed: Optional[int] = None) -> Trajectories:
         """This step's batch from the rollout source (the same batch again within a step), or with ``rows`` G
         samples of exactly those prompts; marked with the step it is for (``rollout_step``). An engine that
-        released its weights for the policy is refit first, with a warning: the samples are then on-policy."""
+        released its weights for the policy is refit first, with a warning: the samples are then on-policy; so is
+        one that holds no version of this policy's weights (another branch's after a fork swap, a refit cut off).
+        An engine one or more updates behind samples off-policy, with a warning (the point of a cell-by-cell loop)."""
         self.refuse_if_closed("rollout")
         if self.components.handoff.engine_needs_refit():
             warnings.warn("the engine released its weights for the train step (policy.generation.vllm_cfg."
                           "release_weights_for_training): refitting before this rollout, which is then on-policy")
+            self.refit()
+        elif self.generator_version < 0:  # no version of these weights at all: nothing to learn from its samples
             self.refit()
         if rows is None:
             batch = self.rollouts.batch(self.state, self.sampling(seed).seed, self.generator_version,

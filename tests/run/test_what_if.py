@@ -272,3 +272,18 @@ def test_branches_compare_on_held_out_prompts_and_can_be_dropped(session, tmp_pa
     session.branches["main"].activate()
     c.drop()
     assert "c" not in session.branches
+
+
+def test_a_branch_rollout_after_a_swap_samples_its_own_weights(session):
+    """A branch's rollout() after another branch held the engine (compare_branches) refits first, as its run() and
+    evaluate() do, instead of sampling the other branch's weights with a 'version -1' warning."""
+    import warnings
+
+    session.compare_branches(num_prompts=2)  # every branch evaluated: the engine last held the active one's, swapped
+    other = next(br for name, br in session.branches.items() if not br.active)
+    other.activate()
+    assert session.generator_version == -1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no off-policy warning
+        batch = other.rollout()
+    assert batch.policy_version == session.policy.version == session.generator_version

@@ -1,5 +1,6 @@
-"""Warm starts add up: ``sft(n)`` twice is ``sft(2n)`` once (the same rows, schedule and optimizer moments), until
-an RL update hands the RL optimizer back; then a new warm start begins on the rows after the last."""
+"""A newcomer's second pass. Warm starts add up: ``sft(n)`` twice is ``sft(2n)`` once (the same rows, schedule
+and optimizer moments), until an RL update hands the RL optimizer back; then a new warm start begins on the rows
+after the last. A session recording over an earlier run's folder says so."""
 
 import pytest
 import torch
@@ -45,3 +46,14 @@ def test_an_rl_update_ends_the_warm_start_and_the_next_begins_anew(warm_session)
     s.sft(1, progress=False)  # a new optimizer and warm-up, on the rows after the last ones
     assert warm.optimizer_active and warm.steps == 3 and warm.sampler.state_dict()["position"] == position + 8
     assert s.policy.optimizer.param_groups[0]["lr"] == pytest.approx(1e-2 * 2 / 4)
+
+
+def test_recording_over_an_earlier_runs_folder_warns_how_to_keep_both(warm_session, tmp_path):
+    folder = tmp_path / warm_session.config.name
+    folder.mkdir()
+    (folder / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n')  # an earlier session of the same preset
+    try:
+        with pytest.warns(UserWarning, match=r"holds an earlier run's records .* they are replaced.*'name': 'my-run'"):
+            assert warm_session.log_to(tmp_path) == folder
+    finally:
+        warm_session.stop_logging()
