@@ -143,6 +143,11 @@ def config_reference() -> str:
         "- **NeMo-RL**: key names follow NeMo-RL where it has the knob. The column shows what the schema itself "
         "records: another NeMo-RL name (e.g. `reference_policy_kl_type`), or *same* where the source marks the "
         "key as NeMo-RL's. Blank means the schema records nothing, not that NeMo-RL lacks the key.",
+        "- **configure()**: what `Session.configure([...])` does with a new value, from `rlkit.config.changes` (the "
+        "table `configure` itself reads, so this column cannot drift): *live* (read where it is used), *applied* "
+        "with what it rebuilds (a rollout source, the loss, the optimizer: the engines stay up), *reset()* (a new "
+        "run from step 0, `session.reset([...])`) or *new Session* (`Session.from_config(..., overrides)`: the "
+        "engines, data or environment were built from it).",
         "- **note**: the comment the source gives the key.",
         "",
     ]
@@ -167,14 +172,23 @@ def section_lines(cls, instance, prefix: str) -> list[str]:
             continue
         note = comments.get(name, "")
         rows.append([f"`{prefix}{name}`", code(fmt_type(annotation)), code(fmt_value(value)), bounds(field_info),
-                     nemo_rl_name(note), cell(note)])
+                     nemo_rl_name(note), configure_word(f"{prefix}{name}"), cell(note)])
     if rows:
-        out += ["| key | type | default | bounds | NeMo-RL | note |", "|---|---|---|---|---|---|"]
+        out += ["| key | type | default | bounds | NeMo-RL | configure() | note |", "|---|---|---|---|---|---|---|"]
         out += ["| " + " | ".join(r) + " |" for r in rows]
         out.append("")
     for name, value in nested:
         out += section_lines(type(value), value, f"{prefix}{name}.")
     return out
+
+
+def configure_word(key: str) -> str:
+    """What ``Session.configure`` does with a new value of ``key``, in the reference's words."""
+    from rlkit.config.changes import Change, change_for
+
+    return {Change.LIVE: "live", Change.ROLLOUTS: "applied: new rollout source", Change.LOSS: "applied: new loss",
+            Change.OPTIMIZER: "applied: new optimizer", Change.RUN: "reset()",
+            Change.SESSION: "new Session"}[change_for(key)]
 
 
 def is_section(value: Any) -> bool:

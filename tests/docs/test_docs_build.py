@@ -72,6 +72,16 @@ def test_config_reference_lists_every_key_with_type_and_default(built_site):
     assert not missing, f"keys missing from the config reference: {missing}"
     row = re.search(r"<code>loss_fn\.kl_estimator</code>.*?</tr>", html, re.S).group(0)
     assert "reference_policy_kl_type" in row and "k3" in row  # NeMo-RL's name and the default
+    # each key says what configure() does with it, as rlkit.config.changes decides
+    from rlkit.config.changes import Change, change_for
+
+    words = {Change.LIVE: "live", Change.ROLLOUTS: "new rollout source", Change.LOSS: "new loss",
+             Change.OPTIMIZER: "new optimizer", Change.RUN: "reset()", Change.SESSION: "new Session"}
+    for key in keys:
+        row = re.search(rf"<code>{re.escape(key)}</code>.*?</tr>", html, re.S).group(0)
+        assert words[change_for(key)] in row, (key, change_for(key))
+    assert "live" in re.search(r"<code>history\.full_weight_snapshots</code>.*?</tr>", html, re.S).group(0)
+    assert "new Session" in re.search(r"<code>policy\.generation\.temperature</code>.*?</tr>", html, re.S).group(0)
 
 
 def test_search_finds_what_the_newcomer_looked_for(built_site):
