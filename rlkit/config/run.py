@@ -128,6 +128,9 @@ class SFTConfig(Section):
 class EvalConfig(Section):
     num_prompts: int = Field(500, ge=1)  # held-out prompts scored by evaluate()
     greedy: bool = True  # false: sampled at policy.generation's temperature, top_p, top_k (its stop strings: always)
+    # held-out accuracy falling by more than this below its best while the reward rises: run() flags reward hacking
+    # (warnings/reward_hacking, rlkit.run.reward_hacking); null: never
+    reward_hacking_drop: Optional[float] = Field(0.1, gt=0, le=1)
 
 
 class LoggerConfig(Section):

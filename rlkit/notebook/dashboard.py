@@ -46,6 +46,7 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("generator/trainer mismatch", ("train/token_mult_prob_error",)),
 )
 REWARD, REWARD_ALL_SAMPLED = "rollout/reward_mean", "rollout/reward_mean_all_sampled"
+HACKING = "warnings/reward_hacking"  # run() sets it at an evaluation that looks like reward hacking (rlkit.run.reward_hacking)
 STAGES = ("rollout", "score", "logprobs", "reference_logprobs", "advantages", "train", "refit")  # step()'s order
 
 
@@ -150,6 +151,10 @@ class Dashboard:
             status = f"step {m.step} · policy version {m.policy_version} · reward {reward:.3f}"
             if not math.isnan(step_seconds(m)):
                 status += f" · {step_seconds(m):.2f} s/step"
+        flagged = [m.step for m in history if m.values.get(HACKING)]
+        if flagged:
+            status += (f" · <b style='color:#b00'>likely reward hacking</b> at step {flagged[-1]}: held-out accuracy "
+                       "fell while the reward rose (the warning says by how much)")
         if self._stopping():
             status += " · <b>stop requested</b>: run() ends after the current step"
         elif self._stopped_after is not None:
@@ -167,6 +172,9 @@ class Dashboard:
         """The text view: latest value and a sparkline per metric, plus seconds per stage."""
         history = self.history
         lines = [f"rlkit dashboard: {len(history)} step(s)" + (" (stop requested)" if self._stopping() else "")]
+        flagged = [m.step for m in history if m.values.get(HACKING)]
+        if flagged:
+            lines.append(f"  LIKELY REWARD HACKING at step {flagged[-1]}: held-out accuracy fell while the reward rose")
         notes = flat_panel_notes(self.run)
         for title, keys in panels_for(history):
             values = _series(history, keys[0])

@@ -35,6 +35,7 @@ from rlkit.run.components import Components
 from rlkit.run.metrics import StepMetrics, step_metrics
 from rlkit.run.replay import ReplayReport, named_losses, replay
 from rlkit.run.reuse import warn_if_reused
+from rlkit.run.reward_hacking import FLAG as HACKING_FLAG, reward_hacking
 from rlkit.run.skipped_steps import SKIPPED, refused_update, skipped_in_a_row, too_many_skipped
 from rlkit.run.sources import RolloutSource, rollout_source, step_seed, warn_if_off_policy
 from rlkit.run.state import RunState
@@ -362,6 +363,9 @@ class Run:
                 if period and self.state.step % period == 0:
                     with clock.part("eval"):
                         metrics.values["validation/accuracy"] = self.evaluate().accuracy
+                    if hacking := reward_hacking(self.state.history, self.config.eval.reward_hacking_drop):
+                        metrics.values[HACKING_FLAG] = 1.0
+                        warnings.warn(hacking, stacklevel=3)
                 clock.finish(metrics.values)
                 # recorded, then the listeners see the record, so their seconds go to the next one (timing/listeners,
                 # logging, checkpoint...); the last step's are added to its record in history when the loop ends
