@@ -47,6 +47,11 @@ def table(header: Sequence[str], rows: Iterable[Sequence], caption: str = "", ra
     return f"<table style='{STYLE}'>{cap}{'<tr>' + head + '</tr>' if head else ''}{body}</table>"
 
 
+def fitted(content: str) -> str:
+    """``content`` no wider than the notebook: a wider table scrolls sideways inside its own box."""
+    return f"<div style='max-width:100%;overflow-x:auto'>{content}</div>"
+
+
 def key_values(caption: str, items: Mapping[str, object]) -> str:
     return table(["", ""], items.items(), caption)
 

@@ -20,10 +20,15 @@ from typing import Any, Mapping, Optional
 import pandas as pd
 from torch import Tensor
 
+from rlkit.notebook.html import fitted, table
 from rlkit.policy.base import LossFn, Policy
 from rlkit.policy.per_token import TokenLoss, evaluate_loss_per_token, trainer_logprobs
 from rlkit.policy.snapshots import gradient
 from rlkit.trajectories import Trajectories
+
+COSINE_CAPTION = ("cosine of the gradients of each pair of losses at the current weights "
+                  "(1: the same update direction, 0: unrelated, -1: opposite)")
+LABEL_CHARS = 12  # a longer loss name is cut in the headers (the DataFrame keeps it whole)
 
 
 def token_frame(batch: Trajectories, values: Mapping[str, Tensor], **constant: Any) -> Any:
@@ -58,11 +63,11 @@ class LossComparison:
         return pd.DataFrame([{"loss_fn": name, **t.metrics, "grad_norm": self.grad_norms.get(name, float("nan"))}
                              for name, t in self.losses.items()]).set_index("loss_fn")
 
-    def cosine_matrix(self) -> Any:
-        """The gradient cosines as a symmetric DataFrame (1 on the diagonal)."""
+    def cosine_matrix(self) -> "CosineMatrix":
+        """The gradient cosines as a symmetric DataFrame (1 on the diagonal), shown with a caption."""
         names = list(self.losses)
         get = lambda a, b: 1.0 if a == b else self.cosines.get((a, b), self.cosines.get((b, a), float("nan")))  # noqa: E731
-        return pd.DataFrame([[get(a, b) for b in names] for a in names], index=names, columns=names)
+        return CosineMatrix([[get(a, b) for b in names] for a in names], index=names, columns=names)
 
     def values(self, name: str, quantity: str = "loss") -> Tensor:
         """Loss ``name``'s per-token map ``quantity`` [B, T]."""
@@ -83,7 +88,29 @@ class LossComparison:
         return "LossComparison(" + "; ".join(parts) + (f"; {cos}" if cos else "") + ")"
 
     def _repr_html_(self) -> str:
-        return self.summary()._repr_html_() + self.cosine_matrix()._repr_html_()
+        summary = self.summary()  # one column per loss, one row per metric: as narrow as the number of losses
+        rows = [[metric, *summary[metric]] for metric in summary.columns]
+        per_loss = table(["", *map(_label, summary.index)], rows,
+                         "per loss at the current weights: its metrics and gradient norm")
+        return fitted(per_loss) + (self.cosine_matrix()._repr_html_() if self.cosines else "")
+
+
+class CosineMatrix(pd.DataFrame):
+    """The gradient cosines' DataFrame; in a notebook, a compact table with a caption saying what the numbers are."""
+
+    @property
+    def _constructor(self) -> type:
+        return pd.DataFrame  # a slice or a sum of it is a plain DataFrame
+
+    def _repr_html_(self) -> str:
+        rows = [[_label(a), *(f"{c:.3f}" for c in self.loc[a])] for a in self.index]
+        return fitted(table(["", *map(_label, self.columns)], rows, COSINE_CAPTION))
+
+
+def _label(name: Any) -> str:
+    """A loss name as a header: cut to :data:`LABEL_CHARS` characters."""
+    text = str(name)
+    return text if len(text) <= LABEL_CHARS else text[:LABEL_CHARS - 1] + "\u2026"
 
 
 def compare_losses(batch: Trajectories, policy: Policy, losses: Mapping[str, LossFn],
