@@ -77,10 +77,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_make_model(args: argparse.Namespace) -> int:
     if args.from_gguf is not None:
         from rlkit.models.gguf import convert_gguf
+        from rlkit.units import count_text
 
         conversion = convert_gguf(args.from_gguf, args.folder, dtype=args.dtype)
         print(f"{conversion.folder}: {conversion.architecture} from {args.from_gguf}, {args.dtype}, "
-              f"{conversion.num_parameters / 1e6:.1f}M parameters; vs transformers' GGUF load: {conversion.check}")
+              f"{count_text(conversion.num_parameters)} parameters; vs transformers' GGUF load: {conversion.check}")
         return 0
     path = make_model(args.folder, args.preset, args.family, seed=args.seed, tokenizer=args.tokenizer,
                       tie_word_embeddings=args.tie)

@@ -50,6 +50,7 @@ from rlkit.config.engines import BYTES_PER_PARAMETER, engine_handoff
 from rlkit.config.run import RunConfig
 from rlkit.errors import ConfigError
 from rlkit.models.factory import head_dim_of
+from rlkit.units import bytes_text, count_text
 
 GIB = 2**30
 CPU_KV_BLOCK_TOKENS = 128  # vLLM's KV-cache block on the CPU (vllm/platforms/cpu.py): a sequence takes whole blocks
@@ -130,8 +131,8 @@ class MemoryPlan:
     def table(self) -> str:
         rows = [f"memory plan per device ({self.devices} device(s), {self.device.words}):"]
         for name, size in self.parts.items():
-            rows.append(f"  {name:<18} {size / GIB:9.2f} GiB  {self.reasons.get(name, '')}")
-        rows.append(f"  {'total':<18} {self.total / GIB:9.2f} GiB  of {self.device.capacity / GIB:.1f} GiB "
+            rows.append(f"  {name:<18} {bytes_text(size):>10}  {self.reasons.get(name, '')}")
+        rows.append(f"  {'total':<18} {bytes_text(self.total):>10}  of {bytes_text(self.device.capacity)} "
                     f"{'available' if self.device.name == 'cpu' else 'on the device'}"
                     + ("" if self.fits else "  DOES NOT FIT"))
         return "\n".join(rows)
@@ -145,9 +146,9 @@ class MemoryPlan:
         if self.fits or os.environ.get(SKIP_ENV) == "1":
             return
         raise MemoryPlanError([
-            f"policy.model_name={config.policy.model_name!r}: this config needs {self.total / GIB:.1f} GiB per "
-            f"device and {self.device.words} has {self.device.capacity / GIB:.1f} GiB; the biggest parts are "
-            f"{', '.join(f'{p} ({self.parts[p] / GIB:.1f} GiB)' for p in self.biggest())}. What would help: "
+            f"policy.model_name={config.policy.model_name!r}: this config needs {bytes_text(self.total)} per "
+            f"device and {self.device.words} has {bytes_text(self.device.capacity)}; the biggest parts are "
+            f"{', '.join(f'{p} ({bytes_text(self.parts[p])})' for p in self.biggest())}. What would help: "
             f"{'; '.join(switches(config, self))}. (Set {SKIP_ENV}=1 to start anyway.)\n{self.table()}"])
 
 
@@ -156,7 +157,7 @@ def switches(config: RunConfig, plan: MemoryPlan) -> list[str]:
     p, out = config.policy, []
     trained = plan.parts.get("gradients", 0) + plan.parts.get("optimizer state", 0)
     if not p.lora_cfg.enabled and trained:
-        out.append(f"adapters (policy.lora_cfg.enabled=true: gradients and optimizer state, {trained / GIB:.1f} GiB, "
+        out.append(f"adapters (policy.lora_cfg.enabled=true: gradients and optimizer state, {bytes_text(trained)}, "
                    "shrink to the adapters')")
     if plan.parts.get("activations", 0) > 0.1 * plan.total and not _recompute(config):
         out.append("recompute (policy.megatron_cfg.recompute_granularity=full recompute_method=uniform "
@@ -183,11 +184,11 @@ def this_device(config: RunConfig) -> Device:
 
     if torch.cuda.is_available():
         free, total = torch.cuda.mem_get_info(0)
-        return Device("cuda", total, f"{torch.cuda.get_device_name(0)} ({total / GIB:.0f} GiB)")
+        return Device("cuda", total, f"{torch.cuda.get_device_name(0)} ({bytes_text(total)})")
     import psutil
 
     available = psutil.virtual_memory().available
-    return Device("cpu", available, f"this machine's CPU memory ({available / GIB:.1f} GiB available now)")
+    return Device("cpu", available, f"this machine's CPU memory ({bytes_text(available)} available now)")
 
 
 def needs_reference(config: RunConfig) -> bool:
@@ -247,7 +248,7 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
     snapshots = history.snapshots if lora.enabled or history.full_weight_snapshots else 0
     parts["weight snapshots"] = snapshots * trained  # rlkit.run.history: the states replay starts from
     dtype = "bf16" if p.pure_bf16 else "fp32"
-    reasons = {"weights": f"{shape.parameters / 1e6:.0f}M parameters x "
+    reasons = {"weights": f"{count_text(shape.parameters)} parameters x "
                           + ("2 B (frozen base, bf16, shared with the compute copy)" if base_once else
                              "2 B (pure bf16)" if p.pure_bf16 else "4 B (fp32 masters)")
                           + (f" / {shard}" if shard > 1 else ""),
