@@ -37,6 +37,7 @@ the sweep (the runs before it keep their folders).
 
 from __future__ import annotations
 
+import base64
 import csv
 import itertools
 import json
@@ -172,6 +173,22 @@ class SweepResult:
 
     def _repr_markdown_(self) -> str:
         return _markdown(self.table)
+
+    def _repr_html_(self) -> str:
+        """The comparison table beside the reward plot the sweep saved (``files["plot"]``, read back, not redrawn)."""
+        from rlkit.notebook.html import esc, table
+
+        columns = list(self.table[0]) if self.table else []
+        rows = table(columns, ([row[c] for c in columns] for row in self.table),
+                     f"{len(self.runs)} runs, group {self.group!r}: per grid point, mean and std over seeds")
+        plot = self.files.get("plot")
+        if plot is not None and Path(plot).is_file():
+            data = base64.b64encode(Path(plot).read_bytes()).decode("ascii")
+            figure = f"<img src='data:image/png;base64,{data}' alt='{esc(plot)}' style='max-width:100%'>"
+        else:
+            figure = f"<i>(no reward plot{' at ' + esc(plot) if plot else ''})</i>"
+        return ("<div style='display:flex;flex-wrap:wrap;gap:12px;align-items:flex-start'>"
+                f"<div style='max-width:100%;overflow-x:auto'>{rows}</div><div>{figure}</div></div>")
 
 
 def _mean_std(values: Sequence[Optional[float]]) -> tuple[Optional[float], Optional[float]]:
