@@ -14,8 +14,10 @@ drops exactly the notices listed below, and nothing else:
   extension warns about NUMA binding through torch's C++ warning handler, bypassing Python). Those file
   descriptors are redirected to a temporary file while the engines start; every other line is written back
   to ``sys.stdout`` / ``sys.stderr`` afterwards, so it reaches the notebook as before, a little later.
-- Progress bars: transformers' (writing a new model folder) and vLLM's weight-loading bar (the generator asks
-  vLLM for none while :func:`quieted` is true).
+- Progress bars: transformers' (writing a new model folder), HF datasets' (``Generating train split`` while the
+  prompt data loads; a notebook's stderr is not the file descriptor, so the redirection above misses them) and
+  vLLM's weight-loading bar (the generator asks vLLM for none while :func:`quieted` is true). Your own setting of
+  the first two is back when the block ends.
 
 Scope: only while a session builds its engines (``Session.__init__``, so also ``Session.load``); the filters,
 the redirection and the warning filters are all undone when the block ends, so later warnings from your own
@@ -191,6 +193,20 @@ def _no_transformers_progress_bars() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def _no_datasets_progress_bars() -> Iterator[None]:
+    """HF datasets' bars ("Generating train split", "Map") off while the data loads; the user's setting after."""
+    import datasets
+
+    was_enabled = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            datasets.enable_progress_bars()
+
+
+@contextlib.contextmanager
 def quiet_engine_start(verbose: bool = False) -> Iterator[Held]:
     """Hold back the known notices while the block builds engines (see the module docstring); yields what
     was held. ``verbose``: hold back nothing."""
@@ -201,7 +217,7 @@ def quiet_engine_start(verbose: bool = False) -> Iterator[Held]:
     token = _QUIET.set(True)
     try:
         with sorted_warnings(held), _known_log_records_dropped(held), _known_fd_lines_dropped(held), \
-                _no_transformers_progress_bars():
+                _no_transformers_progress_bars(), _no_datasets_progress_bars():
             yield held
     finally:
         _QUIET.reset(token)

@@ -67,3 +67,32 @@ def test_verbose_holds_back_nothing(capfd):
     with quiet_engine_start():
         assert quieted()
     assert not quieted() and warnings.filters == filters
+
+
+def test_a_quiet_data_load_shows_no_datasets_progress_bar_and_keeps_the_users_setting(tmp_path, capfd):
+    """The data part of a session's start (rlkit.startup: every part is quiet) loading a JSON file for the first
+    time: datasets' "Generating train split" bar is off inside, on again after, and stays off if the user had it off."""
+    import datasets
+
+    from rlkit.startup import StartupReport
+
+    (tmp_path / "prompts.jsonl").write_text("".join(f'{{"prompt": "{i}+1", "answer": "{i + 1}"}}\n' for i in range(50)))
+
+    def load(name: str):
+        return datasets.load_dataset("json", data_files=str(tmp_path / "prompts.jsonl"), split="train",
+                                     cache_dir=str(tmp_path / name))
+
+    assert datasets.is_progress_bar_enabled()
+    with StartupReport().part("data"):
+        assert len(load("quiet")) == 50
+    assert "Generating train split" not in capfd.readouterr().err
+    assert datasets.is_progress_bar_enabled()
+    load("loud")  # outside the quiet start the bar shows (the test can fail)
+    assert "Generating train split" in capfd.readouterr().err
+    datasets.disable_progress_bars()
+    try:
+        with quiet_engine_start():
+            pass
+        assert not datasets.is_progress_bar_enabled()  # the user's choice kept
+    finally:
+        datasets.enable_progress_bars()
