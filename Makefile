@@ -1,5 +1,5 @@
 # The two commands a new machine needs are `make quickstart` and `make test`; both set everything up first.
-.PHONY: setup quickstart quickstart-real demo test test-slow test-browser bench bench-trl bench-trl-real docs
+.PHONY: setup quickstart quickstart-real demo test test-slow test-browser bench bench-trl bench-trl-real docs docs-with-outputs
 
 setup:
 	scripts/setup.sh
@@ -24,9 +24,16 @@ test-browser:
 	scripts/test.sh browser
 
 # The docs site (MkDocs Material, offline) into build/site; --strict: a broken link or missing reference fails it
+# Tutorials are rendered with the outputs of the last tutorial test run (test-output/tutorials/), else without
 docs: setup
 	scripts/setup-docs.sh
 	NO_MKDOCS_2_WARNING=1 HF_HUB_OFFLINE=1 .venv/bin/mkdocs build --strict
+
+# The same site with every tutorial's outputs: executes the 13 tutorials first (their tests), then builds; a tutorial
+# that fails is rendered without outputs, with a note
+docs-with-outputs:
+	-scripts/test.sh default tests/tutorials/test_tutorials.py -k runs_and_its_checks_pass
+	$(MAKE) docs
 
 bench: setup
 	HF_HUB_OFFLINE=1 .venv/bin/python bench/run_all.py

@@ -78,10 +78,8 @@ def tutorial_files() -> dict[str, Path]:
         committed = nbformat.read(str(path), as_version=4)
         nb, why = with_test_outputs(committed, EXECUTED / path.name)
         if why:
-            log.info("tutorial %s: rendered without outputs (%s)", path.name, why)
-            note = ("*This page shows the committed notebook without its outputs "
-                    f"({why}). Run the tutorial tests (`make test`) and then `make docs` to render it with them.*")
-            nb.cells.insert(1, nbformat.v4.new_markdown_cell(note))
+            log.info("tutorial %s: rendered without outputs (%s); `make docs-with-outputs` executes it", path.name, why)
+            nb.cells.insert(1, nbformat.v4.new_markdown_cell(without_outputs_note(why)))
         target = out / path.name
         text = nbformat.writes(nb)
         if not target.exists() or target.read_text() != text:  # whole or not at all for a build running beside
@@ -92,6 +90,13 @@ def tutorial_files() -> dict[str, Path]:
     for stale in set(p.name for p in out.glob("*.ipynb")) - set(written):
         (out / stale).unlink()
     return written
+
+
+def without_outputs_note(why: str) -> str:
+    """What a tutorial's page says when it has no outputs (``why``), and how to get them."""
+    return (f"*This page shows the committed notebook without its outputs ({why}). `make docs-with-outputs` "
+            "executes the tutorials (their tests) and renders them with their outputs; `make test` followed by "
+            "`make docs` does too.*")
 
 
 def with_test_outputs(committed, executed_path: Path):
