@@ -140,6 +140,11 @@ class MemoryPlan:
     def __repr__(self) -> str:
         return self.table()
 
+    def _repr_html_(self) -> str:
+        import html
+
+        return f"<pre style='font-size:12px'>{html.escape(self.table())}</pre>"  # the table's columns stay aligned
+
     def refuse_if_over(self, config: RunConfig) -> None:
         """Raise :class:`MemoryPlanError` with the table, the biggest parts and the switches that would help
         when the plan does not fit (``RLKIT_SKIP_MEMORY_PLAN=1`` starts it anyway)."""

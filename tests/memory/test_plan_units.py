@@ -26,6 +26,8 @@ def test_a_nano_plan_shows_kib_and_thousands_of_parameters(folder):
     assert "8.66 KiB" in weights and "2.22K parameters x 4 B" in weights  # 2216 parameters, fp32
     assert "0.00 GiB" not in text and "0M parameters" not in text
     assert "runtime" in text and "819 MiB" in text and "of 100 GiB available" in text
+    html = plan_memory(config(folder), HF, CPU)._repr_html_()
+    assert html.startswith("<pre") and "8.66 KiB" in html and "0.00 GiB" not in html
 
 
 def test_a_refusal_names_its_figures_in_their_units(folder):
