@@ -40,7 +40,7 @@ import sys
 import tempfile
 import warnings
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Any, Iterator
 
 from transformers.utils import logging as hf_logging
 
@@ -182,28 +182,17 @@ def _flush(*streams: object) -> None:
 
 
 @contextlib.contextmanager
-def _no_transformers_progress_bars() -> Iterator[None]:
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
+def _progress_bars_off(library: Any) -> Iterator[None]:
+    """A library's progress bars off in the block, the user's setting after. ``library``: transformers' logging
+    (bars while writing a model folder) or ``datasets`` ("Generating train split" while the data loads): both
+    have these three switches."""
+    was_enabled = library.is_progress_bar_enabled()
+    library.disable_progress_bar()
     try:
         yield
     finally:
         if was_enabled:
-            hf_logging.enable_progress_bar()
-
-
-@contextlib.contextmanager
-def _no_datasets_progress_bars() -> Iterator[None]:
-    """HF datasets' bars ("Generating train split", "Map") off while the data loads; the user's setting after."""
-    import datasets
-
-    was_enabled = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            datasets.enable_progress_bars()
+            library.enable_progress_bar()
 
 
 @contextlib.contextmanager
@@ -214,10 +203,12 @@ def quiet_engine_start(verbose: bool = False) -> Iterator[Held]:
     if verbose:
         yield held
         return
+    import datasets  # (rlkit.data imports it anyway)
+
     token = _QUIET.set(True)
     try:
         with sorted_warnings(held), _known_log_records_dropped(held), _known_fd_lines_dropped(held), \
-                _no_transformers_progress_bars(), _no_datasets_progress_bars():
+                _progress_bars_off(hf_logging), _progress_bars_off(datasets):
             yield held
     finally:
         _QUIET.reset(token)
