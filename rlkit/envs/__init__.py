@@ -1,5 +1,5 @@
 """Reward environments: the ``Environment`` interface, reward-function, reward-model and judge adapters, weighted
-rewards, tools (text and native JSON), the shipped tasks, reasoning-gym's tasks."""
+rewards, tools (text and native JSON), the shipped tasks, reasoning-gym's tasks, OpenEnv servers."""
 
 from rlkit.envs.arithmetic import (
     ArithmeticEnvironment,
@@ -12,6 +12,7 @@ from rlkit.envs.base import Conversation, Environment, EnvReturn, Message
 from rlkit.envs.judge import JudgeEnvironment, RewardComponent, WeightedRewards, last_number_score
 from rlkit.envs.math import MathEnvironment, last_boxed
 from rlkit.envs.native_tools import NativeToolEnvironment
+from rlkit.envs.openenv_env import OpenEnvEnvironment
 from rlkit.envs.reasoning_gym import ReasoningGymEnvironment, reasoning_gym_reward
 from rlkit.envs.registry import EnvironmentName, available_environments, make_environment
 from rlkit.envs.reward_fn import RewardFn, RewardFunctionEnvironment
@@ -33,6 +34,7 @@ __all__ = [
     "MathEnvironment",
     "Message",
     "NativeToolEnvironment",
+    "OpenEnvEnvironment",
     "PythonTool",
     "ReasoningGymEnvironment",
     "RewardComponent",
