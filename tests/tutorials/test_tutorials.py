@@ -30,6 +30,18 @@ def test_the_thirteen_tutorials_exist_with_outputs_stripped():
         assert any("assert " in src for src in last_code), f"{name}: its last cells must assert on its results"
 
 
+def test_one_fast_recipe_every_tutorial_on_the_quickstart_task_starts_from_quickstart_nano():
+    """The fast recipe is the preset (README, docs/howto/notebooks.md), not a dict of overrides each tutorial keeps:
+    no session or sweep of the quickstart preset in a tutorial, no TINY copy of its keys."""
+    import re
+
+    for name in TUTORIAL_FILES:
+        code = "\n".join(c.source for c in nbformat.read(str(TUTORIALS / name), as_version=4).cells
+                         if c.cell_type == "code")
+        assert not re.search(r"(from_config|run_sweep)\(\s*\"quickstart\"", code), name
+        assert "TINY" not in code, name
+
+
 @pytest.mark.parametrize("name", TUTORIAL_FILES)
 def test_tutorial_runs_and_its_checks_pass(name, venv_kernel, tmp_path):
     nb, seconds, skipped = execute(TUTORIALS / name, tmp_path)
