@@ -1,4 +1,4 @@
-"""Command line: ``rlkit train | sft | sweep | make-model | get-model | demo | sandbox-check``.
+"""Command line: ``rlkit train | sft | dpo | sweep | make-model | get-model | demo | sandbox-check``.
 
     rlkit train quickstart                         # SFT warm start, then GRPO; writes runs/quickstart/
     rlkit train my.yaml grpo.max_num_steps=50      # any preset or YAML file, with dotted overrides
@@ -51,16 +51,30 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
+    return _train_then_export(args, "sft")
+
+
+def cmd_dpo(args: argparse.Namespace) -> int:
+    return _train_then_export(args, "dpo")
+
+
+def _train_then_export(args: argparse.Namespace, stage: str) -> int:
+    """``rlkit sft`` / ``rlkit dpo``: the stage's steps from the config, held-out accuracy, the policy exported."""
     from rlkit.session import Session
     from rlkit.tracking.export import export_hf_folder
 
     config = load_config(args.config, args.overrides)
     with Session(config) as session:
-        result = session.sft(progress=not args.quiet)
+        before = session.evaluate().accuracy if stage == "dpo" else None
+        result = getattr(session, stage)(progress=not args.quiet)
         accuracy = session.evaluate().accuracy
         export_hf_folder(session.policy, config.policy.model_name, args.output)
-    print(json.dumps({"sft_steps": len(result.losses), "final_loss": result.losses[-1] if result.losses else None,
-                      "held_out_accuracy": accuracy, "output": args.output}, indent=2))
+    summary = {f"{stage}_steps": len(result.losses), "final_loss": result.losses[-1] if result.losses else None,
+               "held_out_accuracy": accuracy, "output": args.output}
+    if before is not None:
+        summary = {**summary, "held_out_accuracy_before": before,
+                   "final_pair_accuracy": result.steps[-1]["rewards/accuracies"] if result.steps else None}
+    print(json.dumps(summary, indent=2))
     return 0
 
 
@@ -157,12 +171,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     for name, fn, text in (("train", cmd_train, "SFT warm start (if enabled), then GRPO"),
-                           ("sft", cmd_sft, "SFT warm start only; export the result as an HF folder")):
+                           ("sft", cmd_sft, "SFT warm start only; export the result as an HF folder"),
+                           ("dpo", cmd_dpo, "DPO on preference pairs (dpo.*) only; export the result as an HF "
+                                            "folder")):
         p = sub.add_parser(name, help=text)
         p.add_argument("config", help="a shipped preset (e.g. quickstart) or a YAML file")
         p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. grpo.max_num_steps=50")
         p.add_argument("--quiet", action="store_true", help="no progress bars")
-        if name == "sft":
+        if name in ("sft", "dpo"):
             p.add_argument("--output", required=True, help="folder for the fine-tuned HF model")
         else:
             p.add_argument("--resume", action="store_true",

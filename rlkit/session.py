@@ -85,8 +85,9 @@ class Session:
     batch = _view("current.state.batch", "the latest batch a stage returned")
     sampler = _view("current.state.sampler", "the prompt sampler (its position is the run's position in the data)")
     baseline = _view("current.state.baseline", "reinforce_baseline's running reward mean")
-    last_train, last_refit, last_eval, last_sft = (_view(f"current.state.last_{stage}", f"the latest {stage}() result")
-                                                   for stage in ("train", "refit", "eval", "sft"))
+    last_train, last_refit, last_eval, last_sft, last_dpo = (
+        _view(f"current.state.last_{stage}", f"the latest {stage}() result")
+        for stage in ("train", "refit", "eval", "sft", "dpo"))
     stop_requested = _view("current.state.stop_requested", "run() ends after the current step")
     store = _view("current.state.store", "past batches (history[k].batch) and weight snapshots, bounded by history.*")
 
@@ -240,6 +241,14 @@ class Session:
         self.current.refuse_if_closed("sft")
         check_sft_columns(self.config, self.dataset)
         return self.current.sft(num_steps, progress, refit)
+
+    def dpo(self, num_steps: Optional[int] = None, progress: bool = True, refit: bool = True) -> stages.DPOResult:
+        """DPO steps (``dpo.*``) on preference pairs: ``dpo.train_file`` (``prompt``, ``chosen``, ``rejected``), or
+        when unset pairs made from the task's integer answers (the answer chosen, a near miss rejected). The policy
+        as the first call starts is the reference; later calls continue the pairs, optimizer and schedule, and the
+        first RL update hands the RL optimizer back. Ends with a refit, as ``sft()`` (:mod:`rlkit.stages.dpo`)."""
+        self.current.refuse_if_closed("dpo")
+        return self.current.dpo(num_steps, progress, refit)
 
     def openai_endpoint(self) -> Any:
         """An OpenAI-compatible chat endpoint over the engine, for agents (:func:`rlkit.stages.agent_rollout`) and

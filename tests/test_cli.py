@@ -118,3 +118,18 @@ def test_rlkit_train_export_puts_the_folder_in_the_summary(tmp_path, capsys):
     assert summary["export"] == json.loads(printed[printed.index("{\n"):])["export"] == str(out.resolve())
     assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in out.iterdir()}
     assert json.loads((out / "config.json").read_text()) == json.loads((tmp_path / "model" / "config.json").read_text())
+
+
+def test_dpo_from_a_pairs_file_exports_the_model(tmp_path, capsys):
+    """``rlkit dpo``: pairs from a JSONL file, the summary with the pair accuracy, an HF folder that loads."""
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text("".join(json.dumps({"prompt": f"{a}+{b}=", "chosen": str(a + b), "rejected": str(a + b + 1)})
+                             + "\n" for a in range(4) for b in range(4)))
+    out = tmp_path / "out"
+    assert main(["dpo", "quickstart_nano", f"policy.model_name={tmp_path / 'model'}",
+                 f"logger.log_dir={tmp_path / 'runs'}", f"dpo.train_file={pairs}", "dpo.num_steps=2",
+                 "dpo.batch_size=4", "--quiet", "--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    summary = json.loads(printed[printed.rindex("{\n"):])
+    assert summary["dpo_steps"] == 2 and 0.0 <= summary["final_pair_accuracy"] <= 1.0
+    assert summary["output"] == str(out) and (out / "config.json").exists()

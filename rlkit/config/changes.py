@@ -45,6 +45,7 @@ CHANGES: tuple[tuple[str, Change], ...] = (
     ("policy.optimizer", Change.OPTIMIZER),
     ("policy.scheduler", Change.OPTIMIZER),
     ("sft", Change.LIVE),
+    ("dpo", Change.LIVE),
     ("eval", Change.LIVE),
     ("logger", Change.LIVE),
     ("checkpointing", Change.LIVE),

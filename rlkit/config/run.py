@@ -125,6 +125,22 @@ class SFTConfig(Section):
     response_key: str = "answer"
 
 
+class DPOConfig(Section):
+    """Direct preference optimisation from pairs (``Session.dpo``; rlkit.stages.dpo): the reference is the policy
+    as DPO starts; its own optimizer, as SFT's."""
+
+    num_steps: int = Field(100, ge=0)
+    batch_size: int = Field(16, ge=1)  # pairs per step (2x rows)
+    lr: float = Field(5e-5, gt=0)
+    warmup_steps: int = Field(0, ge=0)
+    beta: float = Field(0.1, gt=0)
+    loss_type: Literal["sigmoid", "ipo"] = "sigmoid"  # DPO, or IPO (with mean token logprobs, as TRL)
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5)  # conservative DPO (sigmoid only)
+    # JSONL/JSON/parquet of prompt, chosen, rejected; unset: pairs from the task's integer answers (a near miss
+    # rejected: rlkit.data.preference.pairs_from_answers)
+    train_file: Optional[str] = None
+
+
 class EvalConfig(Section):
     num_prompts: int = Field(500, ge=1)  # held-out prompts scored by evaluate()
     greedy: bool = True  # false: sampled at policy.generation's temperature, top_p, top_k (its stop strings: always)
@@ -178,6 +194,7 @@ class RunConfig(Section):
     env: EnvConfig = EnvConfig()
     data: DataParams = DataParams(task="arithmetic")
     sft: SFTConfig = SFTConfig()
+    dpo: DPOConfig = DPOConfig()
     eval: EvalConfig = EvalConfig()
     logger: LoggerConfig = LoggerConfig()
     checkpointing: CheckpointConfig = CheckpointConfig()

@@ -28,6 +28,7 @@ from rlkit import stages
 from rlkit.algorithms import RLLoss
 from rlkit.config.run import RunConfig
 from rlkit.data import PromptSampler
+from rlkit.data.preference import pairs_from_answers, read_preference_file
 from rlkit.errors import RunInterrupted, SessionClosedError, StageOrderError
 from rlkit.generation.base import SamplingSettings
 from rlkit.run import fork as forking, history, loop
@@ -284,6 +285,28 @@ class Run:
             self.refit()
         return self.state.last_sft
 
+    def dpo(self, num_steps: Optional[int] = None, progress: bool = True, refit: bool = True) -> stages.DPOResult:
+        """DPO on ``dpo.train_file``'s pairs, or pairs from the task's answers (see :meth:`rlkit.Session.dpo`)."""
+        self.refuse_if_closed("dpo")
+        settings = stages.DPOSettings.from_config(self.config, num_steps)
+        if self.state.preference is None:  # later calls continue it: the next pairs, the same optimizer and schedule
+            cfg = self.config.dpo
+            pairs = (read_preference_file(cfg.train_file) if cfg.train_file
+                     else pairs_from_answers(self.components.dataset["train"], self.config.seed + 2,
+                                             self.config.sft.response_key))
+            self.state.preference = stages.WarmStart(PromptSampler(pairs, cfg.batch_size, seed=self.config.seed + 2))
+        if self.state.warm_start is not None:  # an SFT warm start's optimizer ends where DPO's begins
+            self.state.warm_start.hand_back(self.policy, settings.sft)
+        self.policy.keep_reference(True)  # DPO reads the reference every step, whatever the RL loss needs
+        try:
+            self.state.last_dpo = stages.dpo(self.policy, self.components.tokenizer, self.state.preference, settings,
+                                             progress)
+        finally:
+            self.policy.keep_reference(self.needs_reference)
+        if refit:
+            self.refit()
+        return self.state.last_dpo
+
     # ---- one step, and the loop over steps ----------------------------------------------------------------
     def step(self) -> StepMetrics:
         """One whole RL step: rollout, score, logprobs, advantages, train, refit; recorded when the run records
@@ -462,14 +485,16 @@ class Run:
     def end_warm_start(self) -> None:
         """The RL optimizer and schedule (fresh) back in the policy if a warm start's are there (before the first RL
         update and a checkpoint); a later ``sft()`` starts a new optimizer and warm-up on the rows after the last."""
-        if self.state.warm_start is not None:
-            self.state.warm_start.hand_back(self.policy, self.settings.sft)
+        for warm in (self.state.warm_start, self.state.preference):
+            if warm is not None:
+                warm.hand_back(self.policy, self.settings.sft)
 
     def new_optimizer(self) -> None:
         """A fresh RL optimizer and schedule from ``policy.optimizer``/``policy.scheduler`` (a warm start's ends)."""
         self.policy.reset_optimizer(self.config.policy.optimizer, self.config.policy.scheduler)
-        if self.state.warm_start is not None:
-            self.state.warm_start.optimizer_active = False
+        for warm in (self.state.warm_start, self.state.preference):
+            if warm is not None:
+                warm.optimizer_active = False
 
     # ---- checkpoints -----------------------------------------------------------------------------------
     def save(self, path: str | Path, extra: Optional[Mapping[str, Any]] = None) -> Path:

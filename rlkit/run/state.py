@@ -38,7 +38,9 @@ class RunState:
     last_refit: Any = None
     last_eval: Any = None
     last_sft: Any = None
+    last_dpo: Any = None
     warm_start: Optional[WarmStart] = None  # what the next sft() continues (not saved: a resumed run starts anew)
+    preference: Optional[WarmStart] = None  # what the next dpo() continues (its pairs, optimizer; not saved)
     stop_requested: bool = False  # run() ends after the current step
     store: RolloutHistory = field(default_factory=RolloutHistory)  # past batches and weights (not saved)
 
@@ -76,5 +78,5 @@ class RunState:
         self.step, self.step_rows = state["step"], list(state["step_rows"])
         self.baseline = RunningBaseline(**state["baseline"])
         self.history = [StepMetrics(m["step"], m["policy_version"], m["values"]) for m in state["history"]]
-        self.batch = self.last_train = self.last_refit = self.last_eval = self.last_sft = None
+        self.batch = self.last_train = self.last_refit = self.last_eval = self.last_sft = self.last_dpo = None
         self.stop_requested = False

@@ -20,6 +20,7 @@ given, by its fields); the import contract keeps it so.
 """
 
 from rlkit.stages.advantages import advantages
+from rlkit.stages.dpo import DPOResult, dpo
 from rlkit.stages.conversations import conversations, is_multi_turn
 from rlkit.stages.dynamic_sampling import dynamic_sampling
 from rlkit.stages.evaluate import EvalResult, evaluate
@@ -27,12 +28,12 @@ from rlkit.stages.logprobs import logprobs, logprobs_from_train_step
 from rlkit.stages.refit import refit
 from rlkit.stages.rollout import rollout
 from rlkit.stages.score import score
-from rlkit.stages.settings import (EvalSettings, RolloutSettings, ScoreSettings, SFTSettings, StageSettings,
+from rlkit.stages.settings import (DPOSettings, EvalSettings, RolloutSettings, ScoreSettings, SFTSettings, StageSettings,
                                    TrainSettings)
 from rlkit.stages.sft import SFTResult, WarmStart, sft
 from rlkit.stages.train import LossReport, TrainInterrupted, TrainResult, loss, loss_description, one_update, train
 
-__all__ = ["EvalResult", "EvalSettings", "LossReport", "RolloutSettings", "SFTResult", "SFTSettings",
+__all__ = ["DPOResult", "DPOSettings", "EvalResult", "EvalSettings", "LossReport", "RolloutSettings", "SFTResult", "SFTSettings",
            "ScoreSettings", "StageSettings", "TrainInterrupted", "TrainResult", "TrainSettings", "WarmStart", "advantages",
-           "conversations", "dynamic_sampling", "evaluate", "is_multi_turn", "logprobs", "logprobs_from_train_step",
+           "conversations", "dpo", "dynamic_sampling", "evaluate", "is_multi_turn", "logprobs", "logprobs_from_train_step",
            "loss", "loss_description", "one_update", "refit", "rollout", "score", "sft", "train"]

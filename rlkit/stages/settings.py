@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 from rlkit.config.components import OptimizerConfig, SchedulerConfig
-from rlkit.config.run import RunConfig, SFTConfig
+from rlkit.config.run import DPOConfig, RunConfig, SFTConfig
 from rlkit.envs.base import MAX_REWARD_FAILURE_FRACTION
 from rlkit.envs.registry import environment_tool_schemas
 
@@ -106,6 +106,20 @@ class SFTSettings:
         sft = config.sft if num_steps is None else config.sft.model_copy(update={"num_steps": num_steps})
         return cls(sft, config.policy.optimizer, config.policy.scheduler, config.data.system_prompt,
                    dict(config.data.chat_template_kwargs), _tools_of(config))
+
+
+@dataclass(frozen=True)
+class DPOSettings:
+    """:func:`rlkit.stages.dpo`: its steps, loss and optimizer; prompts rendered and the RL optimizer handed back
+    as SFT's (``sft``)."""
+
+    dpo: DPOConfig
+    sft: SFTSettings
+
+    @classmethod
+    def from_config(cls, config: RunConfig, num_steps: Optional[int] = None) -> "DPOSettings":
+        dpo = config.dpo if num_steps is None else config.dpo.model_copy(update={"num_steps": num_steps})
+        return cls(dpo, SFTSettings.from_config(config))
 
 
 def _tools_of(config: RunConfig) -> Optional[tuple[dict[str, Any], ...]]:
