@@ -22,7 +22,6 @@ import torch
 from tqdm.auto import tqdm
 
 from rlkit.algorithms.preference import dpo_token_weights
-from rlkit.config.components import OptimizerConfig, SchedulerConfig
 from rlkit.data import build_sft_batch
 from rlkit.policy.base import Policy
 from rlkit.stages.settings import DPOSettings
@@ -90,9 +89,7 @@ def dpo(policy: Policy, tokenizer: Any, run: WarmStart, settings: DPOSettings, p
     cfg = settings.dpo
     if run.steps == 0:
         policy.set_reference_to_current()
-    if not run.optimizer_active:
-        policy.reset_optimizer(OptimizerConfig(lr=cfg.lr), SchedulerConfig(warmup_steps=cfg.warmup_steps))
-        run.optimizer_active = True
+    run.own_optimizer(policy, cfg.lr, cfg.warmup_steps)
     steps = []
     bar = tqdm(total=cfg.num_steps, desc="DPO", disable=not progress)
     try:

@@ -66,6 +66,13 @@ class WarmStart:
     steps: int = 0  # SFT steps taken so far
     optimizer_active: bool = False  # the policy's optimizer and schedule are still this warm start's
 
+    def own_optimizer(self, policy: Policy, lr: float, warmup_steps: int) -> None:
+        """This stage's optimizer (AdamW at ``lr``, ``warmup_steps`` of linear warm-up) into ``policy``, unless
+        it is there already from an earlier call."""
+        if not self.optimizer_active:
+            policy.reset_optimizer(OptimizerConfig(lr=lr), SchedulerConfig(warmup_steps=warmup_steps))
+            self.optimizer_active = True
+
     def hand_back(self, policy: Policy, settings: SFTSettings) -> None:
         """The RL optimizer and schedule (fresh) into ``policy``, if the warm start's is still there; the next
         :func:`sft` call then starts a new optimizer and warm-up (on the rows after the last ones)."""
@@ -80,9 +87,7 @@ def sft(policy: Policy, tokenizer: Any, warm: WarmStart, settings: SFTSettings, 
     the warm start's own optimizer continues when ``warm.optimizer_active`` (see the module docstring)."""
     t0 = time.perf_counter()
     cfg = settings.sft
-    if not warm.optimizer_active:
-        policy.reset_optimizer(OptimizerConfig(lr=cfg.lr), SchedulerConfig(warmup_steps=cfg.warmup_steps))
-        warm.optimizer_active = True
+    warm.own_optimizer(policy, cfg.lr, cfg.warmup_steps)
     losses = []
     bar = tqdm(total=cfg.num_steps, desc="SFT", disable=not progress)
     try:
