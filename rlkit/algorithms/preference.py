@@ -1,13 +1,15 @@
-"""Preference losses over pairs of responses to one prompt (DPO and IPO), as TRL's ``DPOTrainer`` computes them.
+"""Preference losses over pairs of responses to one prompt (DPO, robust DPO, IPO), as TRL's ``DPOTrainer`` (1.16,
+the version bench/.venv-trl pins) computes them with its default reverse-KL scores.
 
 For pair ``i`` with sequence logprobs ``c_i, r_i`` (chosen, rejected) under the policy and ``c0_i, r0_i`` under
 the frozen reference, the margin is ``h_i = (c_i - r_i) - (c0_i - r0_i)`` and
 
-    sigmoid (DPO)  loss_i = -(1 - eps) * log sigmoid(beta * h_i) - eps * log sigmoid(-beta * h_i)
+    sigmoid (DPO)  loss_i = -log sigmoid(beta * h_i)
+    robust         loss_i = (-(1 - eps) * log sigmoid(beta * h_i) + eps * log sigmoid(-beta * h_i)) / (1 - 2 * eps)
     ipo            loss_i = (h_i - 1 / (2 * beta)) ** 2, with each sequence logprob the *mean* over its tokens
 
-(``eps``: label smoothing, the "conservative DPO" of TRL; IPO's mean over tokens is TRL's ``concatenated_forward``
-for ``loss_type="ipo"``). The implicit rewards are ``beta * (c_i - c0_i)`` and ``beta * (r_i - r0_i)``; TRL logs
+(``eps``: label smoothing, the assumed fraction of flipped labels, for ``robust`` only; IPO's mean over tokens is
+TRL's: each response's log-ratio divided by its completion tokens). The implicit rewards are ``beta * (c_i - c0_i)`` and ``beta * (r_i - r0_i)``; TRL logs
 them as ``rewards/chosen``, ``rewards/rejected``, their difference as ``rewards/margins`` and the fraction with the
 chosen one higher as ``rewards/accuracies``, and this module uses the same names.
 
@@ -27,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-PreferenceLossName = Literal["sigmoid", "ipo"]
-PREFERENCE_LOSSES: tuple[PreferenceLossName, ...] = ("sigmoid", "ipo")
+PreferenceLossName = Literal["sigmoid", "robust", "ipo"]
+PREFERENCE_LOSSES: tuple[PreferenceLossName, ...] = ("sigmoid", "robust", "ipo")
 
 
 @dataclass(frozen=True)
@@ -59,10 +61,15 @@ def preference_loss(chosen: Tensor, rejected: Tensor, ref_chosen: Tensor, ref_re
     """The losses of N pairs from their sequence logprobs, each [N] (see the module docstring)."""
     if loss_type not in PREFERENCE_LOSSES:
         raise ValueError(f"unknown preference loss {loss_type!r}; choose one of {', '.join(PREFERENCE_LOSSES)}")
+    if label_smoothing and loss_type != "robust":
+        raise ValueError(f"label_smoothing={label_smoothing} is read by the 'robust' loss only (as TRL's); set "
+                         f"loss_type='robust' or label_smoothing=0")
     margin = (chosen - rejected) - (ref_chosen - ref_rejected)
     if loss_type == "sigmoid":
-        losses = (-F.logsigmoid(beta * margin) * (1 - label_smoothing)
-                  - F.logsigmoid(-beta * margin) * label_smoothing)
+        losses = -F.logsigmoid(beta * margin)
+    elif loss_type == "robust":
+        losses = ((-(1 - label_smoothing) * F.logsigmoid(beta * margin) + label_smoothing * F.logsigmoid(-beta * margin))
+                  / (1 - 2 * label_smoothing))
     else:
         losses = (margin - 1 / (2 * beta)) ** 2
     return PreferenceLoss(losses, beta * (chosen - ref_chosen).detach(), beta * (rejected - ref_rejected).detach())

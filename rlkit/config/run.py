@@ -134,11 +134,18 @@ class DPOConfig(Section):
     lr: float = Field(5e-5, gt=0)
     warmup_steps: int = Field(0, ge=0)
     beta: float = Field(0.1, gt=0)
-    loss_type: Literal["sigmoid", "ipo"] = "sigmoid"  # DPO, or IPO (with mean token logprobs, as TRL)
-    label_smoothing: float = Field(0.0, ge=0, lt=0.5)  # conservative DPO (sigmoid only)
+    loss_type: Literal["sigmoid", "robust", "ipo"] = "sigmoid"  # DPO, robust DPO, or IPO (mean token logprobs), as TRL
+    label_smoothing: float = Field(0.0, ge=0, lt=0.5)  # robust only: the fraction of pairs assumed flipped
     # JSONL/JSON/parquet of prompt, chosen, rejected; unset: pairs from the task's integer answers (a near miss
     # rejected: rlkit.data.preference.pairs_from_answers)
     train_file: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _smoothing_for_robust(self) -> "DPOConfig":
+        if self.label_smoothing and self.loss_type != "robust":
+            raise ValueError(f"label_smoothing={self.label_smoothing} is read by loss_type 'robust' only (as TRL's); "
+                             f"set dpo.loss_type=robust or dpo.label_smoothing=0")
+        return self
 
 
 class EvalConfig(Section):

@@ -1,6 +1,6 @@
-"""DPO and IPO losses against a hand-computed case and TRL's formula (``DPOTrainer.dpo_loss``, TRL 0.2x: the
-``sigmoid`` loss with label smoothing and the ``ipo`` loss on mean token logprobs), in float64 within 1e-6, values
-and gradients; and the per-token weights that stand in for the pair loss in a train step."""
+"""DPO, robust DPO and IPO losses against a hand-computed case and TRL's formula (``DPOTrainer._compute_loss`` in TRL
+1.16, the version bench/.venv-trl pins, with its default reverse-KL scores), in float64 within 1e-6, values and
+gradients; and the per-token weights that stand in for the pair loss in a train step."""
 
 import math
 
@@ -14,12 +14,17 @@ TOL = 1e-6
 
 
 def trl_dpo_loss(chosen, rejected, ref_chosen, ref_rejected, beta, loss_type, label_smoothing):
-    """TRL's ``dpo_loss`` for these two loss types, written out from its source: ``logits = (chosen - rejected) -
-    (ref_chosen - ref_rejected)``; sigmoid: ``-logsigmoid(beta*logits)*(1-ls) - logsigmoid(-beta*logits)*ls``;
-    ipo: ``(logits - 1/(2*beta))**2``; rewards ``beta * (logps - ref_logps)``."""
-    logits = (chosen - rejected) - (ref_chosen - ref_rejected)
+    """TRL 1.16's losses for these loss types, written out from its source: ``delta = (chosen - ref_chosen) -
+    (rejected - ref_rejected)``; sigmoid: ``-logsigmoid(beta*delta)``; robust: ``(-(1-ls)*logsigmoid(beta*delta) +
+    ls*logsigmoid(-beta*delta)) / (1-2*ls)``; ipo: ``(delta - 1/(2*beta))**2`` on length-averaged scores; rewards
+    ``beta * (logps - ref_logps)``."""
+    logits = (chosen - ref_chosen) - (rejected - ref_rejected)
     if loss_type == "sigmoid":
-        losses = -F.logsigmoid(beta * logits) * (1 - label_smoothing) - F.logsigmoid(-beta * logits) * label_smoothing
+        losses = -F.logsigmoid(beta * logits)
+    elif loss_type == "robust":
+        clean = -(1 - label_smoothing) * F.logsigmoid(beta * logits)
+        flipped = -label_smoothing * F.logsigmoid(-beta * logits)
+        losses = (clean - flipped) / (1 - 2 * label_smoothing)
     else:
         losses = (logits - 1 / (2 * beta)) ** 2
     return losses, beta * (chosen - ref_chosen).detach(), beta * (rejected - ref_rejected).detach()
@@ -36,7 +41,7 @@ def test_a_hand_computed_pair():
     assert metrics["rewards/margins"] == pytest.approx(0.2) and metrics["rewards/accuracies"] == 1.0
 
 
-@pytest.mark.parametrize("loss_type,label_smoothing", [("sigmoid", 0.0), ("sigmoid", 0.1), ("ipo", 0.0)])
+@pytest.mark.parametrize("loss_type,label_smoothing", [("sigmoid", 0.0), ("robust", 0.1), ("ipo", 0.0)])
 def test_losses_and_gradients_equal_trls_formula(loss_type, label_smoothing):
     g = torch.Generator().manual_seed(0)
     inputs = [(torch.randn(16, generator=g, dtype=torch.float64) * 5 - 20) for _ in range(4)]
@@ -68,6 +73,12 @@ def test_token_weights_are_the_pair_losss_gradient(loss_type):
     assert torch.allclose(weights.double(), direct.grad, atol=1e-7, rtol=1e-5)
     assert torch.allclose(pairs.losses, expected.detach(), atol=TOL)
     assert not weights[~mask].any()
+
+
+def test_label_smoothing_outside_the_robust_loss_is_refused():
+    one = torch.zeros(1)
+    with pytest.raises(ValueError, match="'robust' loss only"):
+        preference_loss(one, one, one, one, beta=0.1, loss_type="sigmoid", label_smoothing=0.1)
 
 
 def test_an_odd_batch_is_refused():

@@ -82,3 +82,12 @@ def test_a_file_without_pair_columns_is_refused(tmp_path):
     with rlkit.Session.from_config("quickstart_nano", overrides) as s:
         with pytest.raises(DataError, match="'chosen', 'rejected'"):
             s.dpo(1, progress=False)
+
+
+def test_label_smoothing_without_the_robust_loss_is_a_config_error():
+    from rlkit.config.loading import load_config
+    from rlkit.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="dpo.loss_type=robust"):
+        load_config("quickstart_nano", {"dpo.label_smoothing": 0.1})
+    assert load_config("quickstart_nano", {"dpo.label_smoothing": 0.1, "dpo.loss_type": "robust"}).dpo.loss_type == "robust"
