@@ -9,7 +9,9 @@ the frozen reference, the margin is ``h_i = (c_i - r_i) - (c0_i - r0_i)`` and
     ipo            loss_i = (h_i - 1 / (2 * beta)) ** 2, with each sequence logprob the *mean* over its tokens
 
 (``eps``: label smoothing, the assumed fraction of flipped labels, for ``robust`` only; IPO's mean over tokens is
-TRL's: each response's log-ratio divided by its completion tokens). The implicit rewards are ``beta * (c_i - c0_i)`` and ``beta * (r_i - r0_i)``; TRL logs
+TRL's: each response's log-ratio divided by its completion tokens). An SFT term can be added to any of them:
+``sft_weight`` times the token-mean negative logprob of the chosen responses (TRL's ``loss_type=[..., "sft"]`` with
+``loss_weights``; the RPO recipe), which keeps the chosen responses likely while the margin grows. The implicit rewards are ``beta * (c_i - c0_i)`` and ``beta * (r_i - r0_i)``; TRL logs
 them as ``rewards/chosen``, ``rewards/rejected``, their difference as ``rewards/margins`` and the fraction with the
 chosen one higher as ``rewards/accuracies``, and this module uses the same names.
 
@@ -76,11 +78,12 @@ def preference_loss(chosen: Tensor, rejected: Tensor, ref_chosen: Tensor, ref_re
 
 
 def dpo_token_weights(token_logprobs: Tensor, ref_token_logprobs: Tensor, mask: Tensor, *, beta: float,
-                      loss_type: PreferenceLossName = "sigmoid",
-                      label_smoothing: float = 0.0) -> tuple[Tensor, PreferenceLoss]:
-    """``d mean_loss / d token_logprobs`` [2N, T] and the pairs' losses, for a batch whose first N rows are the
-    chosen responses and last N the rejected ones, in the same pair order (policy and reference logprobs and the
-    completion ``mask``, each [2N, T]). The weights are 0 outside ``mask``."""
+                      loss_type: PreferenceLossName = "sigmoid", label_smoothing: float = 0.0,
+                      sft_weight: float = 0.0) -> tuple[Tensor, PreferenceLoss]:
+    """``d loss / d token_logprobs`` [2N, T] and the pairs' losses, for a batch whose first N rows are the chosen
+    responses and last N the rejected ones, in the same pair order (policy and reference logprobs and the completion
+    ``mask``, each [2N, T]); ``loss`` is the mean pair loss plus ``sft_weight`` times the chosen responses'
+    token-mean negative logprob. The weights are 0 outside ``mask``."""
     if token_logprobs.shape[0] % 2:
         raise ValueError(f"a preference batch has 2N rows (N chosen, then N rejected); this one has "
                          f"{token_logprobs.shape[0]}")
@@ -92,5 +95,8 @@ def dpo_token_weights(token_logprobs: Tensor, ref_token_logprobs: Tensor, mask: 
         n = seq.shape[0] // 2
         pairs = preference_loss(seq[:n], seq[n:], ref[:n], ref[n:], beta=beta, loss_type=loss_type,
                                 label_smoothing=label_smoothing)
-        (weights,) = torch.autograd.grad(pairs.losses.mean(), logprobs)
+        loss = pairs.losses.mean()
+        if sft_weight:
+            loss = loss - sft_weight * logprobs[:n][mask[:n]].mean()
+        (weights,) = torch.autograd.grad(loss, logprobs)
     return weights.float() * mask, pairs

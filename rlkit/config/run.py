@@ -136,6 +136,8 @@ class DPOConfig(Section):
     beta: float = Field(0.1, gt=0)
     loss_type: Literal["sigmoid", "robust", "ipo"] = "sigmoid"  # DPO, robust DPO, or IPO (mean token logprobs), as TRL
     label_smoothing: float = Field(0.0, ge=0, lt=0.5)  # robust only: the fraction of pairs assumed flipped
+    # plus this times the chosen responses' token-mean NLL (TRL's "sft" loss type beside the pair loss; RPO)
+    sft_weight: float = Field(0.0, ge=0)
     # JSONL/JSON/parquet of prompt, chosen, rejected; unset: pairs from the task's integer answers (a near miss
     # rejected: rlkit.data.preference.pairs_from_answers)
     train_file: Optional[str] = None

@@ -77,7 +77,7 @@ def dpo_step(policy: Policy, batch: Trajectories, settings: DPOSettings) -> dict
     reference = policy.reference_logprobs(batch.input_ids, batch.attention_mask, scored=scored).logprobs
     current = policy.logprobs(batch.input_ids, batch.attention_mask, scored=scored).logprobs
     weights, pairs = dpo_token_weights(current, reference, scored, beta=cfg.beta, loss_type=cfg.loss_type,
-                                       label_smoothing=cfg.label_smoothing)
+                                       label_smoothing=cfg.label_smoothing, sft_weight=cfg.sft_weight)
     result = policy.train_step(batch.with_(advantages=weights), weighted_logprob_loss)
     return {**pairs.metrics(), "grad_norm": result.grad_norm}
 

@@ -57,19 +57,20 @@ def test_losses_and_gradients_equal_trls_formula(loss_type, label_smoothing):
         assert torch.allclose(a.grad, b.grad, atol=TOL, rtol=0)
 
 
-@pytest.mark.parametrize("loss_type", ["sigmoid", "ipo"])
-def test_token_weights_are_the_pair_losss_gradient(loss_type):
+@pytest.mark.parametrize("loss_type,sft_weight", [("sigmoid", 0.0), ("ipo", 0.0), ("sigmoid", 0.7)])
+def test_token_weights_are_the_pair_losss_gradient(loss_type, sft_weight):
     g = torch.Generator().manual_seed(1)
     n, t = 3, 7
     mask = torch.rand(2 * n, t, generator=g) > 0.3
     policy = torch.randn(2 * n, t, generator=g, dtype=torch.float64) - 1
     reference = torch.randn(2 * n, t, generator=g, dtype=torch.float64) - 1
-    weights, pairs = dpo_token_weights(policy, reference, mask, beta=0.3, loss_type=loss_type)
+    weights, pairs = dpo_token_weights(policy, reference, mask, beta=0.3, loss_type=loss_type, sft_weight=sft_weight)
     direct = policy.clone().requires_grad_(True)
     seq = sequence_logprobs(direct, mask, mean=loss_type == "ipo")
     ref = sequence_logprobs(reference, mask, mean=loss_type == "ipo")
     expected = trl_dpo_loss(seq[:n], seq[n:], ref[:n], ref[n:], 0.3, loss_type, 0.0)[0]
-    expected.mean().backward()
+    # TRL's "sft" loss type: -chosen_per_token_logps[chosen_mask].mean(), weighted by loss_weights
+    (expected.mean() + sft_weight * -direct[:n][mask[:n]].mean()).backward()
     assert torch.allclose(weights.double(), direct.grad, atol=1e-7, rtol=1e-5)
     assert torch.allclose(pairs.losses, expected.detach(), atol=TOL)
     assert not weights[~mask].any()
