@@ -242,13 +242,16 @@ class Session:
         check_sft_columns(self.config, self.dataset)
         return self.current.sft(num_steps, progress, refit)
 
-    def dpo(self, num_steps: Optional[int] = None, progress: bool = True, refit: bool = True) -> stages.DPOResult:
-        """DPO steps (``dpo.*``) on preference pairs: ``dpo.train_file`` (``prompt``, ``chosen``, ``rejected``), or
-        when unset pairs made from the task's integer answers (the answer chosen, a near miss rejected). The policy
-        as the first call starts is the reference; later calls continue the pairs, optimizer and schedule, and the
-        first RL update hands the RL optimizer back. Ends with a refit, as ``sft()`` (:mod:`rlkit.stages.dpo`)."""
+    def dpo(self, num_steps: Optional[int] = None, progress: bool = True, refit: bool = True,
+            pairs: Optional[Sequence[Mapping[str, Any]]] = None) -> stages.DPOResult:
+        """DPO steps (``dpo.*``) on preference pairs (``prompt``, ``chosen``, ``rejected``): ``pairs`` (e.g. the
+        policy's own mistakes, ``rlkit.data.preference.pairs_from_batch(session.score(session.rollout(rows)))``),
+        else ``dpo.train_file``, else pairs made from the task's integer answers (the answer chosen, a near miss
+        rejected). The policy as the first call starts is the reference; later calls continue the pairs (new
+        ``pairs`` replace them), optimizer and schedule, and the first RL update hands the RL optimizer back. Ends
+        with a refit, as ``sft()`` (:mod:`rlkit.stages.dpo`)."""
         self.current.refuse_if_closed("dpo")
-        return self.current.dpo(num_steps, progress, refit)
+        return self.current.dpo(num_steps, progress, refit, pairs)
 
     def openai_endpoint(self) -> Any:
         """An OpenAI-compatible chat endpoint over the engine, for agents (:func:`rlkit.stages.agent_rollout`) and

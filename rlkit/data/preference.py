@@ -1,5 +1,6 @@
-"""Preference pairs for DPO: rows of ``prompt``, ``chosen`` and ``rejected`` from a user's file, or made from a task's
-own answers (the answer chosen, a wrong number rejected).
+"""Preference pairs for DPO: rows of ``prompt``, ``chosen`` and ``rejected`` from a user's file, made from a task's
+own answers (the answer chosen, a wrong number rejected), or from a scored rollout (the policy's own mistakes
+rejected: :func:`pairs_from_batch`).
 
 A pair's responses are plain text, as ``sft``'s answers are: the prompt goes through the chat template (with the
 data's system prompt), and each response is followed by EOS (:func:`rlkit.data.sft.build_sft_batch`).
@@ -7,12 +8,14 @@ data's system prompt), and each response is followed by EOS (:func:`rlkit.data.s
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any, Iterable
 
 import numpy as np
 
 from rlkit.data.files import read_prompt_file
 from rlkit.errors import DataError
+from rlkit.trajectories import Trajectories
 
 PAIR_COLUMNS = ("prompt", "chosen", "rejected")
 
@@ -53,4 +56,32 @@ def pairs_from_answers(rows: Iterable[dict[str, Any]], seed: int, response_key: 
                              f"'rejected' rows as dpo.train_file"]) from None
         offset = int(rng.integers(1, max_offset + 1)) * (1 if rng.random() < 0.5 else -1)
         pairs.append({"prompt": row["prompt"], "chosen": answer, "rejected": str(value + offset)})
+    return pairs
+
+
+def pairs_from_batch(batch: Trajectories, response_key: str = "answer") -> list[dict[str, Any]]:
+    """One pair per prompt of a scored ``batch`` (G samples per prompt) that has a sample with reward <= 0: the
+    sample the policy wrote most often among those as ``rejected`` (its typical mistake); as ``chosen`` the sample
+    with the highest reward above 0 (the most frequent among ties), else the row's ``response_key`` answer. Prompts
+    whose samples all earned a reward, or that have neither a rewarded sample nor an answer, give no pair."""
+    if batch.rewards is None:
+        raise ValueError("pairs_from_batch needs a scored batch (session.score(batch)): rewards choose the samples")
+    pairs = []
+    g = batch.group_size
+    for i, row in enumerate(batch.rows):
+        samples = list(zip(batch.completions[i * g:(i + 1) * g], batch.rewards[i * g:(i + 1) * g].tolist()))
+        wrong = Counter(text for text, reward in samples if reward <= 0)
+        if not wrong:
+            continue
+        right = Counter(text for text, reward in samples if reward > 0)
+        if right:
+            best = max(r for _, r in samples)
+            chosen = max((t for t, r in samples if r == best), key=lambda t: right[t])
+        elif row.get(response_key) not in (None, ""):
+            chosen = str(row[response_key])
+        else:
+            continue
+        rejected = wrong.most_common(1)[0][0]
+        if rejected != chosen:
+            pairs.append({"prompt": row["prompt"], "chosen": chosen, "rejected": rejected})
     return pairs

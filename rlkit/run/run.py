@@ -285,12 +285,21 @@ class Run:
             self.refit()
         return self.state.last_sft
 
-    def dpo(self, num_steps: Optional[int] = None, progress: bool = True, refit: bool = True) -> stages.DPOResult:
-        """DPO on ``dpo.train_file``'s pairs, or pairs from the task's answers (see :meth:`rlkit.Session.dpo`)."""
+    def dpo(self, num_steps: Optional[int] = None, progress: bool = True, refit: bool = True,
+            pairs: Optional[Sequence[Mapping[str, Any]]] = None) -> stages.DPOResult:
+        """DPO on ``pairs``, ``dpo.train_file``'s or the task's answers' (see :meth:`rlkit.Session.dpo`)."""
         self.refuse_if_closed("dpo")
         settings = stages.DPOSettings.from_config(self.config, num_steps)
+        cfg = self.config.dpo
+        if pairs is not None:  # new pairs: the run's reference, optimizer and schedule carry on
+            if not pairs:
+                raise ValueError("dpo(pairs=[]) has no pairs to train on; a batch whose samples all earned a reward "
+                                 "gives none (pairs_from_batch): sample more prompts or at a higher temperature")
+            sampler = PromptSampler([dict(p) for p in pairs], cfg.batch_size, seed=self.config.seed + 2)
+            if self.state.preference is None:
+                self.state.preference = stages.WarmStart(sampler)
+            self.state.preference.sampler = sampler
         if self.state.preference is None:  # later calls continue it: the next pairs, the same optimizer and schedule
-            cfg = self.config.dpo
             pairs = (read_preference_file(cfg.train_file) if cfg.train_file
                      else pairs_from_answers(self.components.dataset["train"], self.config.seed + 2,
                                              self.config.sft.response_key))

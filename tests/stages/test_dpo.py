@@ -10,6 +10,7 @@ import torch
 import rlkit
 from rlkit.algorithms.preference import dpo_token_weights, preference_loss, sequence_logprobs
 from rlkit.config.components import PolicyConfig
+from rlkit.data.preference import pairs_from_batch
 from rlkit.errors import DataError
 from rlkit.policy.backends import in_process_policy
 from rlkit.stages.dpo import weighted_logprob_loss
@@ -72,6 +73,25 @@ def test_session_dpo_fits_its_pairs_and_keeps_its_reference(tmp_path):
         assert again.steps[0]["rewards/margins"] > 0.0
         assert s.run_state.preference.steps == 35 and s.last_dpo is again
         assert not s.stale  # refit at the end, as sft()
+        own = pairs_from_batch(s.score(s.rollout(s.sampler.next_batch(16))))  # the policy's own mistakes
+        assert own and s.dpo(3, progress=False, pairs=own).steps[0]["rewards/margins"] != 0.0  # same reference
+        assert s.run_state.preference.steps == 38 and s.run_state.preference.sampler.dataset == own
+        with pytest.raises(ValueError, match="no pairs"):
+            s.dpo(1, progress=False, pairs=[])
+
+
+def test_pairs_from_a_scored_batch_reject_the_most_frequent_mistake():
+    rows = ({"prompt": "2+2", "answer": "4"}, {"prompt": "1+1", "answer": "2"}, {"prompt": "3+3", "answer": "6"})
+    completions = ("5", "4", "5", "3",  # one right: chosen; "5" twice: rejected
+                   "3", "3", "1", "3",  # none right: the answer is chosen
+                   "6", "6", "6", "6")  # all right: no pair
+    batch = random_batch(b=12, t=8, group_size=4).with_(
+        rows=rows, completions=completions,
+        rewards=torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]))
+    assert pairs_from_batch(batch) == [{"prompt": "2+2", "chosen": "4", "rejected": "5"},
+                                       {"prompt": "1+1", "chosen": "2", "rejected": "3"}]
+    with pytest.raises(ValueError, match="scored batch"):
+        pairs_from_batch(batch.with_(rewards=None))
 
 
 def test_a_file_without_pair_columns_is_refused(tmp_path):
