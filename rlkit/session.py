@@ -253,6 +253,17 @@ class Session:
         self.current.refuse_if_closed("dpo")
         return self.current.dpo(num_steps, progress, refit, pairs)
 
+    def train_reward_model(self, output: str | Path, pairs: Optional[Sequence[Mapping[str, Any]]] = None,
+                           eval_pairs: Optional[Sequence[Mapping[str, Any]]] = None, base: Optional[str | Path] = None,
+                           progress: bool = True) -> stages.RewardModelResult:
+        """A reward model trained on preference pairs and saved to ``output``, where
+        ``rlkit.envs.RewardModelEnvironment(output)`` loads it (``reward_model.*``; :mod:`rlkit.stages.reward_model`).
+        Its base is ``base`` (a causal-LM folder), else the policy as it is now. Its pairs are ``pairs``, else
+        ``dpo.train_file``'s, else the task's answers against near misses, with the held-out rows' likewise as
+        ``eval_pairs`` (their pair accuracy is ``result.eval_accuracy``). The policy is not changed."""
+        self.current.refuse_if_closed("train_reward_model")
+        return self.current.train_reward_model(output, pairs, eval_pairs, base, progress)
+
     def openai_endpoint(self) -> Any:
         """An OpenAI-compatible chat endpoint over the engine, for agents (:func:`rlkit.stages.agent_rollout`) and
         chats from a cell: started on 127.0.0.1 on the first call, closed with the session

@@ -100,3 +100,15 @@ def dpo_token_weights(token_logprobs: Tensor, ref_token_logprobs: Tensor, mask: 
             loss = loss - sft_weight * logprobs[:n][mask[:n]].mean()
         (weights,) = torch.autograd.grad(loss, logprobs)
     return weights.float() * mask, pairs
+
+
+def bradley_terry_loss(chosen_scores: Tensor, rejected_scores: Tensor, *, margin: Tensor | None = None,
+                       center_coefficient: float | None = None) -> Tensor:
+    """A reward model's loss on N pairs of scores [N], as TRL's ``RewardTrainer``: ``-log sigmoid(s_c - s_r - m)``
+    averaged (``margin`` m per pair, 0 when None), plus ``center_coefficient * mean((s_c + s_r)^2)`` when set, which
+    keeps the scores centred on 0."""
+    diff = chosen_scores - rejected_scores - (0.0 if margin is None else margin)
+    loss = -F.logsigmoid(diff).mean()
+    if center_coefficient is not None:
+        loss = loss + center_coefficient * ((chosen_scores + rejected_scores) ** 2).mean()
+    return loss

@@ -46,6 +46,7 @@ CHANGES: tuple[tuple[str, Change], ...] = (
     ("policy.scheduler", Change.OPTIMIZER),
     ("sft", Change.LIVE),
     ("dpo", Change.LIVE),
+    ("reward_model", Change.LIVE),
     ("eval", Change.LIVE),
     ("logger", Change.LIVE),
     ("checkpointing", Change.LIVE),

@@ -150,6 +150,18 @@ class DPOConfig(Section):
         return self
 
 
+class RewardModelConfig(Section):
+    """Training a reward model on preference pairs (``Session.train_reward_model``; rlkit.stages.reward_model):
+    Bradley-Terry, AdamW, one batch of pairs a step, in transformers in this process."""
+
+    num_steps: int = Field(200, ge=0)
+    batch_size: int = Field(16, ge=1)  # pairs per step
+    lr: float = Field(1e-4, gt=0)
+    max_grad_norm: Optional[float] = Field(1.0, gt=0)
+    center_rewards_coefficient: Optional[float] = Field(None, ge=0)  # TRL's: + coef * mean((s_c + s_r)^2)
+    max_length: Optional[int] = Field(None, ge=1)  # tokens per text, cut from the left; null: whole texts
+
+
 class EvalConfig(Section):
     num_prompts: int = Field(500, ge=1)  # held-out prompts scored by evaluate()
     greedy: bool = True  # false: sampled at policy.generation's temperature, top_p, top_k (its stop strings: always)
@@ -204,6 +216,7 @@ class RunConfig(Section):
     data: DataParams = DataParams(task="arithmetic")
     sft: SFTConfig = SFTConfig()
     dpo: DPOConfig = DPOConfig()
+    reward_model: RewardModelConfig = RewardModelConfig()
     eval: EvalConfig = EvalConfig()
     logger: LoggerConfig = LoggerConfig()
     checkpointing: CheckpointConfig = CheckpointConfig()

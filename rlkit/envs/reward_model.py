@@ -32,6 +32,21 @@ def conversation_text(tokenizer: Any, conversation: Conversation) -> str:
     return "\n".join(m["content"] for m in conversation)
 
 
+def encode_texts(tokenizer: Any, texts: list[str], max_length: Optional[int] = None) -> dict[str, Tensor]:
+    """``texts`` as a right-padded batch (``input_ids``, ``attention_mask`` [B, T]), cut from the left past
+    ``max_length`` so the completion is kept; no special tokens added where a chat template wrote its own. One
+    tokenization for scoring (:class:`RewardModelEnvironment`) and training a reward model
+    (:func:`rlkit.stages.reward_model.train_reward_model`)."""
+    side, truncation, tokenizer.padding_side, tokenizer.truncation_side = (tokenizer.padding_side,
+                                                                           tokenizer.truncation_side, "right", "left")
+    try:
+        return dict(tokenizer(texts, return_tensors="pt", padding=True,
+                              add_special_tokens=not getattr(tokenizer, "chat_template", None),
+                              truncation=max_length is not None, max_length=max_length))
+    finally:
+        tokenizer.padding_side, tokenizer.truncation_side = side, truncation
+
+
 class ScorerEnvironment(Environment):
     """Rewards ``scorer(texts)`` for batches of conversations rendered by ``tokenizer`` (see the module docstring)."""
 
@@ -91,14 +106,7 @@ class RewardModelEnvironment(ScorerEnvironment):
 
     @torch.no_grad()
     def _score_texts(self, texts: list[str]) -> Tensor:  # [B] float32
-        tok = self.tokenizer
-        side, tok.padding_side, tok.truncation_side = tok.padding_side, "right", "left"
-        try:
-            enc = tok(texts, return_tensors="pt", padding=True,
-                      add_special_tokens=not getattr(tok, "chat_template", None),  # a template writes its own BOS
-                      truncation=self.max_length is not None, max_length=self.max_length)
-        finally:
-            tok.padding_side = side
+        enc = encode_texts(self.tokenizer, texts, self.max_length)
         device = next(self.model.parameters()).device
         logits = self.model(input_ids=enc["input_ids"].to(device), attention_mask=enc["attention_mask"].to(device)).logits
         return logits[:, 0].float().cpu()

@@ -16,6 +16,7 @@ Within a step a rollout returns the same prompts and samples again; the step's p
 
 from __future__ import annotations
 
+import tempfile
 import time
 import warnings
 from dataclasses import replace
@@ -42,7 +43,7 @@ from rlkit.run.sources import RolloutSource, rollout_source, step_seed, warn_if_
 from rlkit.run.state import RunState
 from rlkit.run.step_clock import StepClock
 from rlkit.stages.compare import compare_losses
-from rlkit.tracking.checkpoint import POLICY_DIR, read_checkpoint_state, restore_rng, save_checkpoint
+from rlkit.tracking.checkpoint import POLICY_DIR, export_hf, read_checkpoint_state, restore_rng, save_checkpoint
 from rlkit.tracking.records import RunRecorder
 from rlkit.trajectories import Trajectories
 
@@ -315,6 +316,24 @@ class Run:
         if refit:
             self.refit()
         return self.state.last_dpo
+
+    def train_reward_model(self, output: str | Path, pairs: Optional[Sequence[Mapping[str, Any]]] = None,
+                           eval_pairs: Optional[Sequence[Mapping[str, Any]]] = None, base: Optional[str | Path] = None,
+                           progress: bool = True) -> stages.RewardModelResult:
+        """A reward model on preference pairs (see :meth:`rlkit.Session.train_reward_model`)."""
+        self.refuse_if_closed("train_reward_model")
+        seed, key, dataset = self.config.seed + 3, self.config.sft.response_key, self.components.dataset
+        if pairs is None and self.config.dpo.train_file:
+            pairs = read_preference_file(self.config.dpo.train_file)
+        elif pairs is None:  # the task's answers against near misses, and the held-out rows' the same way
+            pairs = pairs_from_answers(dataset["train"], seed, key)
+            eval_pairs = pairs_from_answers(dataset["validation"], seed + 1, key) if eval_pairs is None else eval_pairs
+        with tempfile.TemporaryDirectory(prefix="rlkit-rm-base-") as scratch:
+            if base is None:  # the policy as it is now (merged with its adapters)
+                base = export_hf(self.policy, self.config.policy, Path(scratch) / "base")
+            return stages.train_reward_model(base, pairs, output, self.config.reward_model,
+                                             eval_pairs=eval_pairs or (), system_prompt=self.config.data.system_prompt,
+                                             seed=seed, progress=progress)
 
     # ---- one step, and the loop over steps ----------------------------------------------------------------
     def step(self) -> StepMetrics:

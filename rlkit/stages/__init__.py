@@ -26,6 +26,7 @@ from rlkit.stages.dynamic_sampling import dynamic_sampling
 from rlkit.stages.evaluate import EvalResult, evaluate
 from rlkit.stages.logprobs import logprobs, logprobs_from_train_step
 from rlkit.stages.refit import refit
+from rlkit.stages.reward_model import RewardModelResult, train_reward_model
 from rlkit.stages.rollout import rollout
 from rlkit.stages.score import score
 from rlkit.stages.settings import (DPOSettings, EvalSettings, RolloutSettings, ScoreSettings, SFTSettings, StageSettings,
@@ -36,4 +37,5 @@ from rlkit.stages.train import LossReport, TrainInterrupted, TrainResult, loss, 
 __all__ = ["DPOResult", "DPOSettings", "EvalResult", "EvalSettings", "LossReport", "RolloutSettings", "SFTResult", "SFTSettings",
            "ScoreSettings", "StageSettings", "TrainInterrupted", "TrainResult", "TrainSettings", "WarmStart", "advantages",
            "conversations", "dpo", "dynamic_sampling", "evaluate", "is_multi_turn", "logprobs", "logprobs_from_train_step",
-           "loss", "loss_description", "one_update", "refit", "rollout", "score", "sft", "train"]
+           "loss", "loss_description", "one_update", "refit", "RewardModelResult", "rollout", "score", "sft", "train",
+           "train_reward_model"]

@@ -85,3 +85,17 @@ def test_label_smoothing_outside_the_robust_loss_is_refused():
 def test_an_odd_batch_is_refused():
     with pytest.raises(ValueError, match="2N rows"):
         dpo_token_weights(torch.zeros(3, 4), torch.zeros(3, 4), torch.ones(3, 4, dtype=torch.bool), beta=0.1)
+
+
+def test_bradley_terry_equals_trls_reward_trainer_formula():
+    """TRL 1.16's ``RewardTrainer.compute_loss``: ``-logsigmoid(r_c - r_r - margin).mean()`` plus
+    ``center_rewards_coefficient * mean((r_c + r_r)**2)``."""
+    from rlkit.algorithms.preference import bradley_terry_loss
+
+    g = torch.Generator().manual_seed(2)
+    chosen, rejected, margin = (torch.randn(9, generator=g, dtype=torch.float64) for _ in range(3))
+    expected = -F.logsigmoid(chosen - rejected - margin).mean() + 0.01 * torch.mean((chosen + rejected) ** 2)
+    assert abs(bradley_terry_loss(chosen, rejected, margin=margin, center_coefficient=0.01) - expected) < 1e-12
+    assert abs(bradley_terry_loss(chosen, rejected) + F.logsigmoid(chosen - rejected).mean()) < 1e-12
+    one = torch.tensor([2.0], dtype=torch.float64)
+    assert bradley_terry_loss(one, one - 2).item() == pytest.approx(math.log1p(math.exp(-2.0)))
