@@ -16,7 +16,6 @@ Within a step a rollout returns the same prompts and samples again; the step's p
 
 from __future__ import annotations
 
-import tempfile
 import time
 import warnings
 from dataclasses import replace
@@ -28,11 +27,9 @@ from tqdm.auto import tqdm
 from rlkit import stages
 from rlkit.algorithms import RLLoss
 from rlkit.config.run import RunConfig
-from rlkit.data import PromptSampler
-from rlkit.data.preference import pairs_from_answers, read_preference_file
 from rlkit.errors import RunInterrupted, SessionClosedError, StageOrderError
 from rlkit.generation.base import SamplingSettings
-from rlkit.run import fork as forking, history, loop
+from rlkit.run import fork as forking, history, loop, offline
 from rlkit.run.components import Components
 from rlkit.run.metrics import StepMetrics, step_metrics
 from rlkit.run.replay import ReplayReport, named_losses, replay
@@ -43,7 +40,7 @@ from rlkit.run.sources import RolloutSource, rollout_source, step_seed, warn_if_
 from rlkit.run.state import RunState
 from rlkit.run.step_clock import StepClock
 from rlkit.stages.compare import compare_losses
-from rlkit.tracking.checkpoint import POLICY_DIR, export_hf, read_checkpoint_state, restore_rng, save_checkpoint
+from rlkit.tracking.checkpoint import POLICY_DIR, read_checkpoint_state, restore_rng, save_checkpoint
 from rlkit.tracking.records import RunRecorder
 from rlkit.trajectories import Trajectories
 
@@ -276,64 +273,28 @@ class Run:
     def sft(self, num_steps: Optional[int] = None, progress: bool = True, refit: bool = True) -> stages.SFTResult:
         """Supervised warm start on the task's answers (see :meth:`rlkit.Session.sft`)."""
         self.refuse_if_closed("sft")
-        settings = self.settings.sft if num_steps is None else stages.SFTSettings.from_config(self.config, num_steps)
-        if self.state.warm_start is None:  # later calls continue it: the next rows, the same optimizer and schedule
-            rows = PromptSampler(self.components.dataset["train"], settings.sft.batch_size, seed=self.config.seed + 1)
-            self.state.warm_start = stages.WarmStart(rows)
-        self.state.last_sft = stages.sft(self.policy, self.components.tokenizer, self.state.warm_start, settings,
-                                         progress, keep_optimizer=True)
+        result = offline.sft(self.policy, self.components, self.state, self.config, num_steps, progress)
         if refit:
             self.refit()
-        return self.state.last_sft
+        return result
 
     def dpo(self, num_steps: Optional[int] = None, progress: bool = True, refit: bool = True,
             pairs: Optional[Sequence[Mapping[str, Any]]] = None) -> stages.DPOResult:
         """DPO on ``pairs``, ``dpo.train_file``'s or the task's answers' (see :meth:`rlkit.Session.dpo`)."""
         self.refuse_if_closed("dpo")
-        settings = stages.DPOSettings.from_config(self.config, num_steps)
-        cfg = self.config.dpo
-        if pairs is not None:  # new pairs: the run's reference, optimizer and schedule carry on
-            if not pairs:
-                raise ValueError("dpo(pairs=[]) has no pairs to train on; a batch whose samples all earned a reward "
-                                 "gives none (pairs_from_batch): sample more prompts or at a higher temperature")
-            sampler = PromptSampler([dict(p) for p in pairs], cfg.batch_size, seed=self.config.seed + 2)
-            if self.state.preference is None:
-                self.state.preference = stages.WarmStart(sampler)
-            self.state.preference.sampler = sampler
-        if self.state.preference is None:  # later calls continue it: the next pairs, the same optimizer and schedule
-            pairs = (read_preference_file(cfg.train_file) if cfg.train_file
-                     else pairs_from_answers(self.components.dataset["train"], self.config.seed + 2,
-                                             self.config.sft.response_key))
-            self.state.preference = stages.WarmStart(PromptSampler(pairs, cfg.batch_size, seed=self.config.seed + 2))
-        if self.state.warm_start is not None:  # an SFT warm start's optimizer ends where DPO's begins
-            self.state.warm_start.hand_back(self.policy, settings.sft)
-        self.policy.keep_reference(True)  # DPO reads the reference every step, whatever the RL loss needs
-        try:
-            self.state.last_dpo = stages.dpo(self.policy, self.components.tokenizer, self.state.preference, settings,
-                                             progress)
-        finally:
-            self.policy.keep_reference(self.needs_reference)
+        result = offline.dpo(self.policy, self.components, self.state, self.config, num_steps, progress, pairs,
+                             self.needs_reference)
         if refit:
             self.refit()
-        return self.state.last_dpo
+        return result
 
     def train_reward_model(self, output: str | Path, pairs: Optional[Sequence[Mapping[str, Any]]] = None,
                            eval_pairs: Optional[Sequence[Mapping[str, Any]]] = None, base: Optional[str | Path] = None,
                            progress: bool = True) -> stages.RewardModelResult:
         """A reward model on preference pairs (see :meth:`rlkit.Session.train_reward_model`)."""
         self.refuse_if_closed("train_reward_model")
-        seed, key, dataset = self.config.seed + 3, self.config.sft.response_key, self.components.dataset
-        if pairs is None and self.config.dpo.train_file:
-            pairs = read_preference_file(self.config.dpo.train_file)
-        elif pairs is None:  # the task's answers against near misses, and the held-out rows' the same way
-            pairs = pairs_from_answers(dataset["train"], seed, key)
-            eval_pairs = pairs_from_answers(dataset["validation"], seed + 1, key) if eval_pairs is None else eval_pairs
-        with tempfile.TemporaryDirectory(prefix="rlkit-rm-base-") as scratch:
-            if base is None:  # the policy as it is now (merged with its adapters)
-                base = export_hf(self.policy, self.config.policy, Path(scratch) / "base")
-            return stages.train_reward_model(base, pairs, output, self.config.reward_model,
-                                             eval_pairs=eval_pairs or (), system_prompt=self.config.data.system_prompt,
-                                             seed=seed, progress=progress)
+        return offline.train_reward_model(self.policy, self.components, self.config, output, pairs, eval_pairs, base,
+                                          progress)
 
     # ---- one step, and the loop over steps ----------------------------------------------------------------
     def step(self) -> StepMetrics:
@@ -511,18 +472,13 @@ class Run:
         return forking.compare_branches(self, facade, num_prompts, greedy)
 
     def end_warm_start(self) -> None:
-        """The RL optimizer and schedule (fresh) back in the policy if a warm start's are there (before the first RL
-        update and a checkpoint); a later ``sft()`` starts a new optimizer and warm-up on the rows after the last."""
-        for warm in (self.state.warm_start, self.state.preference):
-            if warm is not None:
-                warm.hand_back(self.policy, self.settings.sft)
+        """The RL optimizer and schedule back in the policy if an SFT or DPO run's are there (:mod:`rlkit.run.offline`)."""
+        offline.hand_back(self.policy, self.state, self.settings.sft)
 
     def new_optimizer(self) -> None:
         """A fresh RL optimizer and schedule from ``policy.optimizer``/``policy.scheduler`` (a warm start's ends)."""
         self.policy.reset_optimizer(self.config.policy.optimizer, self.config.policy.scheduler)
-        for warm in (self.state.warm_start, self.state.preference):
-            if warm is not None:
-                warm.optimizer_active = False
+        offline.forget_optimizers(self.state)
 
     # ---- checkpoints -----------------------------------------------------------------------------------
     def save(self, path: str | Path, extra: Optional[Mapping[str, Any]] = None) -> Path:

@@ -34,8 +34,8 @@ from rlkit.stages.settings import (DPOSettings, EvalSettings, RolloutSettings, S
 from rlkit.stages.sft import SFTResult, WarmStart, sft
 from rlkit.stages.train import LossReport, TrainInterrupted, TrainResult, loss, loss_description, one_update, train
 
-__all__ = ["DPOResult", "DPOSettings", "EvalResult", "EvalSettings", "LossReport", "RolloutSettings", "SFTResult", "SFTSettings",
-           "ScoreSettings", "StageSettings", "TrainInterrupted", "TrainResult", "TrainSettings", "WarmStart", "advantages",
-           "conversations", "dpo", "dynamic_sampling", "evaluate", "is_multi_turn", "logprobs", "logprobs_from_train_step",
-           "loss", "loss_description", "one_update", "refit", "RewardModelResult", "rollout", "score", "sft", "train",
-           "train_reward_model"]
+__all__ = ["DPOResult", "DPOSettings", "EvalResult", "EvalSettings", "LossReport", "RewardModelResult",
+           "RolloutSettings", "SFTResult", "SFTSettings", "ScoreSettings", "StageSettings", "TrainInterrupted",
+           "TrainResult", "TrainSettings", "WarmStart", "advantages", "conversations", "dpo", "dynamic_sampling",
+           "evaluate", "is_multi_turn", "logprobs", "logprobs_from_train_step", "loss", "loss_description",
+           "one_update", "refit", "rollout", "score", "sft", "train", "train_reward_model"]
