@@ -1,4 +1,4 @@
-"""Discounted returns over rows whose mask has holes (multi-turn conversations).
+"""Discounted returns, GAE and the value loss over rows whose mask has holes (multi-turn conversations).
 
 In a conversation row the policy's tokens come in runs separated by the environment's messages
 (``loss_mask`` True, False, True...). A return discounts by the *policy's* steps, not by positions: the
@@ -39,3 +39,55 @@ def discounted_returns(token_rewards: Tensor, mask: Tensor, gamma: float = 1.0) 
         running = torch.where(mask[:, t], rewards[:, t] + gamma * running, running)
         out[:, t] = torch.where(mask[:, t], running, 0.0)
     return out
+
+
+def masked_whiten(values: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
+    """``values`` [B, T] shifted to mean 0 and scaled to variance 1 over ``mask`` (the unbiased variance, as
+    verl's ``masked_whiten``); positions outside ``mask`` come out shifted and scaled too (callers mask them)."""
+    mask = mask.to(values.dtype)
+    count = mask.sum()
+    mean = (values * mask).sum() / count
+    variance = (((values - mean) ** 2) * mask).sum() / count * (count / (count - 1))
+    return (values - mean) * torch.rsqrt(variance + eps)
+
+
+def gae(token_rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 1.0,
+        whiten: bool = True) -> tuple[Tensor, Tensor]:
+    """Generalized advantage estimation over [B, T] ``token_rewards`` and the critic's ``values`` (each token's
+    value of the state before it), on the generated positions ``mask``; returns ``(advantages, returns)``, each
+    [B, T] and 0 outside ``mask``.
+
+        delta_t = r_t + gamma * V_next - V_t,   A_t = delta_t + gamma * lam * A_next,   R_t = A_t + V_t
+
+    where ``next`` is the next *generated* position (the environment's tokens in a conversation, and padding, are
+    skipped: neither a value nor a TD error there), as verl's ``compute_gae_advantage_return``. The returns are
+    the value targets (before whitening); the advantages are whitened over ``mask`` when ``whiten``."""
+    if not (token_rewards.shape == values.shape == mask.shape) or token_rewards.dim() != 2:
+        raise ValueError(f"token_rewards {tuple(token_rewards.shape)}, values {tuple(values.shape)} and mask "
+                         f"{tuple(mask.shape)} must all be [B, T]")
+    on = mask.to(values.dtype)
+    rewards, values = token_rewards.detach(), values.detach()
+    next_value = torch.zeros_like(values[:, 0])
+    running = torch.zeros_like(values[:, 0])
+    advantages = torch.zeros_like(values)
+    for t in range(values.shape[1] - 1, -1, -1):
+        here = rewards[:, t] + gamma * next_value - values[:, t] + gamma * lam * running
+        next_value = values[:, t] * on[:, t] + (1 - on[:, t]) * next_value
+        running = here * on[:, t] + (1 - on[:, t]) * running
+        advantages[:, t] = running
+    returns = (advantages + values) * on
+    if whiten:
+        advantages = masked_whiten(advantages, mask)
+    return advantages * on, returns
+
+
+def clipped_value_loss(predicted: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float,
+                       num_tokens: int) -> tuple[Tensor, Tensor]:
+    """PPO's value loss over [B, T]: ``0.5 * max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2)`` summed over
+    ``mask`` and divided by ``num_tokens`` (the global batch's, for microbatches; verl's ``compute_value_loss`` with
+    token-mean aggregation); also the masked-token count where the clipped term is the larger (verl's
+    ``vf_clipfrac`` numerator)."""
+    clipped = old_values + (predicted - old_values).clamp(-clip, clip)
+    unclipped_loss, clipped_loss = (predicted - returns) ** 2, (clipped - returns) ** 2
+    per_token = torch.maximum(unclipped_loss, clipped_loss) * mask
+    return 0.5 * per_token.sum() / max(num_tokens, 1), ((clipped_loss > unclipped_loss) & mask.bool()).sum()
