@@ -1,5 +1,5 @@
-"""DPO as a stage: the per-token weights give the pair loss's gradient whatever the microbatches (Megatron, fp32,
-1e-6), and ``Session.dpo`` on the nano quickstart fits its pairs, keeps its reference across calls and refuses a
+"""DPO as a stage: the per-token weights give the pair loss's gradient whatever the microbatches (Megatron and
+DTensor, full weights and adapters, fp32, 1e-6), and ``Session.dpo`` on the nano quickstart fits its pairs, keeps its reference across calls and refuses a
 file without pair columns."""
 
 import json
@@ -20,7 +20,8 @@ BETA = 0.5
 
 
 def grads_of(policy):
-    return {n: p.grad.clone() for n, p in policy.model.named_parameters() if p.requires_grad}
+    return {n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+            for n, p in policy.model.named_parameters() if p.requires_grad}
 
 
 def direct_dpo_loss(logprobs, batch, counts):
@@ -32,17 +33,20 @@ def direct_dpo_loss(logprobs, batch, counts):
     return loss, {"loss": loss.detach()}
 
 
-def test_the_weighted_loss_has_the_dpo_gradient_in_any_microbatches(model_factory):
+@pytest.mark.parametrize("backend,lora", [("megatron", False), ("megatron", True), ("dtensor", False),
+                                          ("dtensor", True)])
+def test_the_weighted_loss_has_the_dpo_gradient_in_any_microbatches(model_factory, backend, lora):
     path = str(model_factory("nano", "qwen3", seed=5))
     batch = random_batch(b=8, t=20, seed=3)
     found = {}
     for micro in (8, 1, 3):
-        policy = in_process_policy(PolicyConfig(model_name=path, train_micro_batch_size=micro))
+        policy = in_process_policy(PolicyConfig(model_name=path, train_micro_batch_size=micro, backend=backend,
+                                                lora_cfg={"enabled": lora, "dim": 4}))
         try:
             ref = policy.logprobs(batch.input_ids, batch.attention_mask, scored=batch.loss_mask).logprobs
-            with torch.no_grad():  # weights moved from the reference's, so the margins are not 0
-                for p in policy.model.parameters():
-                    p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())) * 0.01)
+            # weights moved from the reference's (the same on every backend), so the margins are not 0
+            policy.load_hf_state({name: t + torch.randn(t.shape, generator=torch.Generator().manual_seed(t.numel()))
+                                  * 0.01 for group in policy.export_hf_groups() for name, t in group})
             if micro == 8:
                 policy.compute_gradients(batch.with_(ref_logprobs=ref), direct_dpo_loss)
                 found["direct"] = grads_of(policy)
