@@ -61,8 +61,14 @@ def build_components(config: RunConfig, start: Any, env: Any = None, loss_fn: Op
         generator, weight_sync = build_generation(config)
     loss_fn = loss_fn if loss_fn is not None else build_loss(config)
     policy.keep_reference(needs_reference(loss_fn))  # a reference copy only if the loss reads one
+    critic = None
+    if config.critic.enabled:
+        from rlkit.policy.critic import Critic
+
+        with start.part("critic"):
+            critic = Critic(config.critic.model_name or config.policy.model_name, config.critic, config.seed)
     return Components(tokenizer, dataset, env, policy, generator, weight_sync, Handoff(policy, generator), loss_fn,
-                      config_env=env if env_from_config else None)
+                      config_env=env if env_from_config else None, critic=critic)
 
 
 def build_loss(config: RunConfig) -> RLLoss:

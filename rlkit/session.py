@@ -165,6 +165,12 @@ class Session:
         pass and, with a random reward, undo the choice; ``stages.score(batch, session.env)`` rescores."""
         return self.current.score(batch)
 
+    def values(self, batch: Optional[Trajectories] = None) -> Trajectories:
+        """PPO: the critic's value [B, T] of the state before each completion token (``batch.values``), which the
+        ``gae`` estimator reads; run it before ``advantages()``. ``train()`` then updates the critic too
+        (``critic.*``; :mod:`rlkit.stages.values`)."""
+        return self.current.values(batch)
+
     def advantages(self, batch: Optional[Trajectories] = None) -> Trajectories:
         """Per-token advantages ``[B, T]`` from the rewards by ``grpo.advantage_estimator`` (group mean and
         std for GRPO; reinforce_baseline's running mean is the session's ``baseline``)."""

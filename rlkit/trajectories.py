@@ -51,6 +51,7 @@ class Trajectories:
     prev_logprobs: Optional[Tensor] = None  # [B, T] float32, trainer logprobs before the update, from logprobs()
     ref_logprobs: Optional[Tensor] = None  # [B, T] float32, frozen reference policy, from logprobs()
     entropy: Optional[Tensor] = None  # [B, T] float32, trainer's per-token entropy, from logprobs()
+    values: Optional[Tensor] = None  # [B, T] float32, the critic's value of the state before each completion token
     info: dict[str, Any] = field(default_factory=dict)  # small per-batch facts (timings, counts)
     rollout_step: Optional[int] = None  # steps completed when Session.rollout() made it; None: made elsewhere
     # the tokenizer that made input_ids: the token views decode with it (not pickled: Ray workers never decode)

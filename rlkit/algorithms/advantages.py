@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from rlkit.algorithms.registry import Registry
-from rlkit.algorithms.returns import discounted_returns
+from rlkit.algorithms.returns import discounted_returns, gae
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,8 @@ class AdvantageParams:
     use_leave_one_out_baseline: bool = False  # grpo: baseline = mean of the other G-1 samples (RLOO)
     epsilon: float = 1e-6  # added to the std before dividing
     kl_coef: float = 0.0  # reinforce_pp: KL folded into the per-token reward, r_t -= kl_coef * kl_t
-    gamma: float = 1.0  # reinforce_pp: discount of the per-token return
+    gamma: float = 1.0  # reinforce_pp, gae: discount of the per-token return
+    gae_lambda: float = 1.0  # gae: lambda of generalized advantage estimation (verl's default 1.0)
     baseline_momentum: float = 0.9  # reinforce_baseline: EMA momentum of the running baseline
 
     @property
@@ -84,10 +85,12 @@ def compute_advantages(
     cfg: AdvantageParams = AdvantageParams(),
     kl: Optional[Tensor] = None,  # [B, T]
     state: Optional[RunningBaseline] = None,
+    values: Optional[Tensor] = None,  # [B, T], a critic's (the estimators that read them: gae)
 ) -> Tensor:  # [B, T]
-    """Look up ``estimator`` (a name or a callable) and apply it."""
+    """Look up ``estimator`` (a name or a callable) and apply it; ``values`` go to it only when given."""
     _check_shapes(rewards, mask, group_size)
-    return ADVANTAGE_ESTIMATORS.get(estimator)(rewards, mask, group_size, cfg, kl=kl, state=state)
+    extra = {"values": values} if values is not None else {}
+    return ADVANTAGE_ESTIMATORS.get(estimator)(rewards, mask, group_size, cfg, kl=kl, state=state, **extra)
 
 
 # ---- group helpers -------------------------------------------------------------------------------------
@@ -199,6 +202,46 @@ def rloo(
     return _to_tokens(_centred(_grouped(rewards, group_size), leave_one_out=True), mask)
 
 
+def outcome_token_rewards(rewards: Tensor, mask: Tensor, cfg: AdvantageParams, kl: Optional[Tensor],
+                          estimator: str) -> Tensor:  # [B] -> [B, T]
+    """Each sample's reward on its last valid token, minus ``kl_coef * kl_t`` on every valid token when KL is
+    folded into the reward; 0 outside ``mask`` (bool [B, T])."""
+    b, t = mask.shape
+    r = rewards.detach().float() if not rewards.is_floating_point() else rewards.detach()
+    positions = torch.arange(t, device=mask.device).expand(b, t)
+    last = torch.where(mask, positions, -1).max(dim=1).values  # [B], -1 for rows without tokens
+    token_rewards = torch.zeros((b, t), dtype=r.dtype, device=r.device)
+    rows = torch.nonzero(last >= 0).squeeze(1)
+    token_rewards[rows, last[rows]] = r[rows]
+    if cfg.kl_coef != 0.0:
+        if kl is None:
+            raise ValueError(f"{estimator} with kl_coef != 0 needs the per-token kl [B, T]: pass kl=...")
+        token_rewards = token_rewards - cfg.kl_coef * torch.where(mask, kl.detach().to(r.dtype), 0.0)
+    return token_rewards
+
+
+@ADVANTAGE_ESTIMATORS.register("gae")
+def gae_advantages(
+    rewards: Tensor,  # [B]
+    mask: Tensor,  # [B, T] bool
+    group_size: int,
+    cfg: AdvantageParams,
+    kl: Optional[Tensor] = None,  # [B, T]
+    state: Optional[RunningBaseline] = None,
+    values: Optional[Tensor] = None,  # [B, T]: the critic's value of the state before each token
+) -> Tensor:  # [B, T]
+    """PPO's advantages from a learned critic: GAE (:func:`rlkit.algorithms.returns.gae`, verl's) over the outcome
+    reward on each sample's last token (minus ``kl_coef * kl`` per token when set), with ``gamma`` and
+    ``gae_lambda``, whitened over the batch's valid tokens. ``values`` come from the critic (``Session.values``)."""
+    if values is None:
+        raise ValueError("the gae estimator needs the critic's values [B, T]: run the values stage "
+                         "(session.values(batch), which needs a critic: critic.enabled=true) before advantages")
+    mask = mask.bool()
+    advantages, _ = gae(outcome_token_rewards(rewards, mask, cfg, kl, "gae"), values, mask, cfg.gamma,
+                        cfg.gae_lambda)
+    return advantages
+
+
 @ADVANTAGE_ESTIMATORS.register("reinforce_pp")
 def reinforce_pp(
     rewards: Tensor,  # [B]
@@ -219,17 +262,7 @@ def reinforce_pp(
     when ``kl_coef != 0``. Without ``normalize_rewards`` the return is only mean-centred.
     """
     mask = mask.bool()
-    b, t = mask.shape
-    r = rewards.detach().float() if not rewards.is_floating_point() else rewards.detach()
-    positions = torch.arange(t, device=mask.device).expand(b, t)
-    last = torch.where(mask, positions, -1).max(dim=1).values  # [B], -1 for rows without tokens
-    token_rewards = torch.zeros((b, t), dtype=r.dtype, device=r.device)
-    rows = torch.nonzero(last >= 0).squeeze(1)
-    token_rewards[rows, last[rows]] = r[rows]
-    if cfg.kl_coef != 0.0:
-        if kl is None:
-            raise ValueError("reinforce_pp with kl_coef != 0 needs the per-token kl [B, T]: pass kl=...")
-        token_rewards = token_rewards - cfg.kl_coef * torch.where(mask, kl.detach().to(r.dtype), 0.0)
+    token_rewards = outcome_token_rewards(rewards, mask, cfg, kl, "reinforce_pp")
     returns = discounted_returns(token_rewards, mask, cfg.gamma)
     valid = returns[mask]
     if valid.numel() == 0:

@@ -47,6 +47,7 @@ CHANGES: tuple[tuple[str, Change], ...] = (
     ("sft", Change.LIVE),
     ("dpo", Change.LIVE),
     ("reward_model", Change.LIVE),
+    ("critic", Change.SESSION),
     ("eval", Change.LIVE),
     ("logger", Change.LIVE),
     ("checkpointing", Change.LIVE),

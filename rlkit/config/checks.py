@@ -33,7 +33,10 @@ def cross_section_problems(sections: Mapping[str, Any]) -> list[str]:
     """Problems across ``sections`` (section name -> validated section); checks needing a missing section
     are skipped."""
     out: list[str] = []
-    grpo, policy, data, sft = (sections.get(k) for k in ("grpo", "policy", "data", "sft"))
+    grpo, policy, data, sft, critic = (sections.get(k) for k in ("grpo", "policy", "data", "sft", "critic"))
+    if grpo is not None and critic is not None and (grpo.advantage_estimator == "gae") != critic.enabled:
+        out.append("grpo.advantage_estimator=gae and critic.enabled go together: GAE reads a learned critic's values, "
+                   "and a critic is trained only for GAE; set both (PPO: the `ppo` preset) or neither")
     if grpo is not None and policy is not None:
         samples = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
         global_batch = policy.train_global_batch_size or samples

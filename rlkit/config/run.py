@@ -41,6 +41,8 @@ class GRPOConfig(Section):
     use_leave_one_out_baseline: bool = _ADV.use_leave_one_out_baseline
     reward_kl_coef: float = Field(_ADV.kl_coef, ge=0)  # REINFORCE++: KL folded into the reward
     baseline_momentum: float = Field(_ADV.baseline_momentum, ge=0, lt=1)
+    gamma: float = Field(_ADV.gamma, ge=0, le=1)  # reinforce_pp and gae: discount over the policy's tokens
+    gae_lambda: float = Field(_ADV.gae_lambda, ge=0, le=1)  # gae: GAE's lambda (needs critic.enabled)
     num_epochs: int = Field(1, ge=1)  # optimizer passes over each rollout (PPO epochs)
     use_dynamic_sampling: bool = False  # DAPO: drop zero-variance groups and sample again until full
     dynamic_sampling_max_gen_batches: int = Field(4, ge=1)
@@ -58,6 +60,8 @@ class GRPOConfig(Section):
             normalize_rewards=self.normalize_rewards,
             use_leave_one_out_baseline=self.use_leave_one_out_baseline,
             kl_coef=self.reward_kl_coef,
+            gamma=self.gamma,
+            gae_lambda=self.gae_lambda,
             baseline_momentum=self.baseline_momentum,
         )
 
@@ -150,6 +154,19 @@ class DPOConfig(Section):
         return self
 
 
+class CriticConfig(Section):
+    """PPO's learned value model (rlkit.policy.critic), for ``grpo.advantage_estimator: gae``: transformers' model on
+    ``model_name`` (default: the policy's folder) with a new one-output head per token, its own AdamW, trained on
+    the GAE returns with the clipped value loss after each policy update."""
+
+    enabled: bool = False
+    model_name: Optional[str] = None  # a causal-LM folder; null: policy.model_name
+    lr: float = Field(1e-5, gt=0)
+    value_clip: float = Field(0.5, gt=0)  # verl's cliprange_value
+    micro_batch_size: int = Field(16, ge=1)
+    max_grad_norm: Optional[float] = Field(1.0, gt=0)
+
+
 class RewardModelConfig(Section):
     """Training a reward model on preference pairs (``Session.train_reward_model``; rlkit.stages.reward_model):
     Bradley-Terry, AdamW, one batch of pairs a step, in transformers in this process."""
@@ -217,6 +234,7 @@ class RunConfig(Section):
     sft: SFTConfig = SFTConfig()
     dpo: DPOConfig = DPOConfig()
     reward_model: RewardModelConfig = RewardModelConfig()
+    critic: CriticConfig = CriticConfig()
     eval: EvalConfig = EvalConfig()
     logger: LoggerConfig = LoggerConfig()
     checkpointing: CheckpointConfig = CheckpointConfig()

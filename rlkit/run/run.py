@@ -190,6 +190,11 @@ class Run:
         with self.timed("score"):
             return self.keep(self.score_fresh(self.latest(batch, "score")))  # a scored batch is kept as it is
 
+    def values(self, batch: Optional[Trajectories] = None) -> Trajectories:
+        self.refuse_if_closed("values")
+        with self.timed("values"):
+            return self.keep(stages.values(self.latest(batch, "values"), self.components.critic))
+
     def advantages(self, batch: Optional[Trajectories] = None) -> Trajectories:
         self.refuse_if_closed("advantages")
         g = self.config.grpo
@@ -234,7 +239,13 @@ class Run:
             batch = self.state.batch = stages.logprobs_from_train_step(
                 batch, result.steps[0], version_before, self.config.grpo.mismatch_warning_threshold)
         self.state.last_train = result
+        critic_metrics = {}
+        if self.components.critic is not None:  # PPO: the critic learns the returns of this batch, after the policy
+            with self.timed("critic"):
+                critic_metrics = stages.update_critic(batch, self.components.critic,
+                                                      self.config.grpo.advantage_params())
         metrics = self._end_step(batch, result.metrics, result.seconds, version_before)
+        metrics.values.update(critic_metrics)  # (under critic/, beside train/)
         history.after_train(self.state.store, self.records, self.config, batch, metrics, version_before, seed,
                             self.loss_fn, self.settings.train, self.timed)
         return metrics
@@ -320,6 +331,8 @@ class Run:
                 clock.skipped("logprobs")
             else:
                 batch = self.logprobs(batch)
+            if self.components.critic is not None:
+                batch = self.values(batch)
             batch = self.advantages(batch)
             with clock.part("train"):
                 metrics = self.train(batch, on_policy=on_policy)

@@ -32,10 +32,11 @@ from rlkit.stages.score import score
 from rlkit.stages.settings import (DPOSettings, EvalSettings, RolloutSettings, ScoreSettings, SFTSettings, StageSettings,
                                    TrainSettings)
 from rlkit.stages.sft import SFTResult, WarmStart, sft
+from rlkit.stages.values import update_critic, values
 from rlkit.stages.train import LossReport, TrainInterrupted, TrainResult, loss, loss_description, one_update, train
 
 __all__ = ["DPOResult", "DPOSettings", "EvalResult", "EvalSettings", "LossReport", "RewardModelResult",
            "RolloutSettings", "SFTResult", "SFTSettings", "ScoreSettings", "StageSettings", "TrainInterrupted",
            "TrainResult", "TrainSettings", "WarmStart", "advantages", "conversations", "dpo", "dynamic_sampling",
            "evaluate", "is_multi_turn", "logprobs", "logprobs_from_train_step", "loss", "loss_description",
-           "one_update", "refit", "rollout", "score", "sft", "train", "train_reward_model"]
+           "one_update", "refit", "rollout", "score", "sft", "train", "train_reward_model", "update_critic", "values"]

@@ -27,7 +27,8 @@ def advantages(batch: Trajectories, estimator: Union[str, AdvantageFn] = "grpo",
         prev = batch.require("prev_logprobs", "logprobs()")
         kl = (kl_penalty(prev, batch.require("ref_logprobs", "logprobs() with a reference policy"), "k1")
               * batch.loss_mask)
-    adv = compute_advantages(estimator, rewards, batch.loss_mask, batch.group_size, params, kl=kl, state=state)
+    adv = compute_advantages(estimator, rewards, batch.loss_mask, batch.group_size, params, kl=kl, state=state,
+                             values=batch.values)
     zero_var = zero_variance_group_fraction(rewards, batch.group_size)
     if zero_var >= ZERO_VARIANCE_WARNING and batch.group_size > 1:
         warnings.warn(zero_variance_message(rewards, zero_var, batch.info), stacklevel=2)

@@ -1,0 +1,86 @@
+"""PPO's critic: a learned value of each state, for GAE (``grpo.advantage_estimator: gae``).
+
+transformers' token-classification model with one output on a causal-LM folder (its transformer, a new linear head),
+in this process, fp32, with its own AdamW. The value of the state *before* token ``t`` is the head's output at
+position ``t - 1`` (the same alignment as a token's logprob, which the logits at ``t - 1`` give), so
+``values[:, t]`` pairs with ``logprobs[:, t]``; position 0 has none.
+
+One update per RL step (:meth:`Critic.train_step`): the clipped value loss (:func:`rlkit.algorithms.returns.
+clipped_value_loss`, verl's) against the GAE returns, over microbatches of rows, normalised by the batch's valid
+tokens, then one optimizer step.
+
+Deliberate simplifications: transformers in this process (not on the policy's Megatron/DTensor backend, no
+parallel layout), every parameter trained, fp32; the critic is not part of a checkpoint yet.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from rlkit.algorithms.returns import clipped_value_loss
+from rlkit.config.run import CriticConfig
+
+
+class Critic:
+    """A value model over token ids [B, T] (see the module docstring)."""
+
+    def __init__(self, folder: str | Path, cfg: CriticConfig, seed: int = 0):
+        from transformers import AutoModelForTokenClassification
+        from transformers.utils import logging as hf_logging
+
+        torch.manual_seed(seed)
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # "some weights were newly initialized": the value head, as intended
+        try:
+            self.model = AutoModelForTokenClassification.from_pretrained(str(folder), num_labels=1,
+                                                                         dtype=torch.float32)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        self.cfg = cfg
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        self.version = 0  # optimizer steps taken
+
+    def _values(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:  # [b, t] -> [b, t], with grad
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask.long()).logits[..., 0]
+        return torch.nn.functional.pad(out[:, :-1], (1, 0))
+
+    @torch.no_grad()
+    def values(self, input_ids: Tensor, attention_mask: Tensor, scored: Tensor) -> Tensor:
+        """The values [B, T] (float32) of the states before the ``scored`` [B, T] tokens; 0 elsewhere."""
+        self.model.eval()
+        chunks = [self._values(input_ids[i:i + self.cfg.micro_batch_size], attention_mask[i:i + self.cfg.micro_batch_size])
+                  for i in range(0, input_ids.shape[0], self.cfg.micro_batch_size)]
+        return torch.cat(chunks).float() * scored
+
+    def train_step(self, input_ids: Tensor, attention_mask: Tensor, scored: Tensor, old_values: Tensor,
+                   returns: Tensor) -> dict[str, float]:
+        """One optimizer step on the clipped value loss of ``returns`` [B, T] around ``old_values`` [B, T] over the
+        ``scored`` tokens; returns ``critic/value_loss``, ``critic/clip_fraction``, ``critic/grad_norm`` and the
+        explained variance of the returns by the old values (``critic/explained_variance``)."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        tokens = int(scored.sum())
+        loss_sum, clipped = 0.0, 0
+        for i in range(0, input_ids.shape[0], self.cfg.micro_batch_size):
+            rows = slice(i, i + self.cfg.micro_batch_size)
+            predicted = self._values(input_ids[rows], attention_mask[rows])
+            loss, n_clipped = clipped_value_loss(predicted, old_values[rows], returns[rows], scored[rows].float(),
+                                                 self.cfg.value_clip, tokens)
+            loss.backward()
+            loss_sum, clipped = loss_sum + float(loss.detach()), clipped + int(n_clipped)
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                         self.cfg.max_grad_norm or float("inf")))
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        on = scored.bool()
+        residual = (returns - old_values)[on]
+        explained = 1 - float(residual.var() / returns[on].var().clamp(min=1e-8)) if on.sum() > 1 else 0.0
+        return {"critic/value_loss": loss_sum, "critic/clip_fraction": clipped / max(tokens, 1),
+                "critic/grad_norm": grad_norm, "critic/explained_variance": explained}
+
+    def close(self) -> None:
+        self.model = self.optimizer = None

@@ -1,0 +1,44 @@
+"""PPO's critic stages: the values of a batch's states (before advantages), and the critic's update on the GAE
+returns (after the policy's train step).
+
+``values`` fills ``batch.values`` [B, T] (0 outside the completion) from the critic
+(:class:`rlkit.policy.critic.Critic`); the ``gae`` advantage estimator reads them. ``update_critic`` computes the
+returns from the same rewards and values as the advantages were (``R_t = A_t + V_t`` before whitening,
+:func:`rlkit.algorithms.returns.gae`) and takes one critic step on the clipped value loss.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rlkit.algorithms import AdvantageParams
+from rlkit.algorithms.advantages import outcome_token_rewards
+from rlkit.algorithms.kl import kl_penalty
+from rlkit.algorithms.returns import gae
+from rlkit.trajectories import Trajectories
+
+
+def _need(critic: Any) -> Any:
+    if critic is None:
+        raise ValueError("this session has no critic: PPO with a value model needs critic.enabled=true and "
+                         "grpo.advantage_estimator=gae (the `ppo` preset sets both)")
+    return critic
+
+
+def values(batch: Trajectories, critic: Any) -> Trajectories:
+    """``batch`` with the critic's ``values`` [B, T] of the states before its completion tokens."""
+    v = _need(critic).values(batch.input_ids, batch.attention_mask, batch.loss_mask)
+    return batch.with_(values=v)
+
+
+def update_critic(batch: Trajectories, critic: Any, params: AdvantageParams) -> dict[str, float]:
+    """One critic step toward the GAE returns of ``batch`` (scored, with ``values``); its ``critic/`` metrics."""
+    old = batch.require("values", "values()")
+    mask = batch.loss_mask
+    kl = None
+    if params.kl_in_reward:
+        kl = kl_penalty(batch.require("prev_logprobs", "logprobs()"),
+                        batch.require("ref_logprobs", "logprobs() with a reference policy"), "k1") * mask
+    token_rewards = outcome_token_rewards(batch.require("rewards", "score()"), mask, params, kl, "gae")
+    _, returns = gae(token_rewards, old, mask, params.gamma, params.gae_lambda)
+    return _need(critic).train_step(batch.input_ids, batch.attention_mask, mask, old, returns)

@@ -1,0 +1,63 @@
+"""PPO with a value model on the nano task: the config refuses GAE without a critic (and a critic without GAE), a
+step fills the batch's values and trains the critic, the advantages are GAE over those values, the stages refuse
+the wrong order, and the critic fits fixed returns."""
+
+import pytest
+import torch
+
+import rlkit
+from rlkit.algorithms import compute_advantages
+from rlkit.algorithms.returns import gae
+from rlkit.config.loading import load_config
+from rlkit.errors import ConfigError
+
+NANO = {"policy.model_preset": "nano", "data.digits": 1, "data.num_train": 200, "data.num_validation": 16,
+        "eval.num_prompts": 16, "sft.num_steps": 60, "sft.batch_size": 32, "policy.max_total_sequence_length": 28,
+        "policy.generation.max_new_tokens": 8, "grpo.num_prompts_per_step": 4, "grpo.num_generations_per_prompt": 4}
+
+
+def test_gae_and_the_critic_go_together():
+    with pytest.raises(ConfigError, match="advantage_estimator=gae and critic.enabled go together"):
+        load_config("quickstart_nano", {"grpo.advantage_estimator": "gae"})
+    with pytest.raises(ConfigError, match="go together"):
+        load_config("quickstart_nano", {"critic.enabled": True})
+    assert load_config("ppo").critic.enabled
+
+
+def test_a_ppo_step_uses_gae_over_the_critics_values_and_trains_it(tmp_path):
+    overrides = {**NANO, "policy.model_name": str(tmp_path / "model"), "logger.log_dir": str(tmp_path / "runs")}
+    with rlkit.Session.from_config("ppo", overrides) as s:
+        s.sft(progress=False)
+        batch = s.logprobs(s.score(s.rollout()))
+        with pytest.raises(ValueError, match="run the values stage"):
+            s.advantages(batch)
+        batch = s.advantages(s.values(batch))
+        assert batch.values.shape == batch.loss_mask.shape and batch.values[batch.loss_mask].abs().sum() > 0
+        assert not batch.values[~batch.loss_mask].any()
+        params = s.config.grpo.advantage_params()
+        expected = compute_advantages("gae", batch.rewards, batch.loss_mask, batch.group_size, params,
+                                      values=batch.values)
+        assert torch.allclose(batch.advantages, expected, atol=1e-6)
+        metrics = s.train(batch)
+        assert {"critic/value_loss", "critic/clip_fraction", "critic/grad_norm"} <= set(metrics.values)
+        assert s.components.critic.version == 1
+        after = s.step()  # the loop: values before advantages, the critic after the policy
+        assert s.components.critic.version == 2 and after.values["critic/value_loss"] > 0
+
+
+def test_the_critic_fits_fixed_returns(tmp_path, model_factory):
+    from rlkit.config.run import CriticConfig
+    from rlkit.policy.critic import Critic
+    from tests.helpers import random_batch
+
+    critic = Critic(model_factory("nano", "llama", seed=1), CriticConfig(enabled=True, lr=3e-3, micro_batch_size=3))
+    batch = random_batch(b=6, t=12, seed=4)
+    mask = batch.loss_mask
+    rewards = torch.zeros(mask.shape)
+    rewards[torch.arange(6), mask.long().cumsum(1).argmax(1)] = torch.tensor([1.0, 0, 1, 0, 0, 1])
+    losses = []
+    for _ in range(30):
+        old = critic.values(batch.input_ids, batch.attention_mask, mask)
+        _, returns = gae(rewards, old, mask, 1.0, 0.95)
+        losses.append(critic.train_step(batch.input_ids, batch.attention_mask, mask, old, returns)["critic/value_loss"])
+    assert losses[-1] < 0.5 * losses[0], losses[::5]
