@@ -31,6 +31,9 @@ The parts, for the busiest device (rank 0, which also hosts a colocated engine):
   second copy of its table, and while it loads the input embedding's a third (dropped after the load); with ``vllm_cfg.release_weights_for_training`` only what exceeds the train step's
   activations, logits, optimizer temporaries and gradients, which never coexist with the engine's weights, and with
   ``lora_cfg.release_base_while_generating`` beyond the frozen base too);
+- critic: PPO's value model (``critic.enabled``, :mod:`rlkit.policy.critic`): the policy's parameters in fp32 with
+  their gradients, AdamW's two moments and its step temporaries (20 B a parameter, unsharded: it runs in this
+  process), and its activations at ``critic.micro_batch_size`` rows;
 - runtime: what the libraries themselves hold (torch, vLLM, Megatron, transformers: measured on the CPU, see
   ``bench/memory_plan.py``; the CUDA context on a GPU).
 
@@ -289,6 +292,13 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
     kv_words = f"kv_cache_space_gib={p.generation.vllm_cfg.kv_cache_space_gib}" if device.name == "cpu" \
         else "gpu_memory_utilization less its weights"
     reasons["KV cache"] = kv_words if engine.reads_vllm_cfg else f"({engine.words}: per call)"
+    critic = config.critic
+    critic_activations = (_activation_bytes(shape, config, critic.micro_batch_size, shape.layers, 1, 4, device)
+                          if critic.enabled else 0)
+    parts["critic"] = 20 * shape.parameters + critic_activations if critic.enabled else 0
+    reasons["critic"] = (f"{count_text(shape.parameters)} parameters x 20 B (fp32 weights, gradients, AdamW's "
+                         f"moments and temporaries) + activations of {critic.micro_batch_size} rows"
+                         if critic.enabled else "(no critic: critic.enabled=false)")
     parts["runtime"] = RUNTIME_CPU_BYTES if device.name == "cpu" else RUNTIME_CUDA_BYTES
     reasons["runtime"] = "libraries and engines' own state (measured)" if device.name == "cpu" else "CUDA context"
     return MemoryPlan(parts, reasons, device, n)
