@@ -11,7 +11,8 @@ the frozen reference, the margin is ``h_i = (c_i - r_i) - (c0_i - r0_i)`` and
 (``eps``: label smoothing, the assumed fraction of flipped labels, for ``robust`` only; IPO's mean over tokens is
 TRL's: each response's log-ratio divided by its completion tokens). An SFT term can be added to any of them:
 ``sft_weight`` times the token-mean negative logprob of the chosen responses (TRL's ``loss_type=[..., "sft"]`` with
-``loss_weights``; the RPO recipe), which keeps the chosen responses likely while the margin grows. The implicit rewards are ``beta * (c_i - c0_i)`` and ``beta * (r_i - r0_i)``; TRL logs
+``loss_weights``; the RPO recipe), which keeps the chosen responses likely while the margin grows. The implicit
+rewards are ``beta * (c_i - c0_i)`` and ``beta * (r_i - r0_i)``; TRL logs
 them as ``rewards/chosen``, ``rewards/rejected``, their difference as ``rewards/margins`` and the fraction with the
 chosen one higher as ``rewards/accuracies``, and this module uses the same names.
 

@@ -51,8 +51,9 @@ class Critic:
     def values(self, input_ids: Tensor, attention_mask: Tensor, scored: Tensor) -> Tensor:
         """The values [B, T] (float32) of the states before the ``scored`` [B, T] tokens; 0 elsewhere."""
         self.model.eval()
-        chunks = [self._values(input_ids[i:i + self.cfg.micro_batch_size], attention_mask[i:i + self.cfg.micro_batch_size])
-                  for i in range(0, input_ids.shape[0], self.cfg.micro_batch_size)]
+        step = self.cfg.micro_batch_size
+        chunks = [self._values(input_ids[i:i + step], attention_mask[i:i + step])
+                  for i in range(0, input_ids.shape[0], step)]
         return torch.cat(chunks).float() * scored
 
     def train_step(self, input_ids: Tensor, attention_mask: Tensor, scored: Tensor, old_values: Tensor,

@@ -29,8 +29,8 @@ from rlkit.stages.refit import refit
 from rlkit.stages.reward_model import RewardModelResult, train_reward_model
 from rlkit.stages.rollout import rollout
 from rlkit.stages.score import score
-from rlkit.stages.settings import (DPOSettings, EvalSettings, RolloutSettings, ScoreSettings, SFTSettings, StageSettings,
-                                   TrainSettings)
+from rlkit.stages.settings import (DPOSettings, EvalSettings, RolloutSettings, ScoreSettings, SFTSettings,
+                                   StageSettings, TrainSettings)
 from rlkit.stages.sft import SFTResult, WarmStart, sft
 from rlkit.stages.values import update_critic, values
 from rlkit.stages.train import LossReport, TrainInterrupted, TrainResult, loss, loss_description, one_update, train

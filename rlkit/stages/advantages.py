@@ -22,11 +22,7 @@ def advantages(batch: Trajectories, estimator: Union[str, AdvantageFn] = "grpo",
     logprobs() first in that case.
     """
     rewards = batch.require("rewards", "score()")
-    kl = None
-    if params.kl_in_reward:
-        prev = batch.require("prev_logprobs", "logprobs()")
-        kl = (kl_penalty(prev, batch.require("ref_logprobs", "logprobs() with a reference policy"), "k1")
-              * batch.loss_mask)
+    kl = reward_kl(batch, params)
     adv = compute_advantages(estimator, rewards, batch.loss_mask, batch.group_size, params, kl=kl, state=state,
                              values=batch.values)
     zero_var = zero_variance_group_fraction(rewards, batch.group_size)
@@ -34,6 +30,15 @@ def advantages(batch: Trajectories, estimator: Union[str, AdvantageFn] = "grpo",
         warnings.warn(zero_variance_message(rewards, zero_var, batch.info), stacklevel=2)
     info = dict(batch.info, **{"zero_variance_groups": zero_var})
     return batch.with_(advantages=adv, info=info)
+
+
+def reward_kl(batch: Trajectories, params: AdvantageParams) -> Optional[Tensor]:
+    """The per-token k1 KL [B, T] (0 outside the completion) that ``params`` folds into the reward, or None."""
+    if not params.kl_in_reward:
+        return None
+    prev = batch.require("prev_logprobs", "logprobs()")
+    ref = batch.require("ref_logprobs", "logprobs() with a reference policy")
+    return kl_penalty(prev, ref, "k1") * batch.loss_mask
 
 
 def zero_variance_message(rewards: Tensor, zero_var: float, info: dict) -> str:  # rewards [B]

@@ -13,8 +13,8 @@ from typing import Any
 
 from rlkit.algorithms import AdvantageParams
 from rlkit.algorithms.advantages import outcome_token_rewards
-from rlkit.algorithms.kl import kl_penalty
 from rlkit.algorithms.returns import gae
+from rlkit.stages.advantages import reward_kl
 from rlkit.trajectories import Trajectories
 
 
@@ -35,10 +35,7 @@ def update_critic(batch: Trajectories, critic: Any, params: AdvantageParams) -> 
     """One critic step toward the GAE returns of ``batch`` (scored, with ``values``); its ``critic/`` metrics."""
     old = batch.require("values", "values()")
     mask = batch.loss_mask
-    kl = None
-    if params.kl_in_reward:
-        kl = kl_penalty(batch.require("prev_logprobs", "logprobs()"),
-                        batch.require("ref_logprobs", "logprobs() with a reference policy"), "k1") * mask
-    token_rewards = outcome_token_rewards(batch.require("rewards", "score()"), mask, params, kl, "gae")
+    token_rewards = outcome_token_rewards(batch.require("rewards", "score()"), mask, params, reward_kl(batch, params),
+                                          "gae")
     _, returns = gae(token_rewards, old, mask, params.gamma, params.gae_lambda)
     return _need(critic).train_step(batch.input_ids, batch.attention_mask, mask, old, returns)
