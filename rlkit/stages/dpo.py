@@ -22,10 +22,9 @@ import torch
 from tqdm.auto import tqdm
 
 from rlkit.algorithms.preference import dpo_token_weights
-from rlkit.data import build_sft_batch
 from rlkit.policy.base import Policy
 from rlkit.stages.settings import DPOSettings
-from rlkit.stages.sft import WarmStart
+from rlkit.stages.sft import WarmStart, sft_batch_as_trajectories
 from rlkit.trajectories import LossCounts, Trajectories
 
 
@@ -49,18 +48,13 @@ class DPOResult:
 
 
 def preference_batch(tokenizer: Any, pairs: list[dict[str, Any]], settings: DPOSettings) -> Trajectories:
-    """``pairs`` as 2N rows [2N, T]: the chosen responses, then the rejected ones; the loss mask on each response
-    and its EOS."""
+    """``pairs`` as 2N rows [2N, T]: the chosen responses, then the rejected ones, built as SFT's batches are (the
+    loss mask on each response and its EOS)."""
     rows = ([{"prompt": p["prompt"], "response": p["chosen"]} for p in pairs]
             + [{"prompt": p["prompt"], "response": p["rejected"]} for p in pairs])
     sft = settings.sft
-    ids, attention, loss_mask = build_sft_batch(tokenizer, rows, response_key="response",
-                                                system_prompt=sft.system_prompt, tools=sft.tools,
-                                                template_kwargs=sft.chat_template_kwargs)
-    return Trajectories(
-        prompts=tuple(r["prompt"] for r in rows), completions=tuple(r["response"] for r in rows),
-        input_ids=ids, attention_mask=attention, loss_mask=loss_mask, generator_logprobs=torch.zeros(ids.shape),
-        finish_reasons=("stop",) * len(rows), group_size=1, policy_version=0, rows=tuple(pairs), tokenizer=tokenizer)
+    return sft_batch_as_trajectories(tokenizer, rows, "response", sft.system_prompt, sft.tools,
+                                     sft.chat_template_kwargs)
 
 
 def weighted_logprob_loss(logprobs: torch.Tensor, batch: Trajectories, counts: LossCounts):
