@@ -98,6 +98,8 @@ def test_a_folder_that_is_not_a_finished_conversion_is_not_overwritten(tmp_path)
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
 
 
+# Slow target (~20-50 s): the fp32 conversion's checks stay in the default suite
+@pytest.mark.slow
 def test_make_model_from_gguf_in_bfloat16(tmp_path, capsys):
     """The general path: any GGUF file a user has (here the wheel's), in bf16, checked against the GGUF load with
     the same bf16 rounding; an interrupted conversion leaves no folder that looks finished."""

@@ -229,6 +229,8 @@ with rlkit.Session.load(path, env=RewardFunctionEnvironment(varied_reward), over
 """
 
 
+# Slow target (~20-50 s): its sibling above (the same branches run one after the other) stays in the default suite
+@pytest.mark.slow
 def test_forks_stepped_alternately_match_two_separate_sessions_from_the_same_state(session, tmp_path):
     """The acceptance of issue 32 as worded: two forks stepped alternately (one engine, swapped and refit at every
     step) against two separate sessions, each its own process, started from a checkpoint of the fork point and

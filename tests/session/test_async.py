@@ -198,6 +198,8 @@ def test_async_session_in_process_engine(tmp_path):
     assert s.rollouts is None  # closed
 
 
+# Slow target (~20-50 s): tutorial 08 runs async GRPO with the engine in a Ray actor in the default suite
+@pytest.mark.slow
 def test_async_session_with_the_engine_in_a_ray_actor(tmp_path):
     """The default placement for async GRPO (``policy.generation.colocated.enabled`` unset)."""
     import ray

@@ -11,6 +11,8 @@ from tests.tracking.conftest import deterministic, tiny_config
 pytest.importorskip("ray")
 
 
+# Slow target (~20-50 s): the contract test's [ray] case replays a 2-rank checkpoint in the default suite
+@pytest.mark.slow
 def test_a_two_rank_policy_group_saves_and_resumes_exactly(warm_model, tmp_path):
     # two data-parallel ranks; a KL penalty and a warm-up make the reference weights and the schedule matter
     cfg = tiny_config(warm_model, tmp_path, "policy.num_workers=2", "loss_fn.reference_policy_kl_penalty=0.05",
