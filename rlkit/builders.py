@@ -67,8 +67,22 @@ def build_components(config: RunConfig, start: Any, env: Any = None, loss_fn: Op
 
         with start.part("critic"):
             critic = Critic(config.critic.model_name or config.policy.model_name, config.critic, config.seed)
+    teacher = None
+    if config.distillation.enabled:
+        with start.part("teacher"):
+            teacher = build_teacher(config)
     return Components(tokenizer, dataset, env, policy, generator, weight_sync, Handoff(policy, generator), loss_fn,
-                      config_env=env if env_from_config else None, critic=critic)
+                      config_env=env if env_from_config else None, critic=critic, teacher=teacher)
+
+
+def build_teacher(config: RunConfig) -> Any:
+    """The frozen distillation teacher on the policy's backend (:mod:`rlkit.policy.teacher`: its tokenizer checked
+    against the student's first), or None without ``distillation.enabled``."""
+    if not config.distillation.enabled:
+        return None
+    from rlkit.policy.teacher import build_teacher as frozen_teacher
+
+    return frozen_teacher(config.policy, config.distillation.teacher_model_name, config.seed)
 
 
 def build_loss(config: RunConfig) -> RLLoss:
@@ -222,8 +236,23 @@ def _new_run(run: Run, old: RunConfig, keys: list[str]) -> None:
     rng.seed(new.seed)  # as at construction: python, numpy, torch and a live backend's tracker
 
 
+def _new_teacher(run: Run, old: RunConfig, keys: list[str]) -> None:
+    """``distillation.enabled`` or its teacher's folder changed: the new teacher is loaded (its tokenizer checked)
+    before the old one is released; a refused teacher leaves the session and its config as they were (this action
+    runs first of all)."""
+    try:
+        teacher = build_teacher(run.config)
+    except BaseException:
+        run.config = old
+        raise
+    if run.components.teacher is not None:
+        run.components.teacher.close()
+    run.components.teacher = teacher
+
+
 # What a run rebuilds for each kind of change (LIVE: nothing; SESSION: refused), in this order.
 REBUILDS: dict[Change, Callable[[Run, RunConfig, list[str]], None]] = {
+    Change.TEACHER: _new_teacher,
     Change.LOSS: _new_loss,
     Change.OPTIMIZER: lambda run, old, keys: run.new_optimizer(),
     Change.ROLLOUTS: lambda run, old, keys: run.start(run.state),

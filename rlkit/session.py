@@ -171,9 +171,17 @@ class Session:
         (``critic.*``; :mod:`rlkit.stages.values`)."""
         return self.current.values(batch)
 
+    def teacher_logprobs(self, batch: Optional[Trajectories] = None) -> Trajectories:
+        """On-policy distillation: the frozen teacher's logprobs [B, T] of the tokens the student sampled
+        (``batch.teacher_logprobs``; ``distillation.*``, :mod:`rlkit.stages.teacher`); run it before ``advantages()``,
+        which then turns the per-token reverse KL into advantages. ``batch.show(color="teacher")`` colours each
+        token by how far the teacher disagrees."""
+        return self.current.teacher_logprobs(batch)
+
     def advantages(self, batch: Optional[Trajectories] = None) -> Trajectories:
         """Per-token advantages ``[B, T]`` from the rewards by ``grpo.advantage_estimator`` (group mean and
-        std for GRPO; reinforce_baseline's running mean is the session's ``baseline``)."""
+        std for GRPO; reinforce_baseline's running mean is the session's ``baseline``); with distillation, the
+        teacher's per-token advantages plus ``distillation.reward_weight`` times those."""
         return self.current.advantages(batch)
 
     def logprobs(self, batch: Optional[Trajectories] = None) -> Trajectories:
@@ -384,8 +392,7 @@ class Session:
         overrides = {k: v for k, v in (("logger.log_dir", None if log_dir is None else str(log_dir)),
                                        ("logger.wandb_enabled", wandb)) if v is not None}
         if overrides:
-            rebuild(self.current, overrides, "log_to()", refused={Change.ROLLOUTS, Change.LOSS, Change.OPTIMIZER,
-                                                                  Change.RUN, Change.SESSION})
+            rebuild(self.current, overrides, "log_to()", refused=set(Change) - {Change.LIVE})
         self.stop_logging()
         folder = Path(run_dir) if run_dir is not None else Path(self.config.logger.log_dir) / self.config.name
         if run_dir is None and (folder / "metrics.jsonl").is_file() and (folder / "metrics.jsonl").stat().st_size:

@@ -52,6 +52,7 @@ class Trajectories:
     ref_logprobs: Optional[Tensor] = None  # [B, T] float32, frozen reference policy, from logprobs()
     entropy: Optional[Tensor] = None  # [B, T] float32, trainer's per-token entropy, from logprobs()
     values: Optional[Tensor] = None  # [B, T] float32, the critic's value of the state before each completion token
+    teacher_logprobs: Optional[Tensor] = None  # [B, T] float32, the distillation teacher's, from teacher_logprobs()
     info: dict[str, Any] = field(default_factory=dict)  # small per-batch facts (timings, counts)
     rollout_step: Optional[int] = None  # steps completed when Session.rollout() made it; None: made elsewhere
     # the tokenizer that made input_ids: the token views decode with it (not pickled: Ray workers never decode)
@@ -141,7 +142,8 @@ class Trajectories:
     def show(self, color: Any = "advantages", tokenizer: Any = None, rows: Any = 8, label: Optional[str] = None) -> Any:
         """Completion tokens of the samples ``rows`` names (the first N for an int, a slice such as ``slice(8, 16)``,
         or a list of sample indices such as ``[3, 17]``) coloured by ``color``: "advantages", "mismatch"
-        (|generator - trainer logprob|), "entropy" or any [B, T] tensor (named ``label``). ``tokenizer`` decodes
+        (|generator - trainer logprob|), "teacher" (student - teacher logprob: red where the distillation teacher
+        finds the token less likely), "entropy" or any [B, T] tensor (named ``label``). ``tokenizer`` decodes
         the ids (default: the tokenizer the batch was made with; a batch built by hand must be given one)."""
         return token_view(self, color, tokenizer, rows, label)
 

@@ -10,6 +10,7 @@ No backend imports and no ``torch.distributed`` here: everything takes ``[B, T]`
     aggregation  AGGREGATIONS          token_mean, seq_mean_token_mean, seq_sum_constant
     loss_fn      RLLoss                the train-step loss built from LossParams
     dapo         dynamic-sampling filter and overlong reward shaping
+    distillation a teacher's per-token reverse KL as advantages (on-policy distillation)
 """
 
 from rlkit.algorithms.advantages import (
@@ -32,6 +33,7 @@ from rlkit.algorithms.correction import (
     token_mult_prob_error,
 )
 from rlkit.algorithms.dapo import nonzero_variance_groups, overlong_reward_shaping
+from rlkit.algorithms.distillation import DistillationParams, teacher_advantages
 from rlkit.algorithms.kl import KL_ESTIMATORS, KLEstimatorFn, KLEstimatorName, kl_penalty
 from rlkit.algorithms.loss_fn import LossParams, RLLoss
 from rlkit.algorithms.losses import POLICY_LOSS_METRICS, POLICY_LOSSES, PolicyLossFn, PolicyLossName, PolicyLossParams
@@ -53,6 +55,7 @@ __all__ = [
     "CorrectionFn",
     "CorrectionName",
     "CorrectionParams",
+    "DistillationParams",
     "KLEstimatorFn",
     "KLEstimatorName",
     "LossParams",
@@ -70,6 +73,7 @@ __all__ = [
     "kl_penalty",
     "nonzero_variance_groups",
     "overlong_reward_shaping",
+    "teacher_advantages",
     "token_mult_prob_error",
     "zero_variance_group_fraction",
 ]

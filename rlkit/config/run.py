@@ -12,7 +12,7 @@ from typing import Literal, Optional
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from rlkit.algorithms import AdvantageEstimatorName, AdvantageParams, LossParams
+from rlkit.algorithms import AdvantageEstimatorName, AdvantageParams, DistillationParams, KLEstimatorName, LossParams
 from rlkit.data import DataParams
 from rlkit.envs.answers import ANSWER_FROM_ENVS, AnswerFrom
 from rlkit.envs.base import MAX_REWARD_FAILURE_FRACTION
@@ -21,6 +21,7 @@ from rlkit.config.components import PolicyConfig, generation_colocated
 from rlkit.config.section import Section
 
 _ADV = AdvantageParams()
+_DISTILL = DistillationParams()
 
 
 class AsyncGRPOConfig(Section):
@@ -167,6 +168,30 @@ class CriticConfig(Section):
     max_grad_norm: Optional[float] = Field(1.0, gt=0)
 
 
+class DistillationConfig(Section):
+    """On-policy distillation (rlkit.algorithms.distillation): a frozen teacher, loaded once on the policy's backend,
+    scores every token the student sampled; ``-kl_coef`` x the per-token reverse KL is the token's advantage, plus
+    ``reward_weight`` x the environment's (``grpo.advantage_estimator``'s)."""
+
+    enabled: bool = False
+    teacher_model_name: Optional[str] = None  # an HF folder with the student's tokenizer (checked before loading)
+    kl_coef: float = Field(_DISTILL.kl_coef, gt=0)
+    kl_estimator: KLEstimatorName = _DISTILL.kl_estimator  # k1: log p - log q (tinker-cookbook's); k3: >= 0
+    discount: float = Field(_DISTILL.discount, ge=0, le=1)  # 0: each token's own KL; else summed over later tokens
+    reward_weight: float = Field(_DISTILL.reward_weight, ge=0)  # 0: the teacher alone
+
+    @model_validator(mode="after")
+    def _teacher_named(self) -> "DistillationConfig":
+        if self.enabled and not self.teacher_model_name:
+            raise ValueError("distillation.enabled needs distillation.teacher_model_name: the folder of the teacher "
+                             "(an HF causal-LM folder with the student's tokenizer)")
+        return self
+
+    def params(self) -> DistillationParams:
+        """The settings the teacher's advantages read, as their own dataclass."""
+        return DistillationParams(self.kl_coef, self.kl_estimator, self.discount, self.reward_weight)
+
+
 class RewardModelConfig(Section):
     """Training a reward model on preference pairs (``Session.train_reward_model``; rlkit.stages.reward_model):
     Bradley-Terry, AdamW, one batch of pairs a step, in transformers in this process."""
@@ -235,6 +260,7 @@ class RunConfig(Section):
     dpo: DPOConfig = DPOConfig()
     reward_model: RewardModelConfig = RewardModelConfig()
     critic: CriticConfig = CriticConfig()
+    distillation: DistillationConfig = DistillationConfig()
     eval: EvalConfig = EvalConfig()
     logger: LoggerConfig = LoggerConfig()
     checkpointing: CheckpointConfig = CheckpointConfig()

@@ -91,7 +91,7 @@ def session_html(run: Any, startup: Any = None) -> str:
 
 # ---- trajectories ------------------------------------------------------------------------------------------
 def _filled(batch: Any) -> list[str]:
-    names = ("rewards", "advantages", "prev_logprobs", "ref_logprobs", "entropy")
+    names = ("rewards", "advantages", "prev_logprobs", "ref_logprobs", "entropy", "values", "teacher_logprobs")
     return [n for n in names if getattr(batch, n) is not None]
 
 
@@ -129,7 +129,7 @@ def trajectories_html(batch: Any, limit: int = 16) -> str:
         facts.append(f"{truncated} truncated")
     shown = min(limit, batch.batch_size)
     note = (f"<div style='{MUTED};font-size:11px'>first {shown} of {batch.batch_size} samples; "
-            "batch.show(color='advantages' | 'mismatch') colours the tokens</div>")
+            "batch.show(color='advantages' | 'mismatch' | 'teacher') colours the tokens</div>")
     return (f"<div style='font-family:monospace;font-size:12px'><b>Trajectories</b> · {' · '.join(facts)}</div>"
             + table(SAMPLE_COLUMNS, sample_rows(batch, limit)) + note)
 
@@ -216,6 +216,13 @@ def token_view(batch: Any, color: Union[str, Any] = "advantages", tokenizer: Any
         values, label = (batch.generator_logprobs - trainer).abs(), "|generator - trainer logprob|"
         paint = lambda v: sequential(v, 1.0, log_floor=1e-6)  # noqa: E731
         key = [(paint(x), f"{x:g}") for x in (1e-6, 1e-4, 1e-2, 1.0)]
+    elif color == "teacher":  # where the distillation teacher disagrees: red where the student is surer than it
+        teacher = batch.require("teacher_logprobs", "teacher_logprobs()")
+        values, label = (batch.generator_logprobs - teacher) * mask, "student - teacher logprob"
+        scale = float(values[mask].abs().max()) if mask.any() else 1.0
+        paint = lambda v: diverging(-v, scale)  # noqa: E731
+        key = [(paint(scale), f"+{scale:.3g} (teacher: unlikely)"), ("transparent", "0"),
+               (paint(-scale), f"{-scale:.3g}")]
     else:
         if isinstance(color, torch.Tensor):
             values, label = color.float(), label or "value"
@@ -223,7 +230,7 @@ def token_view(batch: Any, color: Union[str, Any] = "advantages", tokenizer: Any
             values = batch.require(color, "advantages()" if color == "advantages" else "logprobs()")
             label = color.removesuffix("s")
         else:
-            raise ValueError(f"color={color!r}: use 'advantages', 'mismatch', 'entropy' or a [B, T] tensor")
+            raise ValueError(f"color={color!r}: use 'advantages', 'mismatch', 'teacher', 'entropy' or a [B, T] tensor")
         scale = float(values[mask].abs().max()) if mask.any() else 1.0
         if color == "advantages" or bool((values[mask] < 0).any()):  # signed: red below 0, green above
             paint = lambda v: diverging(v, scale)  # noqa: E731
@@ -232,7 +239,7 @@ def token_view(batch: Any, color: Union[str, Any] = "advantages", tokenizer: Any
             paint = lambda v: sequential(v, scale)  # noqa: E731
             key = [("transparent", "0"), (paint(scale), f"{scale:.3g}")]
     extra = {"generator logprob": batch.generator_logprobs, "trainer logprob": batch.prev_logprobs,
-             "advantage": batch.advantages}
+             "teacher logprob": batch.teacher_logprobs, "advantage": batch.advantages}
     shown = []
     for i in shown_rows(rows, batch.batch_size):
         positions = mask[i].nonzero().flatten().tolist()

@@ -25,11 +25,12 @@ class Components:
     config_env: Any = None  # the environment built from the config's env.* (None: one given to the session)
     endpoint: Any = None  # the OpenAI-compatible endpoint over the generator, started on first use
     critic: Any = None  # PPO's value model (rlkit.policy.critic.Critic) when critic.enabled
+    teacher: Optional[Policy] = None  # the frozen distillation teacher (rlkit.policy.teacher) when distillation.enabled
 
     def close(self) -> None:
-        """Close the endpoint, the generator, the weight sync, the policy and the environment, in that order; each
-        becomes None. Safe twice."""
-        for part in ("endpoint", "generator", "weight_sync", "policy", "critic", "env"):
+        """Close the endpoint, the generator, the weight sync, the teacher, the policy, the critic and the environment,
+        in that order; each becomes None. Safe twice."""
+        for part in ("endpoint", "generator", "weight_sync", "teacher", "policy", "critic", "env"):
             component = getattr(self, part)
             if component is not None and hasattr(component, "close"):
                 component.close()

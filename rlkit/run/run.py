@@ -195,12 +195,19 @@ class Run:
         with self.timed("values"):
             return self.keep(stages.values(self.latest(batch, "values"), self.components.critic))
 
+    def teacher_logprobs(self, batch: Optional[Trajectories] = None) -> Trajectories:
+        self.refuse_if_closed("teacher_logprobs")
+        with self.timed("teacher_logprobs"):
+            self._before_policy_pass()  # (the teacher's pass needs the memory a policy pass does)
+            return self.keep(stages.teacher_logprobs(self.latest(batch, "teacher_logprobs"), self.components.teacher))
+
     def advantages(self, batch: Optional[Trajectories] = None) -> Trajectories:
         self.refuse_if_closed("advantages")
-        g = self.config.grpo
+        g, d = self.config.grpo, self.config.distillation
         with self.timed("advantages"):
             return self.keep(stages.advantages(self.latest(batch, "advantages"), g.advantage_estimator,
-                                               g.advantage_params(), self.state.baseline))
+                                               g.advantage_params(), self.state.baseline,
+                                               d.params() if d.enabled else None))
 
     def logprobs(self, batch: Optional[Trajectories] = None) -> Trajectories:
         self.refuse_if_closed("logprobs")
@@ -309,7 +316,7 @@ class Run:
 
     # ---- one step, and the loop over steps ----------------------------------------------------------------
     def step(self) -> StepMetrics:
-        """One whole RL step: rollout, score, logprobs, advantages, train, refit; recorded when the run records
+        """One whole RL step: rollout, score, logprobs, (values, teacher logprobs,) advantages, train, refit; recorded when the run records
         (inside ``run()``, after its listeners). Its ``timing/`` parts add up to ``timing/step_total``, the rest
         named ``timing/other`` (:mod:`rlkit.run.step_clock`).
 
@@ -333,6 +340,8 @@ class Run:
                 batch = self.logprobs(batch)
             if self.components.critic is not None:
                 batch = self.values(batch)
+            if self.components.teacher is not None:
+                batch = self.teacher_logprobs(batch)
             batch = self.advantages(batch)
             with clock.part("train"):
                 metrics = self.train(batch, on_policy=on_policy)
@@ -435,7 +444,7 @@ class Run:
                                    version_before)
             # the async producer's rollout/ figures, dynamic sampling's rounds (tries, kept and dropped groups)
             metrics.values.update({k: v for k, v in batch.info.items()
-                                   if k.startswith(("rollout/", "dynamic_sampling/"))})
+                                   if k.startswith(("rollout/", "dynamic_sampling/", "distillation/"))})
             self.state.end_step(metrics)
         return metrics
 

@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from typing import Iterator, MutableMapping
 
 # The parts of a step, in the order a step does them; they and ``other`` sum to ``timing/step_total``.
-PARTS = ("refit", "rollout", "score", "logprobs", "reference_logprobs", "advantages", "train", "metrics",
-         "progress", "eval", "logging", "tables", "checkpoint", "listeners", "other")
+PARTS = ("refit", "rollout", "score", "logprobs", "reference_logprobs", "values", "teacher_logprobs", "advantages",
+         "train", "critic", "metrics", "progress", "eval", "logging", "tables", "checkpoint", "listeners", "other")
 
 
 class StepClock:

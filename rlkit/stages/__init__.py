@@ -1,6 +1,7 @@
 """The stages of an RL step, each a plain function over :class:`rlkit.trajectories.Trajectories`.
 
-    rollout -> score -> logprobs -> advantages -> train (or loss) -> refit;  evaluate, sft aside.
+    rollout -> score -> logprobs -> (values, teacher_logprobs) -> advantages -> train (or loss) -> refit;
+    evaluate, sft, dpo aside.
 
 Logprobs come before advantages because estimators that fold KL into the reward need the reference
 logprobs. ``Session.step()`` skips the logprobs pass when a batch's one update computes the same values in its
@@ -32,6 +33,7 @@ from rlkit.stages.score import score
 from rlkit.stages.settings import (DPOSettings, EvalSettings, RolloutSettings, ScoreSettings, SFTSettings,
                                    StageSettings, TrainSettings)
 from rlkit.stages.sft import SFTResult, WarmStart, sft
+from rlkit.stages.teacher import teacher_logprobs
 from rlkit.stages.values import update_critic, values
 from rlkit.stages.train import LossReport, TrainInterrupted, TrainResult, loss, loss_description, one_update, train
 
@@ -39,4 +41,5 @@ __all__ = ["DPOResult", "DPOSettings", "EvalResult", "EvalSettings", "LossReport
            "RolloutSettings", "SFTResult", "SFTSettings", "ScoreSettings", "StageSettings", "TrainInterrupted",
            "TrainResult", "TrainSettings", "WarmStart", "advantages", "conversations", "dpo", "dynamic_sampling",
            "evaluate", "is_multi_turn", "logprobs", "logprobs_from_train_step", "loss", "loss_description",
-           "one_update", "refit", "rollout", "score", "sft", "train", "train_reward_model", "update_critic", "values"]
+           "one_update", "refit", "rollout", "score", "sft", "teacher_logprobs", "train", "train_reward_model",
+           "update_critic", "values"]

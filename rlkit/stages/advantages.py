@@ -7,26 +7,33 @@ from typing import Optional, Union
 
 from torch import Tensor
 
-from rlkit.algorithms import AdvantageFn, AdvantageParams, RunningBaseline, compute_advantages, kl_penalty
-from rlkit.algorithms import zero_variance_group_fraction
+from rlkit.algorithms import AdvantageFn, AdvantageParams, DistillationParams, RunningBaseline, compute_advantages
+from rlkit.algorithms import kl_penalty, teacher_advantages, zero_variance_group_fraction
 from rlkit.trajectories import Trajectories
 
 ZERO_VARIANCE_WARNING = 0.9  # warn when this fraction of groups carries no learning signal
 
 
 def advantages(batch: Trajectories, estimator: Union[str, AdvantageFn] = "grpo",
-               params: AdvantageParams = AdvantageParams(), state: Optional[RunningBaseline] = None) -> Trajectories:
+               params: AdvantageParams = AdvantageParams(), state: Optional[RunningBaseline] = None,
+               distillation: Optional[DistillationParams] = None) -> Trajectories:
     """Trajectories with ``advantages`` [B, T] (0 outside the completion).
 
     Estimators that fold KL into the reward (REINFORCE++ with ``kl_coef``) need ``ref_logprobs``: run
-    logprobs() first in that case.
+    logprobs() first in that case. With ``distillation``: the teacher's per-token advantages (from
+    ``teacher_logprobs``, :func:`rlkit.algorithms.teacher_advantages`) plus ``reward_weight`` x the estimator's
+    (not computed at weight 0).
     """
     rewards = batch.require("rewards", "score()")
-    kl = reward_kl(batch, params)
-    adv = compute_advantages(estimator, rewards, batch.loss_mask, batch.group_size, params, kl=kl, state=state,
-                             values=batch.values)
+    with_env = distillation is None or distillation.reward_weight > 0
+    adv = compute_advantages(estimator, rewards, batch.loss_mask, batch.group_size, params,
+                             kl=reward_kl(batch, params), state=state, values=batch.values) if with_env else 0.0
+    if distillation is not None:
+        teacher = batch.require("teacher_logprobs", "teacher_logprobs()")
+        adv = distillation.reward_weight * adv + teacher_advantages(batch.generator_logprobs, teacher,
+                                                                    batch.loss_mask, distillation)
     zero_var = zero_variance_group_fraction(rewards, batch.group_size)
-    if zero_var >= ZERO_VARIANCE_WARNING and batch.group_size > 1:
+    if with_env and zero_var >= ZERO_VARIANCE_WARNING and batch.group_size > 1:
         warnings.warn(zero_variance_message(rewards, zero_var, batch.info), stacklevel=2)
     info = dict(batch.info, **{"zero_variance_groups": zero_var})
     return batch.with_(advantages=adv, info=info)

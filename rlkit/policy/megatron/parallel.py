@@ -2,7 +2,8 @@
 
 Megatron keeps its parallel layout in module-level globals, so only one layout can be live per process.
 :func:`init_parallel` sets it up, :func:`destroy_parallel` tears it down so that a new Session in the same
-notebook kernel can build a fresh one.
+notebook kernel can build a fresh one; a second model in the same layout (a distillation teacher) shares it, and
+the last of them to close tears it down.
 
 The default group is :mod:`rlkit.policy.process_group`'s (acquired for the policy, released on close).
 Megatron's subgroups: made by ``initialize_model_parallel``; :func:`destroy_parallel` drops every reference
@@ -21,6 +22,10 @@ from rlkit.policy.megatron.cpu import apply_cpu_fallbacks
 from rlkit.policy.process_group import acquire_process_group, release_process_group  # noqa: F401 - (re-exported)
 
 
+# the state init_parallel made: its generation, its layout and the models holding it (none: not made here)
+_live: dict = {"generation": 0, "layout": None, "holders": 0}
+
+
 @dataclass(frozen=True)
 class ParallelLayout:
     """Megatron parallel sizes (NeMo-RL's ``policy.megatron_cfg`` names); data parallel takes the rest."""
@@ -33,24 +38,31 @@ class ParallelLayout:
     sequence_parallel: bool = False
 
 
-def init_parallel(layout: ParallelLayout, seed: int) -> None:
-    """Initialise Megatron's parallel state for ``layout`` and seed its RNG tracker. Acquires the default
-    group for the caller, who releases it (:func:`release_process_group`) after :func:`destroy_parallel`."""
+def init_parallel(layout: ParallelLayout, seed: int) -> int:
+    """Initialise Megatron's parallel state for ``layout`` (or, when a live model holds it in the same layout: a
+    distillation teacher beside the policy, join it) and seed its RNG tracker. Returns the state's generation,
+    for :func:`destroy_parallel`. Acquires the default group for the caller, who releases it
+    (:func:`release_process_group`) after :func:`destroy_parallel`."""
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
     apply_cpu_fallbacks()
     acquire_process_group()
-    if parallel_state.model_parallel_is_initialized():
-        parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=layout.tensor_model_parallel_size,
-        pipeline_model_parallel_size=layout.pipeline_model_parallel_size,
-        context_parallel_size=layout.context_parallel_size,
-        expert_model_parallel_size=layout.expert_model_parallel_size,
-        expert_tensor_parallel_size=layout.expert_tensor_parallel_size,
-    )
+    if _live["holders"] and _live["layout"] == layout and parallel_state.model_parallel_is_initialized():
+        _live["holders"] += 1
+    else:
+        if parallel_state.model_parallel_is_initialized():
+            parallel_state.destroy_model_parallel()
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=layout.tensor_model_parallel_size,
+            pipeline_model_parallel_size=layout.pipeline_model_parallel_size,
+            context_parallel_size=layout.context_parallel_size,
+            expert_model_parallel_size=layout.expert_model_parallel_size,
+            expert_tensor_parallel_size=layout.expert_tensor_parallel_size,
+        )
+        _live.update(generation=_live["generation"] + 1, layout=layout, holders=1)
     model_parallel_cuda_manual_seed(seed)
+    return _live["generation"]
 
 
 def device() -> torch.device:
@@ -58,10 +70,19 @@ def device() -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def destroy_parallel() -> None:
-    """Tear down Megatron's parallel state and drop every reference it keeps to a process group."""
+def destroy_parallel(generation: int | None = None) -> None:
+    """Tear down Megatron's parallel state and drop every reference it keeps to a process group. With the
+    ``generation`` :func:`init_parallel` returned: only when its last holder lets go, and nothing once a newer
+    state replaced it."""
     from megatron.core import parallel_state
 
+    if generation is not None:
+        if generation != _live["generation"]:
+            return
+        _live["holders"] -= 1
+        if _live["holders"] > 0:
+            return
+    _live.update(layout=None, holders=0)
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     _drop_megatron_group_references(parallel_state)

@@ -89,7 +89,7 @@ class MegatronAdapter(ModelAdapter):
                              "(the experts' linears); train this model with policy.lora_cfg.enabled=false")
         mc = cfg.megatron_cfg
         self.layout = parallel.ParallelLayout(**mc.model_dump(include=set(parallel.ParallelLayout.__dataclass_fields__)))
-        parallel.init_parallel(self.layout, seed)
+        self._parallel_generation = parallel.init_parallel(self.layout, seed)
         self.holds_process_group = True
         self.tp_rank, self.tp_size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
         self.pp_rank, self.pp_size = ps.get_pipeline_model_parallel_rank(), ps.get_pipeline_model_parallel_world_size()
@@ -449,7 +449,7 @@ class MegatronAdapter(ModelAdapter):
             self._forward_module.config.no_sync_func = None  # (set by data_parallel_wrapper: a reference cycle)
         self._forward_module = self.pipeline = None  # DDP around the model: it holds Megatron's process groups
         self._grad_pairs = []
-        parallel.destroy_parallel()
+        parallel.destroy_parallel(self._parallel_generation)
 
     def __repr__(self) -> str:
         a = self.arch
