@@ -1,5 +1,5 @@
 # The two commands a new machine needs are `make quickstart` and `make test`; both set everything up first.
-.PHONY: setup quickstart quickstart-real demo test test-slow test-browser bench bench-trl bench-trl-real docs docs-with-outputs
+.PHONY: setup quickstart quickstart-real distill-quickstart demo test test-slow test-browser bench bench-trl bench-trl-real docs docs-with-outputs
 
 setup:
 	scripts/setup.sh
@@ -10,6 +10,13 @@ quickstart: setup
 # The real-model recipe: SmolLM2-135M-Instruct (from its pinned wheel, converted once) on 2-digit arithmetic in chat form
 quickstart-real: setup
 	HF_HUB_OFFLINE=1 WANDB_MODE=offline .venv/bin/rlkit train smollm2_quickstart
+
+# on-policy distillation: the quickstart's RL-trained model (trained and exported first, once) teaches the same model
+# after its SFT warm start
+distill-quickstart: setup
+	test -f models/quickstart-teacher/config.json || HF_HUB_OFFLINE=1 WANDB_MODE=offline .venv/bin/rlkit train \
+		--export models/quickstart-teacher quickstart
+	HF_HUB_OFFLINE=1 WANDB_MODE=offline .venv/bin/rlkit train distill_quickstart
 
 demo: setup
 	HF_HUB_OFFLINE=1 .venv/bin/rlkit demo

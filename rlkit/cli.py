@@ -254,7 +254,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     _offline_defaults()
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    # overrides may come before or after the options (`rlkit train quickstart --export DIR seed=1`): argparse ends
+    # the positional list at the first option, so key=value words after the options come back as extras
+    args, extra = parser.parse_known_args(argv)
+    stray = [word for word in extra if word.startswith("-") or "=" not in word or not hasattr(args, "overrides")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = [*(args.overrides or []), *extra]
     from rlkit.experiment import stop_signal
 
     try:

@@ -133,3 +133,16 @@ def test_dpo_from_a_pairs_file_exports_the_model(tmp_path, capsys):
     summary = json.loads(printed[printed.rindex("{\n"):])
     assert summary["dpo_steps"] == 2 and 0.0 <= summary["final_pair_accuracy"] <= 1.0
     assert summary["output"] == str(out) and (out / "config.json").exists()
+
+
+def test_overrides_may_follow_the_options(tmp_path, capsys):
+    """`rlkit train quickstart --quiet key=value`: the override reaches the config (here its typo is named), and a
+    word that is not key=value is refused by name."""
+    import pytest
+
+    assert main(["train", "quickstart", "--quiet", "grpo.num_prompts_per_stp=4",
+                 f"policy.model_name={tmp_path / 'x'}"]) == 2
+    assert "did you mean grpo.num_prompts_per_step?" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", "quickstart", "--quiet", "oops"])
+    assert "unrecognized arguments: oops" in capsys.readouterr().err

@@ -34,6 +34,8 @@ The parts, for the busiest device (rank 0, which also hosts a colocated engine):
 - critic: PPO's value model (``critic.enabled``, :mod:`rlkit.policy.critic`): the policy's parameters in fp32 with
   their gradients, AdamW's two moments and its step temporaries (20 B a parameter, unsharded: it runs in this
   process), and its activations at ``critic.micro_batch_size`` rows;
+- teacher: on-policy distillation's frozen teacher (``distillation.enabled``): its weights as the policy holds its
+  own (no gradients, no optimizer state);
 - runtime: what the libraries themselves hold (torch, vLLM, Megatron, transformers: measured on the CPU, see
   ``bench/memory_plan.py``; the CUDA context on a GPU).
 
@@ -299,9 +301,30 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
     reasons["critic"] = (f"{count_text(shape.parameters)} parameters x 20 B (fp32 weights, gradients, AdamW's "
                          f"moments and temporaries) + activations of {critic.micro_batch_size} rows"
                          if critic.enabled else "(no critic: critic.enabled=false)")
+    parts["teacher"], reasons["teacher"] = _teacher_bytes(config, shape, item, shard)
     parts["runtime"] = RUNTIME_CPU_BYTES if device.name == "cpu" else RUNTIME_CUDA_BYTES
     reasons["runtime"] = "libraries and engines' own state (measured)" if device.name == "cpu" else "CUDA context"
     return MemoryPlan(parts, reasons, device, n)
+
+
+def _teacher_bytes(config: RunConfig, student: ModelShape, item: int, shard: int) -> tuple[int, str]:
+    """The distillation teacher's weights (``distillation.enabled``, :mod:`rlkit.policy.teacher`): its parameters
+    in the policy's weight dtype, sharded as the policy's, with the bf16 compute copy where the backend keeps one;
+    no gradients or optimizer state (frozen), and its forward's logits never coexist with the train step's (counted
+    there). Its folder's ``config.json`` gives its shape; a folder not made yet is counted at the student's."""
+    d = config.distillation
+    if not d.enabled:
+        return 0, "(no teacher: distillation.enabled=false)"
+    from rlkit.models import read_hf_config
+
+    try:
+        shape, whose = ModelShape.of(read_hf_config(d.teacher_model_name, check_weights=False)), ""
+    except Exception:  # (the run itself refuses a missing teacher, with the fix, when it starts)
+        shape, whose = student, " (its folder not made yet: at the student's shape)"
+    p, backend = config.policy, config.policy.backend_section
+    twin = 2 if p.precision == "bfloat16" and not p.pure_bf16 and backend.keeps_bf16_twin else 0
+    return (shape.parameters * (item + twin) // shard,
+            f"{count_text(shape.parameters)} parameters x {item + twin} B, frozen{whose}")
 
 
 def _activation_bytes(shape: ModelShape, config: RunConfig, micro: int, layers: int, tp: int, item: int,

@@ -26,7 +26,11 @@ def check_same_tokenizer(student: str | Path, teacher: str | Path) -> None:
     to the same id (vocabulary, added tokens, special tokens) and the teacher's embedding has a row for each."""
     from transformers import AutoTokenizer  # imported on first use: it loads a thousand modules
 
-    read_hf_config(teacher, check_weights=False)  # a clear error when the folder is missing or not a model
+    if not (Path(teacher) / "config.json").is_file():
+        raise ModelError(f"distillation.teacher_model_name={str(teacher)!r}: no model folder there (no config.json). "
+                         "Train or make the teacher first (the distill_quickstart preset's: rlkit train --export "
+                         "models/quickstart-teacher quickstart), or name another folder")
+    read_hf_config(teacher, check_weights=False)  # an unsupported or broken folder: its own clear error
     ours, theirs = AutoTokenizer.from_pretrained(str(student)), AutoTokenizer.from_pretrained(str(teacher))
     problems = []
     a, b = ours.get_vocab(), theirs.get_vocab()

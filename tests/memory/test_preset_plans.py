@@ -42,6 +42,9 @@ def test_every_shipped_preset_has_recorded_figures():
 @pytest.mark.parametrize("preset", available_presets())
 def test_the_plan_of_every_shipped_preset_is_unchanged(preset):
     own = ["policy.model_name=/nonexistent/plan-model", "policy.model_preset=tiny"] if preset in NO_MODEL else []
+    distilled = load_config(preset, own).distillation.enabled
+    if distilled:  # a teacher folder not made: counted at the student's shape
+        own += ["distillation.teacher_model_name=/nonexistent/plan-teacher"]
     checked = 0
     for variant, overrides in VARIANTS.items():
         if f"{preset}/{variant}/cpu" not in RECORDED["plans"]:  # a layout the preset's model refuses
@@ -52,4 +55,5 @@ def test_the_plan_of_every_shipped_preset_is_unchanged(preset):
             expected = dict(zip(RECORDED["parts"], RECORDED["plans"][f"{preset}/{variant}/{device_name}"]))
             assert parts == expected, (variant, device_name)
             checked += 1
-    assert checked >= 2 * (len(VARIANTS) - 1)
+    # every layout but one the preset's model refuses; distillation also refuses the two Ray worker groups
+    assert checked >= 2 * (len(VARIANTS) - (2 if distilled else 1))

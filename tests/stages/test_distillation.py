@@ -115,6 +115,8 @@ def test_a_teacher_with_another_tokenizer_is_refused_before_its_weights_load(tmp
     with pytest.raises(ModelError, match=r"its tokenizer differs from the student's .*teacher scores the student's "
                                          r"token ids"):
         teacher_module.build_teacher(PolicyConfig(model_name=str(student)), bpe)
+    with pytest.raises(ModelError, match=r"no model folder there .*Train or make the teacher first"):
+        teacher_module.build_teacher(PolicyConfig(model_name=str(student)), tmp_path / "not-made-yet")
 
 
 def test_configure_loads_and_releases_the_teacher(tmp_path, model_factory):
