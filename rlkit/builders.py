@@ -63,10 +63,8 @@ def build_components(config: RunConfig, start: Any, env: Any = None, loss_fn: Op
     policy.keep_reference(needs_reference(loss_fn))  # a reference copy only if the loss reads one
     critic = None
     if config.critic.enabled:
-        from rlkit.policy.critic import Critic
-
         with start.part("critic"):
-            critic = Critic(config.critic.model_name or config.policy.model_name, config.critic, config.seed)
+            critic = build_critic(config)
     teacher = None
     if config.distillation.enabled:
         with start.part("teacher"):
@@ -236,23 +234,44 @@ def _new_run(run: Run, old: RunConfig, keys: list[str]) -> None:
     rng.seed(new.seed)  # as at construction: python, numpy, torch and a live backend's tracker
 
 
-def _new_teacher(run: Run, old: RunConfig, keys: list[str]) -> None:
-    """``distillation.enabled`` or its teacher's folder changed: the new teacher is loaded (its tokenizer checked)
-    before the old one is released; a refused teacher leaves the session and its config as they were (this action
-    runs first of all)."""
+def build_critic(config: RunConfig) -> Any:
+    """PPO's critic (:class:`rlkit.policy.critic.Critic`) on ``critic.model_name`` or the policy's folder, or None
+    without ``critic.enabled``."""
+    if not config.critic.enabled:
+        return None
+    from rlkit.policy.critic import Critic
+
+    return Critic(config.critic.model_name or config.policy.model_name, config.critic, config.seed)
+
+
+# the models a MODELS change builds: the component, the config section that asks for it, its builder
+_MODELS = (("critic", "critic", build_critic), ("teacher", "distillation", build_teacher))
+
+
+def _new_models(run: Run, old: RunConfig, keys: list[str]) -> None:
+    """``critic.enabled``, ``distillation.enabled`` or their folders changed: what the new config names is built
+    (a teacher's tokenizer checked) before what it replaces is released; a refusal leaves the session and its config
+    as they were (this action runs first of all)."""
+    built = {}
     try:
-        teacher = build_teacher(run.config)
+        for part, section, build in _MODELS:
+            if any(key.startswith(section + ".") for key in keys):
+                built[part] = build(run.config)
     except BaseException:
+        for model in built.values():
+            if model is not None:
+                model.close()
         run.config = old
         raise
-    if run.components.teacher is not None:
-        run.components.teacher.close()
-    run.components.teacher = teacher
+    for part, model in built.items():
+        if getattr(run.components, part) is not None:
+            getattr(run.components, part).close()
+        setattr(run.components, part, model)
 
 
 # What a run rebuilds for each kind of change (LIVE: nothing; SESSION: refused), in this order.
 REBUILDS: dict[Change, Callable[[Run, RunConfig, list[str]], None]] = {
-    Change.TEACHER: _new_teacher,
+    Change.MODELS: _new_models,
     Change.LOSS: _new_loss,
     Change.OPTIMIZER: lambda run, old, keys: run.new_optimizer(),
     Change.ROLLOUTS: lambda run, old, keys: run.start(run.state),

@@ -96,6 +96,11 @@ class BackendSection(Section):
         """The parallel layout in words (the session card)."""
         raise NotImplementedError
 
+    def single_process(self) -> "BackendSection":
+        """These settings for one process (a distillation teacher beside a policy in Ray workers): no model
+        parallelism."""
+        return self
+
     def pipelined(self) -> bool:
         """Whether microbatches go through a pipeline schedule (they must all have one shape)."""
         return False
@@ -180,6 +185,11 @@ class MegatronConfig(BackendSection):
 
     def pipelined(self) -> bool:
         return self.pipeline_model_parallel_size > 1
+
+    def single_process(self) -> "MegatronConfig":
+        return self.model_copy(update={"tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1,
+                                       "context_parallel_size": 1, "expert_model_parallel_size": 1,
+                                       "expert_tensor_parallel_size": None, "sequence_parallel": False})
 
     def weight_shards(self, num_workers: int) -> int:
         return self.tensor_model_parallel_size * self.pipeline_model_parallel_size

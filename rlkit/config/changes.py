@@ -7,7 +7,7 @@ next to the reason, keeps ``configure`` from accepting a change it then ignores.
 prefix decides; a key that no prefix names needs a new session (a new section is safe until someone
 says otherwise).
 
-``configure()`` applies LIVE, ROLLOUTS, LOSS, OPTIMIZER and TEACHER changes in place and refuses RUN and SESSION;
+``configure()`` applies LIVE, MODELS, ROLLOUTS, LOSS and OPTIMIZER changes in place and refuses RUN and SESSION;
 ``reset()`` starts a fresh run with anything short of SESSION.
 """
 
@@ -26,7 +26,7 @@ class Change(Enum):
     ROLLOUTS = "a new rollout source (how many prompts and samples a step draws, dynamic sampling)"
     LOSS = "a new loss function (RLLoss is built from loss_fn.* and grpo.reward_kl_coef)"
     OPTIMIZER = "a new optimizer and schedule (Adam moments and the schedule start over)"
-    TEACHER = "the distillation teacher loaded (or released): distillation.enabled and its model folder"
+    MODELS = "the critic or the distillation teacher built (or released): critic.enabled, distillation.enabled, their folders"
     RUN = "a new run (session.reset([...]): the seed orders the prompts and seeds the RNGs from step 0)"
     SESSION = "a new Session (Session.from_config(..., overrides=...)): the engines, data or environment use it"
 
@@ -49,9 +49,11 @@ CHANGES: tuple[tuple[str, Change], ...] = (
     ("dpo", Change.LIVE),
     ("reward_model", Change.LIVE),
     ("critic", Change.SESSION),
+    ("critic.enabled", Change.MODELS),  # PPO's critic built (or released) in place
+    ("critic.model_name", Change.MODELS),
     ("distillation", Change.LIVE),  # the advantages read it per call (its teacher: below)
-    ("distillation.enabled", Change.TEACHER),
-    ("distillation.teacher_model_name", Change.TEACHER),
+    ("distillation.enabled", Change.MODELS),
+    ("distillation.teacher_model_name", Change.MODELS),
     ("eval", Change.LIVE),
     ("logger", Change.LIVE),
     ("checkpointing", Change.LIVE),

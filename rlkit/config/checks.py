@@ -29,22 +29,6 @@ def cuda_here() -> bool:
     return torch.cuda.is_available()
 
 
-def _distillation_problems(distillation: Any, policy: Any, critic: Any) -> list[str]:
-    """On-policy distillation's teacher runs in this process beside an in-process policy, with no critic."""
-    if distillation is None or not distillation.enabled:
-        return []
-    out = []
-    if critic is not None and critic.enabled:
-        out.append("distillation.enabled with critic.enabled: the teacher's per-token advantages replace GAE's; "
-                   "set critic.enabled=false and grpo.advantage_estimator to a group estimator (e.g. grpo)")
-    if policy is not None and (policy.num_workers > 1 or policy.ray_address is not None):
-        out.append(f"distillation.enabled with policy.num_workers={policy.num_workers}"
-                   + (f" / policy.ray_address={policy.ray_address!r}" if policy.ray_address else "")
-                   + ": the teacher is loaded in this process beside an in-process policy only (not yet in a Ray "
-                   "worker group); set policy.num_workers=1 and no ray_address")
-    return out
-
-
 def cross_section_problems(sections: Mapping[str, Any]) -> list[str]:
     """Problems across ``sections`` (section name -> validated section); checks needing a missing section
     are skipped."""
@@ -53,7 +37,10 @@ def cross_section_problems(sections: Mapping[str, Any]) -> list[str]:
     if grpo is not None and critic is not None and (grpo.advantage_estimator == "gae") != critic.enabled:
         out.append("grpo.advantage_estimator=gae and critic.enabled go together: GAE reads a learned critic's values, "
                    "and a critic is trained only for GAE; set both (PPO: the `ppo` preset) or neither")
-    out += _distillation_problems(sections.get("distillation"), policy, critic)
+    distillation = sections.get("distillation")
+    if distillation is not None and distillation.enabled and critic is not None and critic.enabled:
+        out.append("distillation.enabled with critic.enabled: the teacher's per-token advantages replace GAE's; "
+                   "set critic.enabled=false and grpo.advantage_estimator to a group estimator (e.g. grpo)")
     if grpo is not None and policy is not None:
         samples = grpo.num_prompts_per_step * grpo.num_generations_per_prompt
         global_batch = policy.train_global_batch_size or samples

@@ -3,8 +3,10 @@ scores the tokens the student sampled (:func:`rlkit.stages.teacher_logprobs`).
 
 It is the training loop of :class:`rlkit.policy.in_process.InProcessPolicy` over the teacher's weights, never
 stepped: its logprobs are the student's own code path (the same backend, microbatching, fused head and sampling
-temperature), and its gradient buffers are released at once (a frozen model needs none). A Megatron teacher
-shares the policy's parallel state (:func:`rlkit.policy.megatron.parallel.init_parallel`).
+temperature), and its gradient buffers are released at once (a frozen model needs none). It runs in this process:
+beside an in-process Megatron policy it shares the policy's parallel state
+(:func:`rlkit.policy.megatron.parallel.init_parallel`); beside a policy in Ray workers (TP, PP, DP) it is one
+process with no model parallelism, and only its logprobs travel.
 
 The teacher must read token ids as the student writes them: :func:`check_same_tokenizer` compares the two
 folders' tokenizers before any weight is loaded.
@@ -56,11 +58,15 @@ def check_same_tokenizer(student: str | Path, teacher: str | Path) -> None:
 
 
 def build_teacher(policy: PolicyConfig, teacher: str | Path, seed: int = 0) -> InProcessPolicy:
-    """The frozen teacher on ``policy``'s backend and layout: the folder ``teacher`` (tokenizer checked first),
-    full weights (no adapters), gradient buffers released."""
+    """The frozen teacher on ``policy``'s backend, in this process: the folder ``teacher`` (tokenizer checked
+    first), full weights (no adapters), gradient buffers released. Beside an in-process policy it takes the policy's
+    layout (and shares Megatron's parallel state); beside a policy in Ray workers, one process's layout."""
     check_same_tokenizer(policy.model_name, teacher)
+    section = policy.backend_section
     cfg = policy.model_copy(update={"model_name": str(teacher), "model_preset": None,
-                                    "lora_cfg": policy.lora_cfg.model_copy(update={"enabled": False})})
+                                    "lora_cfg": policy.lora_cfg.model_copy(update={"enabled": False}),
+                                    "num_workers": 1, "ray_address": None,
+                                    f"{section.name}_cfg": section.single_process()})
     model = in_process_policy(cfg, seed)
     model.release_gradient_buffers()
     return model

@@ -61,3 +61,18 @@ def test_the_critic_fits_fixed_returns(tmp_path, model_factory):
         _, returns = gae(rewards, old, mask, 1.0, 0.95)
         losses.append(critic.train_step(batch.input_ids, batch.attention_mask, mask, old, returns)["critic/value_loss"])
     assert losses[-1] < 0.5 * losses[0], losses[::5]
+
+
+def test_configure_switches_grpo_to_ppo_and_back(tmp_path):
+    overrides = {**NANO, "sft.enabled": False, "policy.model_name": str(tmp_path / "model"),
+                 "logger.log_dir": str(tmp_path / "runs")}
+    with rlkit.Session.from_config("quickstart_nano", overrides) as s:
+        s.step()
+        with pytest.raises(ConfigError, match="go together"):  # refused whole: nothing built
+            s.configure(["critic.enabled=true"])
+        assert s.components.critic is None and not s.config.critic.enabled
+        s.configure(["critic.enabled=true", "grpo.advantage_estimator=gae"])
+        assert s.components.critic is not None
+        assert "critic/value_loss" in s.step().values and s.batch.values is not None
+        s.configure(["critic.enabled=false", "grpo.advantage_estimator=grpo"])
+        assert s.components.critic is None and "critic/value_loss" not in s.step().values
