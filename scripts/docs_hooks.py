@@ -192,7 +192,8 @@ def configure_word(key: str) -> str:
     from rlkit.config.changes import Change, change_for
 
     return {Change.LIVE: "live", Change.ROLLOUTS: "applied: new rollout source", Change.LOSS: "applied: new loss",
-            Change.OPTIMIZER: "applied: new optimizer", Change.RUN: "reset()",
+            Change.OPTIMIZER: "applied: new optimizer", Change.MODELS: "applied: critic or teacher built or released",
+            Change.RUN: "reset()",
             Change.SESSION: "new Session"}[change_for(key)]
 
 

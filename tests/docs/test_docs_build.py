@@ -76,12 +76,14 @@ def test_config_reference_lists_every_key_with_type_and_default(built_site):
     from rlkit.config.changes import Change, change_for
 
     words = {Change.LIVE: "live", Change.ROLLOUTS: "new rollout source", Change.LOSS: "new loss",
-             Change.OPTIMIZER: "new optimizer", Change.RUN: "reset()", Change.SESSION: "new Session"}
+             Change.OPTIMIZER: "new optimizer", Change.MODELS: "critic or teacher built",
+             Change.RUN: "reset()", Change.SESSION: "new Session"}
     for key in keys:
         row = re.search(rf"<code>{re.escape(key)}</code>.*?</tr>", html, re.S).group(0)
         assert words[change_for(key)] in row, (key, change_for(key))
     assert "live" in re.search(r"<code>history\.full_weight_snapshots</code>.*?</tr>", html, re.S).group(0)
     assert "new Session" in re.search(r"<code>policy\.generation\.temperature</code>.*?</tr>", html, re.S).group(0)
+    assert "critic or teacher" in re.search(r"<code>distillation\.enabled</code>.*?</tr>", html, re.S).group(0)
 
 
 def test_search_finds_what_the_newcomer_looked_for(built_site):
