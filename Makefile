@@ -36,7 +36,7 @@ docs: setup
 	scripts/setup-docs.sh
 	NO_MKDOCS_2_WARNING=1 HF_HUB_OFFLINE=1 .venv/bin/mkdocs build --strict
 
-# The same site with every tutorial's outputs: executes the 13 tutorials first (their tests), then builds; a tutorial
+# The same site with every tutorial's outputs: executes the tutorials first (their tests), then builds; a tutorial
 # that fails is rendered without outputs, with a note
 docs-with-outputs:
 	-scripts/test.sh default tests/tutorials/test_tutorials.py -k runs_and_its_checks_pass
