@@ -48,7 +48,7 @@ CHANGES: tuple[tuple[str, Change], ...] = (
     ("sft", Change.LIVE),
     ("dpo", Change.LIVE),
     ("reward_model", Change.LIVE),
-    ("critic", Change.SESSION),
+    ("critic", Change.LIVE),  # lr, value_clip, micro batch, grad norm: read by each critic call (Critic.use)
     ("critic.enabled", Change.MODELS),  # PPO's critic built (or released) in place
     ("critic.model_name", Change.MODELS),
     ("distillation", Change.LIVE),  # the advantages read it per call (its teacher: below)
@@ -109,7 +109,8 @@ def changes_summary(old: RunConfig, new: RunConfig, changes: dict[str, Change], 
               Change.ROLLOUTS: "new rollout source from the next rollout()",
               Change.LOSS: f"new loss: {new_loss}" if new_loss is not None
               else "your loss function is kept: the change does not reach it",
-              Change.OPTIMIZER: "new optimizer and schedule (Adam moments and the schedule restart)"}
+              Change.OPTIMIZER: "new optimizer and schedule (Adam moments and the schedule restart)",
+              Change.MODELS: "built (or released) in place, the engines kept"}
     before, after = old.model_dump(mode="json"), new.model_dump(mode="json")
     rows = [(key, f"{_dotted(before, key)!r} -> {_dotted(after, key)!r}", needed.get(change, change.value))
             for key, change in changes.items()]

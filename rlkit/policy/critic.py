@@ -43,6 +43,14 @@ class Critic:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0)
         self.version = 0  # optimizer steps taken
 
+    def use(self, cfg: CriticConfig) -> None:
+        """Read the session's current ``critic.*`` (``configure()`` may have changed them): ``lr`` into the
+        optimizer's groups (Adam's moments kept), ``value_clip``, ``micro_batch_size`` and ``max_grad_norm`` by the
+        next call. ``enabled`` and ``model_name`` are not read here: changing them builds another critic."""
+        self.cfg = cfg
+        for group in self.optimizer.param_groups:
+            group["lr"] = cfg.lr
+
     def _values(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:  # [b, t] -> [b, t], with grad
         out = self.model(input_ids=input_ids, attention_mask=attention_mask.long()).logits[..., 0]
         return torch.nn.functional.pad(out[:, :-1], (1, 0))

@@ -193,7 +193,8 @@ class Run:
     def values(self, batch: Optional[Trajectories] = None) -> Trajectories:
         self.refuse_if_closed("values")
         with self.timed("values"):
-            return self.keep(stages.values(self.latest(batch, "values"), self.components.critic))
+            return self.keep(stages.values(self.latest(batch, "values"), self.components.critic,
+                                                  self.config.critic))
 
     def teacher_logprobs(self, batch: Optional[Trajectories] = None) -> Trajectories:
         self.refuse_if_closed("teacher_logprobs")
@@ -250,7 +251,7 @@ class Run:
         if self.components.critic is not None:  # PPO: the critic learns the returns of this batch, after the policy
             with self.timed("critic"):
                 critic_metrics = stages.update_critic(batch, self.components.critic,
-                                                      self.config.grpo.advantage_params())
+                                                      self.config.grpo.advantage_params(), self.config.critic)
         metrics = self._end_step(batch, result.metrics, result.seconds, version_before)
         metrics.values.update(critic_metrics)  # (under critic/, beside train/)
         history.after_train(self.state.store, self.records, self.config, batch, metrics, version_before, seed,

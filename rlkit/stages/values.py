@@ -14,28 +14,32 @@ from typing import Any
 from rlkit.algorithms import AdvantageParams
 from rlkit.algorithms.advantages import outcome_token_rewards
 from rlkit.algorithms.returns import gae
+from rlkit.config.run import CriticConfig
 from rlkit.stages.advantages import reward_kl
 from rlkit.trajectories import Trajectories
 
 
-def _need(critic: Any) -> Any:
+def _need(critic: Any, settings: CriticConfig) -> Any:
+    """The critic, reading the session's current ``critic.*`` settings; a clear error without one."""
     if critic is None:
         raise ValueError("this session has no critic: PPO with a value model needs critic.enabled=true and "
                          "grpo.advantage_estimator=gae (the `ppo` preset sets both)")
+    critic.use(settings)
     return critic
 
 
-def values(batch: Trajectories, critic: Any) -> Trajectories:
+def values(batch: Trajectories, critic: Any, settings: CriticConfig) -> Trajectories:
     """``batch`` with the critic's ``values`` [B, T] of the states before its completion tokens."""
-    v = _need(critic).values(batch.input_ids, batch.attention_mask, batch.loss_mask)
+    v = _need(critic, settings).values(batch.input_ids, batch.attention_mask, batch.loss_mask)
     return batch.with_(values=v)
 
 
-def update_critic(batch: Trajectories, critic: Any, params: AdvantageParams) -> dict[str, float]:
+def update_critic(batch: Trajectories, critic: Any, params: AdvantageParams,
+                  settings: CriticConfig) -> dict[str, float]:
     """One critic step toward the GAE returns of ``batch`` (scored, with ``values``); its ``critic/`` metrics."""
     old = batch.require("values", "values()")
     mask = batch.loss_mask
     token_rewards = outcome_token_rewards(batch.require("rewards", "score()"), mask, params, reward_kl(batch, params),
                                           "gae")
     _, returns = gae(token_rewards, old, mask, params.gamma, params.gae_lambda)
-    return _need(critic).train_step(batch.input_ids, batch.attention_mask, mask, old, returns)
+    return _need(critic, settings).train_step(batch.input_ids, batch.attention_mask, mask, old, returns)

@@ -74,5 +74,10 @@ def test_configure_switches_grpo_to_ppo_and_back(tmp_path):
         s.configure(["critic.enabled=true", "grpo.advantage_estimator=gae"])
         assert s.components.critic is not None
         assert "critic/value_loss" in s.step().values and s.batch.values is not None
+        critic = s.components.critic
+        s.configure(["critic.lr=5e-4", "critic.value_clip=0.2"])  # read by the next critic call: the same critic
+        s.step()
+        assert s.components.critic is critic and critic.optimizer.param_groups[0]["lr"] == 5e-4
+        assert critic.cfg.value_clip == 0.2
         s.configure(["critic.enabled=false", "grpo.advantage_estimator=grpo"])
         assert s.components.critic is None and "critic/value_loss" not in s.step().values
