@@ -2,7 +2,7 @@
 
 No model hub is reachable from our machines, so rlkit makes its own models: random-init decoders of every
 family the policy supports (Llama, Llama 3.x with its RoPE scaling, Qwen2 with QKV bias, Qwen3 with q/k norms,
-and the Mixture-of-Experts families Mixtral, Qwen2-MoE with its gated shared expert, Qwen3-MoE), saved the
+Mistral, and the Mixture-of-Experts families Mixtral, Qwen2-MoE with its gated shared expert, Qwen3-MoE), saved the
 way transformers saves a real checkpoint, with the character tokenizer of :mod:`rlkit.models.tokenizer`. A folder holds
 ``config.json``, ``model.safetensors`` and the tokenizer files with a chat template.
 
@@ -106,6 +106,8 @@ def hf_config(spec: TinyModelSpec, family: ModelFamily):
         common.update(max_position_embeddings=131072, rope_parameters=dict(common["rope_parameters"], **LLAMA3_ROPE))
     if family in ("llama", "llama3"):
         return config_class(**common, attention_bias=False, mlp_bias=False)
+    if family == "mistral":  # no window, as Mistral 7B v0.2+ (MistralConfig's default is 4096)
+        return config_class(**common, sliding_window=None)
     return config_class(**common, use_sliding_window=False)
 
 

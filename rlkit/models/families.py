@@ -30,6 +30,7 @@ FAMILIES = (
     Family("llama3", "LlamaForCausalLM", "LlamaConfig"),  # Llama 3.x's RoPE scaling
     Family("qwen2", "Qwen2ForCausalLM", "Qwen2Config", qkv_bias=True),
     Family("qwen3", "Qwen3ForCausalLM", "Qwen3Config", qk_norm=True),
+    Family("mistral", "MistralForCausalLM", "MistralConfig"),  # Llama's layout; a sliding window that never binds
     Family("mixtral", "MixtralForCausalLM", "MixtralConfig", moe=True, expert_prefix="block_sparse_moe.",
            expert_names=("w1", "w3", "w2")),
     Family("qwen2-moe", "Qwen2MoeForCausalLM", "Qwen2MoeConfig", moe=True, qkv_bias=True),

@@ -4,7 +4,7 @@ Backend-neutral: the Megatron model and weight conversion, the DTensor and trans
 Ray worker group's description all read the same facts. Refused with the reason (never silently ignored):
 RoPE scaling types other than llama3 (YaRN, linear, dynamic), llama3 scaling with other low/high frequency
 factors or original context than Megatron-Core applies (1, 4, 8192: those of Llama 3.1 and 3.2),
-sliding-window attention.
+sliding-window attention where the window is shorter than the model's context.
 """
 
 from __future__ import annotations
@@ -55,9 +55,7 @@ class Architecture:
     def from_hf_config(cls, cfg: dict) -> "Architecture":
         family = family_of(cfg["architectures"])
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-        if cfg.get("use_sliding_window"):
-            raise ModelError("sliding-window attention (use_sliding_window: true) is not supported; rlkit's Megatron "
-                             "model attends to the whole sequence")
+        _refuse_a_binding_sliding_window(cfg)
         heads = cfg["num_attention_heads"]
         return cls(
             family=family.name,
@@ -76,6 +74,21 @@ class Architecture:
             qk_layernorm=family.qk_norm,
             rope_scaling_factor=_llama3_rope_factor(rope),
         )
+
+
+def _refuse_a_binding_sliding_window(cfg: dict) -> None:
+    """rlkit's Megatron model attends to the whole sequence. A window is harmless where it never binds: Qwen's
+    ``use_sliding_window: false``, or a window (Mistral's, Phi-3's ``sliding_window``, applied by transformers
+    whenever set) at least as long as the model's context."""
+    if cfg.get("use_sliding_window"):
+        raise ModelError("sliding-window attention (use_sliding_window: true) is not supported; rlkit's Megatron "
+                         "model attends to the whole sequence")
+    # Qwen-style configs carry a window that applies only with use_sliding_window
+    window = None if "use_sliding_window" in cfg else cfg.get("sliding_window")
+    if window is not None and window < cfg["max_position_embeddings"]:
+        raise ModelError(f"sliding-window attention (sliding_window: {window}, shorter than max_position_embeddings: "
+                         f"{cfg['max_position_embeddings']}) is not supported; rlkit's Megatron model attends to the "
+                         "whole sequence. Fix: a model whose sliding_window is null or covers its whole context")
 
 
 def _llama3_rope_factor(rope: dict) -> float | None:
