@@ -15,6 +15,7 @@
     rlkit sandbox-check                            # the Python tool's sandbox against its attack table
     rlkit plan math_qwen3 policy.model_name=...    # memory per device and part, before anything loads
     rlkit tasks [reasoning_gym:chain_sum]          # the generated tasks (data.task=...); one task's config keys
+    rlkit serve-tinker quickstart_nano policy.lora_cfg.enabled=true   # a Tinker-compatible service over a Session
 """
 
 from __future__ import annotations
@@ -165,6 +166,19 @@ def cmd_tasks(args: argparse.Namespace) -> int:
     return 0
 
 
+# Tinker's defaults, before the command line's overrides: no gradient clipping (AdamParams.grad_clip_norm=0)
+TINKER_DEFAULTS = ["policy.max_grad_norm=null"]
+
+
+def cmd_serve_tinker(args: argparse.Namespace) -> int:
+    from rlkit.session import Session
+    from rlkit.tinker_api import TinkerService
+
+    with Session.from_config(args.config, [*TINKER_DEFAULTS, *args.overrides]) as session:
+        TinkerService(session, host=args.host, port=args.port).serve()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rlkit", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -249,6 +263,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tasks", help="list the generated tasks, data.task=...: rlkit's and reasoning-gym's")
     p.add_argument("name", nargs="?", help="one task, e.g. reasoning_gym:chain_sum: its data.task_config keys")
     p.set_defaults(fn=cmd_tasks)
+
+    p = sub.add_parser("serve-tinker", help="a Tinker-compatible HTTP service over one Session, for the tinker SDK "
+                                            "(docs/howto/tinker.md)")
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. policy.lora_cfg.enabled=true")
+    p.add_argument("--host", default="127.0.0.1", help="listen here (default loopback only; another host warns)")
+    p.add_argument("--port", type=int, default=8765)
+    p.set_defaults(fn=cmd_serve_tinker)
     return parser
 
 

@@ -1,0 +1,104 @@
+"""Tinker datums <-> rlkit's ``Trajectories``, and per-token results back to per-datum arrays.
+
+A Tinker datum is ``model_input`` (N tokens) with ``loss_fn_inputs`` aligned to it: position ``i`` of
+``target_tokens`` is the token that follows ``model_input[i]``. rlkit scores the tokens of one sequence: its
+``logprobs[t]`` is ``log p(input_ids[t] | input_ids[:t])``. So a datum whose targets are its input shifted by one
+(``target_tokens[:-1] == model_input[1:]``, the way every Tinker recipe builds them) is the rlkit row
+``model_input + [target_tokens[-1]]`` (N + 1 tokens), and Tinker's position ``i`` is rlkit's ``i + 1``. Every
+target position is in the loss mask (so the logprobs of all N come back); the per-token coefficient (the
+cross-entropy ``weights`` or the RL ``advantages``) goes to ``advantages``, the sampler's ``logprobs`` to
+``generator_logprobs`` (0 for cross-entropy), and the loss name and ``loss_fn_config`` to each row's
+``env_metadata`` (:mod:`rlkit.tinker_api.losses`).
+
+Deliberate simplifications: a datum whose targets are not its input shifted by one (arbitrary targets at a
+position) is refused, as are 2-D (top-k) targets; rewards are 0 (Tinker sends none), so a step's
+``rollout/reward_mean`` reads 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from rlkit.tinker_api.losses import CONFIG_KEY, COEFFICIENT, LOSS_INPUTS, LOSS_KEY, TINKER_LOSSES
+from rlkit.trajectories import Trajectories
+
+
+class TinkerRequestError(ValueError):
+    """A request the service cannot serve, said in the SDK's words (it becomes a failed future or a 400)."""
+
+
+@dataclass(frozen=True)
+class Datum:
+    """One Tinker datum as the wire carries it: input tokens and the named per-token inputs of its loss."""
+
+    tokens: tuple[int, ...]  # [N] model_input
+    inputs: Mapping[str, np.ndarray] = field(default_factory=dict)  # name -> [N] (target_tokens, weights, ...)
+
+
+def check_loss(loss_fn: str) -> None:
+    if loss_fn not in TINKER_LOSSES:
+        raise TinkerRequestError(f"loss_fn {loss_fn!r} is not implemented by rlkit's Tinker service; it serves "
+                                 f"{', '.join(TINKER_LOSSES)}")
+
+
+def _row(datum: Datum, index: int, loss_fn: str) -> tuple[list[int], dict[str, np.ndarray]]:
+    """The rlkit row (N + 1 tokens) of ``datum`` and its loss inputs, checked."""
+    n = len(datum.tokens)
+    missing = [k for k in ("target_tokens", *LOSS_INPUTS[loss_fn]) if k not in datum.inputs
+               and not (k == "weights" and "target_tokens" in datum.inputs)]
+    if missing:
+        raise TinkerRequestError(f"datum {index}: loss_fn {loss_fn!r} needs loss_fn_inputs {missing}")
+    inputs = {k: np.asarray(v) for k, v in datum.inputs.items()}
+    for name, value in inputs.items():
+        if value.ndim != 1 or value.shape[0] != n:
+            raise TinkerRequestError(f"datum {index}: loss_fn_inputs[{name!r}] has shape {list(value.shape)}, but "
+                                     f"model_input has {n} tokens: rlkit's service takes one value per input token")
+    targets = inputs["target_tokens"].astype(np.int64)
+    if n == 0:
+        raise TinkerRequestError(f"datum {index}: model_input is empty")
+    if not np.array_equal(targets[:-1], np.asarray(datum.tokens[1:], dtype=np.int64)):
+        raise TinkerRequestError(
+            f"datum {index}: target_tokens are not model_input shifted by one token (target_tokens[i] == "
+            "model_input[i + 1]); rlkit's service scores one sequence's own next tokens, so build the datum from "
+            "the full sequence: model_input = seq[:-1], target_tokens = seq[1:]")
+    inputs.setdefault("weights", np.ones(n, dtype=np.float32))
+    return [*datum.tokens, int(targets[-1])], inputs
+
+
+def datums_to_batch(datums: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, float],
+                    pad_token_id: int, policy_version: int) -> Trajectories:
+    """The batch of ``datums`` for rlkit's stages: one row per datum, right-padded (N + 1 tokens each)."""
+    check_loss(loss_fn)
+    if not datums:
+        raise TinkerRequestError("no data: forward_backward needs at least one datum")
+    rows = [_row(d, i, loss_fn) for i, d in enumerate(datums)]
+    width = max(len(tokens) for tokens, _ in rows)
+    b = len(rows)
+    input_ids = torch.full((b, width), pad_token_id, dtype=torch.int64)
+    attention_mask = torch.zeros((b, width), dtype=torch.bool)
+    loss_mask = torch.zeros((b, width), dtype=torch.bool)
+    coefficient = torch.zeros((b, width), dtype=torch.float32)
+    sampler = torch.zeros((b, width), dtype=torch.float32)
+    for i, (tokens, inputs) in enumerate(rows):
+        n = len(tokens) - 1
+        input_ids[i, :n + 1] = torch.tensor(tokens)
+        attention_mask[i, :n + 1] = True
+        loss_mask[i, 1:n + 1] = True
+        coefficient[i, 1:n + 1] = torch.from_numpy(inputs[COEFFICIENT[loss_fn]].astype(np.float32))
+        if "logprobs" in LOSS_INPUTS[loss_fn]:
+            sampler[i, 1:n + 1] = torch.from_numpy(inputs["logprobs"].astype(np.float32))
+    meta = {LOSS_KEY: loss_fn, CONFIG_KEY: dict(loss_fn_config)}
+    return Trajectories(prompts=("",) * b, completions=("",) * b, input_ids=input_ids, attention_mask=attention_mask,
+                        loss_mask=loss_mask, generator_logprobs=sampler, finish_reasons=("stop",) * b, group_size=1,
+                        policy_version=policy_version, rewards=torch.zeros(b), advantages=coefficient,
+                        env_metadata=tuple(dict(meta) for _ in range(b)), info={"tinker/loss_fn": loss_fn})
+
+
+def per_datum(values: torch.Tensor, batch: Trajectories) -> list[np.ndarray]:
+    """``values`` [B, T] (aligned with rlkit's tokens) as one float32 array [N] per datum, in Tinker's positions."""
+    return [values[i, 1:int(batch.attention_mask[i].sum())].detach().to(torch.float32).numpy()
+            for i in range(batch.batch_size)]
