@@ -21,6 +21,7 @@ class Family:
     moe: bool = False  # Mixture-of-Experts: every layer's MLP is routed experts
     qkv_bias: bool = False  # Qwen2: biases on the q, k and v projections
     qk_norm: bool = False  # Qwen3: RMSNorm over each query and key head before RoPE
+    fused_projections: bool = False  # Phi-3: qkv_proj and gate_up_proj stored fused in the checkpoint
     expert_prefix: str = "mlp."  # where a layer's experts live in the HF checkpoint
     expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # an expert's gate, up, down
 
@@ -31,6 +32,7 @@ FAMILIES = (
     Family("qwen2", "Qwen2ForCausalLM", "Qwen2Config", qkv_bias=True),
     Family("qwen3", "Qwen3ForCausalLM", "Qwen3Config", qk_norm=True),
     Family("mistral", "MistralForCausalLM", "MistralConfig"),  # Llama's layout; a sliding window that never binds
+    Family("phi3", "Phi3ForCausalLM", "Phi3Config", fused_projections=True),  # Phi-3, Phi-4-mini
     Family("mixtral", "MixtralForCausalLM", "MixtralConfig", moe=True, expert_prefix="block_sparse_moe.",
            expert_names=("w1", "w3", "w2")),
     Family("qwen2-moe", "Qwen2MoeForCausalLM", "Qwen2MoeConfig", moe=True, qkv_bias=True),

@@ -46,6 +46,8 @@ class Architecture:
     qkv_bias: bool
     qk_layernorm: bool = False  # Qwen3: RMSNorm over each query and key head before RoPE
     rope_scaling_factor: float | None = None  # Llama 3.x: the factor of its "llama3" frequency scaling
+    rotary_percent: float = 1.0  # the share of each head's dims RoPE turns (Phi-4-mini: 0.75, partial_rotary_factor)
+    fused_projections: bool = False  # Phi-3: the checkpoint stores qkv_proj and gate_up_proj fused
 
     @classmethod
     def from_hf_folder(cls, folder: str | Path) -> "Architecture":
@@ -73,6 +75,8 @@ class Architecture:
             qkv_bias=family.qkv_bias or bool(cfg.get("attention_bias", False)),
             qk_layernorm=family.qk_norm,
             rope_scaling_factor=_llama3_rope_factor(rope),
+            rotary_percent=float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))),
+            fused_projections=family.fused_projections,
         )
 
 

@@ -1,6 +1,7 @@
 """The model families added for real checkpoints: Llama 3.x (llama3 RoPE scaling), Qwen3 (q/k norms), Qwen3-MoE
 and Qwen2-MoE (Qwen expert names, unrenormalised top-k, the gated shared expert), Mistral (Llama's layout; its
-``sliding_window`` accepted where it never binds).
+``sliding_window`` accepted where it never binds), Phi-3 (fused ``qkv_proj`` and ``gate_up_proj`` in the checkpoint;
+the preset has Phi-4-mini's partial RoPE).
 
 Per family, against independent references (fp32): HF -> Megatron logits vs transformers' own model (max abs
 within 1e-5 of the logits' scale, :func:`rlkit.models.compare.logits_agreement`; on these tiny models that is
@@ -28,7 +29,7 @@ from tests.helpers import arithmetic_prompts, generator_policy_mismatch, pg_toke
 
 TOL = 1e-4  # the old absolute bound: the relative one must be at most this here, and the controls miss by 100x it
 FAMILIES = [("llama3", "nano"), ("qwen3", "nano"), ("qwen3-moe", "nano-moe"), ("qwen2-moe", "nano-moe"),
-            ("mistral", "nano")]
+            ("mistral", "nano"), ("phi3", "nano")]
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +78,24 @@ def test_the_families_use_their_knobs(folder):
     assert q3.shared_expert_size == 0 and q3.norm_topk_prob and q3.qk_layernorm
 
 
+def test_phi3_reads_and_writes_its_fused_projections(folder):
+    from rlkit.policy.megatron.hf_layouts import UnfusedView, fused_groups
+
+    path = folder("phi3", "nano")
+    a = architecture.Architecture.from_hf_folder(path)
+    assert a.fused_projections and a.rotary_percent == 0.75
+    hf = load_hf_state(path)
+    assert "model.layers.0.self_attn.qkv_proj.weight" in hf and "model.layers.0.self_attn.q_proj.weight" not in hf
+    view = UnfusedView(hf, a.num_attention_heads, a.num_key_value_heads, a.head_dim)
+    q, k, v = (view[f"model.layers.0.self_attn.{x}_proj.weight"] for x in "qkv")
+    assert q.shape[0] == a.num_attention_heads * a.head_dim and k.shape == v.shape == (a.num_key_value_heads * a.head_dim,
+                                                                                       a.hidden_size)
+    assert len(view) == len(list(view)) == len(hf) + 3 * a.num_layers  # q, k, v for qkv; gate, up for gate_up
+    back = dict(next(fused_groups(iter([[(n, view[n]) for n in view if ".layers.0." in n]]))))
+    assert set(back) == {n for n in hf if ".layers.0." in n}
+    assert all(torch.equal(back[n], hf[n]) for n in back)
+
+
 def sharp_attention_copy(path, tmp_path, scale=6.0):
     """A copy of the model folder with q and k scaled up: a random tiny model attends almost uniformly, which
     hides how positions are encoded; sharper attention makes the RoPE frequencies matter to the logits."""
@@ -88,20 +107,42 @@ def sharp_attention_copy(path, tmp_path, scale=6.0):
     shutil.copytree(path, copy)
     weights = dict(load_hf_state(path))
     for name in weights:
-        if name.endswith(("q_proj.weight", "k_proj.weight")):
+        if name.endswith(("q_proj.weight", "k_proj.weight", "qkv_proj.weight")):  # Phi-3's v scales too: no matter
             weights[name] = weights[name] * scale
     save_file(weights, str(copy / "model.safetensors"), metadata={"format": "pt"})
     return copy
 
 
 @pytest.mark.parametrize("control", ["rope_scaling_ignored", "qk_norms_swapped", "shared_expert_gate_dropped",
-                                     "topk_renormalised"])
+                                     "topk_renormalised", "partial_rope_ignored", "fused_qkv_read_per_group"])
 def test_each_knob_has_a_negative_control(folder, monkeypatch, tmp_path, control):
     if control == "rope_scaling_ignored":
         path = sharp_attention_copy(folder("llama3", "nano"), tmp_path)
         agreement = logits_error(path)
         assert agreement.ok and agreement.bound <= TOL, agreement
         monkeypatch.setattr(architecture, "_llama3_rope_factor", lambda rope: None)
+    elif control == "partial_rope_ignored":  # RoPE over the whole head where Phi-4-mini turns 3/4 of it
+        path = sharp_attention_copy(folder("phi3", "nano"), tmp_path)
+        agreement = logits_error(path)
+        assert agreement.ok and agreement.bound <= TOL, agreement
+        from rlkit.policy.megatron import policy as megatron_policy
+
+        real_build = megatron_policy.build_gpt_model
+        monkeypatch.setattr(megatron_policy, "build_gpt_model",
+                            lambda arch, *a, **k: real_build(dataclasses.replace(arch, rotary_percent=1.0), *a, **k))
+    elif control == "fused_qkv_read_per_group":  # Phi-3's [Q; K; V] read as if it were Megatron's per-group fuse
+        path = folder("phi3", "nano", num_key_value_heads=2)
+        from rlkit.policy.megatron import convert
+
+        real = convert.attention_to_megatron
+
+        def per_group(hf, i, arch):
+            out = real(hf, i, arch)
+            name = f"model.layers.{i}.self_attn.qkv_proj.weight"
+            out[f"decoder.layers.{i}.self_attention.linear_qkv.weight"] = hf._hf[name]
+            return out
+
+        monkeypatch.setattr(moe.convert, "attention_to_megatron", per_group)
     elif control == "qk_norms_swapped":
         path = folder("qwen3", "nano")
 
@@ -217,3 +258,10 @@ def test_one_parallel_layout_matches_one_process(folder, ray_cluster, family, pr
             assert (after[norm] - before[norm]).abs().max() > 1e-5
     finally:
         group.close()
+
+
+def test_adapters_on_fused_projections_are_refused_with_the_reason(folder):
+    from rlkit.config.components import LoraConfig
+
+    with pytest.raises(ModelError, match="fused qkv_proj / gate_up_proj"):
+        in_process_policy(PolicyConfig(model_name=str(folder("phi3", "nano")), lora_cfg=LoraConfig(enabled=True)))

@@ -3,7 +3,8 @@
 The mapping of architecture knobs (verified to ~1e-7 in fp32 against transformers), each a native Megatron
 option: RMSNorm with ``layernorm_epsilon = rms_norm_eps``; SwiGLU (``gated_linear_unit`` + SiLU); RoPE with
 ``rotary_base = rope_theta`` and no permutation of the HF weights; Llama 3.x's ``rope_type: llama3``
-frequency scaling with ``rope_scaling`` / ``rope_scaling_factor``; GQA with
+frequency scaling with ``rope_scaling`` / ``rope_scaling_factor``; partial RoPE (Phi-4-mini's
+``partial_rotary_factor``: the first dims of each head turn, as in HF) with ``rotary_percent``; GQA with
 ``num_query_groups = num_key_value_heads`` and ``kv_channels = head_dim`` (Qwen3's head_dim is its own
 setting, not hidden / heads); Qwen3's per-head q/k RMSNorm with ``qk_layernorm``; no linear biases except
 the QKV bias of Qwen2; tied or untied output layer.
@@ -180,6 +181,7 @@ def build_gpt_model(arch: Architecture, config, num_experts: int = 0):
             share_embeddings_and_output_weights=arch.tie_word_embeddings,
             position_embedding_type="rope",
             rotary_base=int(arch.rope_theta),
+            rotary_percent=arch.rotary_percent,
             rope_scaling=arch.rope_scaling_factor is not None,
             rope_scaling_factor=arch.rope_scaling_factor or 8.0,
         )

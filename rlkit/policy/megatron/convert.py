@@ -1,4 +1,5 @@
-"""HF <-> Megatron-Core weight conversion for Llama / Qwen2 / Qwen3 decoders, with tensor-parallel sharding.
+"""HF <-> Megatron-Core weight conversion for Llama / Qwen2 / Qwen3 / Mistral / Phi-3 decoders, with tensor-parallel
+sharding (Phi-3's fused ``qkv_proj`` and ``gate_up_proj`` are re-spelled around this mapping: :mod:`.hf_layouts`).
 
 Layouts (exact to ~1e-7 in fp32 against transformers; ``g`` = KV group, ``q_g`` = the query heads of group g):
 
@@ -31,6 +32,7 @@ import torch
 from torch import Tensor
 
 from rlkit.policy.architecture import Architecture
+from rlkit.policy.megatron.hf_layouts import UnfusedView, fused_groups
 from rlkit.weights import HFGroup
 
 
@@ -140,6 +142,8 @@ def hf_to_megatron_groups(hf: Mapping[str, Tensor], arch: Architecture, layer_to
     (default: the dense :func:`hf_layer_to_megatron`; the MoE module passes its own); ``layers`` limits the
     decoder layers converted (a pipeline stage's); ``ends=False`` leaves out the embedding and the final group."""
     layer_to_megatron = layer_to_megatron or hf_layer_to_megatron
+    if arch.fused_projections:  # Phi-3's checkpoint, seen under the Llama layout's names
+        hf = UnfusedView(hf, arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim)
     if ends:
         yield {"embedding.word_embeddings.weight": hf["model.embed_tokens.weight"]}
     for i in range(arch.num_layers) if layers is None else layers:
@@ -161,8 +165,8 @@ def megatron_to_hf_groups(full: Callable[[str], Tensor], arch: Architecture, lay
     """
     layer_names, layer_to_hf = layer_names or layer_param_names, layer_to_hf or megatron_layer_to_hf
     yield [("model.embed_tokens.weight", full("embedding.word_embeddings.weight"))]
-    for i in range(arch.num_layers):
-        yield layer_to_hf({n: full(n) for n in layer_names(i, arch)}, i, arch)
+    layers = (layer_to_hf({n: full(n) for n in layer_names(i, arch)}, i, arch) for i in range(arch.num_layers))
+    yield from fused_groups(layers) if arch.fused_projections else layers
     last = [("model.norm.weight", full("decoder.final_layernorm.weight"))]
     if not arch.tie_word_embeddings:
         last.append(("lm_head.weight", full("output_layer.weight")))
