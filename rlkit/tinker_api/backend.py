@@ -24,7 +24,6 @@ session's ``policy.max_grad_norm`` (``rlkit serve-tinker`` starts with none, Tin
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 import warnings
@@ -40,8 +39,6 @@ from rlkit.tinker_api.convert import TinkerRequestError, datums_to_batch, per_da
 from rlkit.tinker_api.losses import TinkerLoss, elementwise_loss
 from rlkit.tinker_api.wire import ForwardBackwardCall, Sequence_, encode_forward_backward, encode_sample
 from rlkit.trajectories import Trajectories
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -80,7 +77,7 @@ class TinkerBackend:
 
     def create_model(self, base_model: str, lora: Optional[Mapping[str, Any]], optimizer: Mapping[str, Any]) -> dict:
         config = self.session.config.policy
-        if base_model not in self.model_names() and str(Path(base_model).resolve()) != str(Path(self.base_model).resolve()):
+        if str(Path(base_model).resolve()) != str(Path(self.base_model).resolve()):
             raise TinkerRequestError(
                 f"base_model {base_model!r} is not this service's model: it serves {self.base_model!r} (the session's "
                 f"policy.model_name); pass that folder, or start the service with policy.model_name={base_model}")
@@ -93,8 +90,9 @@ class TinkerBackend:
                                      "the service with policy.lora_cfg.enabled=false")
         if lora is not None and (not lora_cfg.enabled or lora_cfg.dim != lora["rank"]):
             have = f"rank {lora_cfg.dim}" if lora_cfg.enabled else "full weights (no LoRA)"
-            raise TinkerRequestError(f"LoRA rank {lora['rank']} was asked for, but the session trains {have}: start the "
-                                     f"service with policy.lora_cfg.enabled=true policy.lora_cfg.dim={lora['rank']}")
+            raise TinkerRequestError(f"LoRA rank {lora['rank']} was asked for, but the session trains {have}: start "
+                                     f"the service with policy.lora_cfg.enabled=true "
+                                     f"policy.lora_cfg.dim={lora['rank']}")
         if self.session.policy.version > 0:  # a new model starts from the model folder, as Tinker's does
             self.session.reset()
         if self.previous_loss is None:
@@ -156,7 +154,8 @@ class TinkerBackend:
         lr = apply_adam(self.session, adam)
         metrics = self.session.train(batch, allow_reuse=True)
         self.pending.clear()
-        return {"type": "optim_step", "metrics": {"loss:sum": float(metrics.values["train/loss"]), "learning_rate:mean": lr,
+        return {"type": "optim_step", "metrics": {"loss:sum": float(metrics.values["train/loss"]),
+                                                  "learning_rate:mean": lr,
                                                   "grad_norm:mean": float(metrics.values["train/grad_norm"])}}
 
     # ---- sampling -----------------------------------------------------------------------------------------
@@ -233,8 +232,9 @@ def apply_adam(session: Any, adam: Mapping[str, float]) -> float:
         group["weight_decay"] = float(adam.get("weight_decay", 0.0))
     clip = float(adam.get("grad_clip_norm", 0.0)) or None
     if clip != session.config.policy.max_grad_norm:
-        warnings.warn(f"optim_step asked for grad_clip_norm={clip or 0.0}, but the session clips at policy.max_grad_norm="
-                      f"{session.config.policy.max_grad_norm} (start the service with policy.max_grad_norm="
+        warnings.warn(f"optim_step asked for grad_clip_norm={clip or 0.0}, but the session clips at "
+                      f"policy.max_grad_norm={session.config.policy.max_grad_norm} (start the service with "
+                      "policy.max_grad_norm="
                       f"{clip if clip else 'null'} to match)", stacklevel=1)
     return float(adam.get("learning_rate", 1e-4))
 
