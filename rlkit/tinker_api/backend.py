@@ -193,13 +193,12 @@ class TinkerBackend:
     def sample(self, sampler_id: str, prompt: Sequence[int], num_samples: int, params: Mapping[str, Any],
                prompt_logprobs: bool) -> bytes:
         sampler = self.sampler(sampler_id)
+        if self.session.generator_version < 0:
+            self.session.refit()  # the engine let go of its weights for a policy pass: the policy's come back
         if sampler.version != self.session.generator_version:
-            if self.session.generator_version < 0 and sampler.version == self.session.policy.version:
-                self.session.refit()  # the engine let go of its weights for a policy pass
-            else:
-                warnings.warn(f"sampling session {sampler_id} was saved at policy version {sampler.version}, but the "
-                              f"engine holds version {self.session.generator_version}: rlkit's service keeps one set "
-                              "of sampler weights, the latest save's", stacklevel=1)
+            warnings.warn(f"sampling session {sampler_id} was saved at policy version {sampler.version}, but the "
+                          f"engine holds version {self.session.generator_version}: rlkit's service keeps one set of "
+                          "sampler weights, the latest save's", stacklevel=1)
         if not prompt:
             raise TinkerRequestError("the prompt is empty")
         settings, stop_ids = sampling_settings(params, self.session.sampling())

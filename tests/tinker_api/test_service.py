@@ -198,6 +198,20 @@ def test_the_sampler_samples_the_saved_weights(served):
         moved = max(moved, (sampled - folder_model).abs().max().item())
     assert moved > 1e-2  # the engine samples the trained weights, not the folder's: the refit took
 
+    # the RL round trip of a Tinker recipe: the samples, with their sampler logprobs, as importance-sampling datums
+    rl = []
+    for seq in result.sequences:
+        full, k = SEQS[0][:PROMPT_LEN] + list(seq.tokens), len(seq.tokens)
+        rl.append(types.Datum(model_input=types.ModelInput.from_ints(full[:-1]), loss_fn_inputs={
+            "target_tokens": full[1:], "logprobs": [0.0] * (PROMPT_LEN - 1) + list(seq.logprobs),
+            "advantages": [0.0] * (PROMPT_LEN - 1) + [1.0] * k}))
+    forward = training.forward(rl, "importance_sampling").result()
+    for seq, out in zip(result.sequences, forward.loss_fn_outputs):
+        trained = torch.tensor(out["logprobs"].tolist())[PROMPT_LEN - 1:]
+        assert torch.allclose(trained, torch.tensor(seq.logprobs), atol=1e-3, rtol=0)
+    total = sum(len(seq.tokens) for seq in result.sequences)
+    assert forward.metrics["loss:sum"] == pytest.approx(-total, abs=1e-2)  # every ratio is 1: on-policy
+
     # stop tokens: the same seed samples the same tokens, cut after the first stop token
     first = result.sequences[0]
     stop = first.tokens[1]
