@@ -1,7 +1,8 @@
 """What each Tinker call does to the one Session behind the service: the Session's own stages, nothing beside them.
 
     create_model              checks the base model and LoRA rank against the session (refused with the override
-                              that would match), sets ``session.loss_fn`` to :class:`TinkerLoss`
+                              that would match), sets ``session.loss_fn`` to :class:`TinkerLoss`; the policy's
+                              weights stay as they are
     forward / forward_backward  the datums as a batch (:mod:`rlkit.tinker_api.convert`), ``session.logprobs(batch)``
                               (the per-token logprobs returned) and ``session.loss(batch)`` (the loss returned);
                               forward_backward keeps the batch for the next optim_step
@@ -16,8 +17,9 @@ their gradients, which is what Tinker accumulates. The weights do not change bet
 forward sees what forward_backward saw.
 
 Deliberate simplifications: one model (the session's policy) and one generator: a sampling client samples from the
-weights of the latest save (older snapshots are not kept; sampling from one warns); a new model on a session whose
-policy has moved resets the session (weights from the model folder, a new optimizer); gradient clipping is the
+weights of the latest save (older snapshots are not kept; sampling from one warns); a new training client trains the
+session's policy as it is (Tinker's starts fresh adapters; here a policy that has trained keeps its weights and
+optimizer state: restart the service for fresh ones, since ``Session.reset()`` keeps LoRA adapters); clipping is the
 session's ``policy.max_grad_norm`` (``rlkit serve-tinker`` starts with none, Tinker's default), a different
 ``grad_clip_norm`` warns; prompt logprobs come from the policy, not the engine.
 """
@@ -93,8 +95,6 @@ class TinkerBackend:
             raise TinkerRequestError(f"LoRA rank {lora['rank']} was asked for, but the session trains {have}: start "
                                      f"the service with policy.lora_cfg.enabled=true "
                                      f"policy.lora_cfg.dim={lora['rank']}")
-        if self.session.policy.version > 0:  # a new model starts from the model folder, as Tinker's does
-            self.session.reset()
         if self.previous_loss is None:
             self.previous_loss = self.session.loss_fn
         self.session.loss_fn = TinkerLoss()

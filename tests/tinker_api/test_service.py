@@ -149,6 +149,7 @@ def test_forward_alone_takes_no_step_and_ppo_cispo_follow_their_formulas(served)
 
 def test_optim_step_moves_the_weights_as_the_sessions_own_train_step(served):
     session, _, client, folder, tmp = served
+    assert session.policy.version == 0, "this test runs before any other step (the file's order)"
     training = client.create_lora_training_client(base_model=str(folder), rank=RANK).result()
     before, steps_before = trainable(session), len(session.history)
     rng = np.random.default_rng(2)
@@ -175,6 +176,27 @@ def test_optim_step_moves_the_weights_as_the_sessions_own_train_step(served):
     own_after = trainable(own)
     assert all(torch.equal(served_after[n], own_after[n]) for n in own_after), \
         max((served_after[n] - own_after[n]).abs().max().item() for n in own_after)
+
+
+def test_a_custom_loss_runs_on_the_client_through_cross_entropy(served):
+    """The SDK computes a custom loss on the client: a forward, then a backward whose cross-entropy weights are the
+    loss's gradient (-dC/dlogprobs), which the service trains on like any cross-entropy batch."""
+    session, _, client, folder, _ = served
+    training = client.create_lora_training_client(base_model=str(folder), rank=RANK).result()
+
+    def squares(data, logprobs):
+        loss = sum((lp ** 2).sum() for lp in logprobs)
+        return loss, {"squares:sum": float(loss.detach())}
+
+    version = session.policy.version
+    out = training.forward_backward_custom(datums("cross_entropy"), squares).result()
+    lps = [session.policy.logprobs(torch.tensor([s]), torch.ones(1, len(s), dtype=torch.bool)).logprobs[0, 1:].double()
+           for s in SEQS]
+    assert out.metrics["loss:sum"] == pytest.approx(float(sum((lp ** 2).sum() for lp in lps)), rel=1e-5)
+    # the backward's cross-entropy with weights -2 lp: sum(-w * lp) = sum(2 lp^2)
+    assert out.metrics["surrogate_loss:sum"] == pytest.approx(2 * out.metrics["loss:sum"], rel=1e-5)
+    training.optim_step(ADAM).result()
+    assert session.policy.version == version + 1
 
 
 def test_the_sampler_samples_the_saved_weights(served):
