@@ -33,6 +33,7 @@ FAMILIES = (
     Family("qwen3", "Qwen3ForCausalLM", "Qwen3Config", qk_norm=True),
     Family("mistral", "MistralForCausalLM", "MistralConfig"),  # Llama's layout; a sliding window that never binds
     Family("phi3", "Phi3ForCausalLM", "Phi3Config", fused_projections=True),  # Phi-3, Phi-4-mini
+    Family("smollm3", "SmolLM3ForCausalLM", "SmolLM3Config"),  # Llama's layout; no_rope_layers read from its config
     Family("mixtral", "MixtralForCausalLM", "MixtralConfig", moe=True, expert_prefix="block_sparse_moe.",
            expert_names=("w1", "w3", "w2")),
     Family("qwen2-moe", "Qwen2MoeForCausalLM", "Qwen2MoeConfig", moe=True, qkv_bias=True),

@@ -48,6 +48,7 @@ class Architecture:
     rope_scaling_factor: float | None = None  # Llama 3.x: the factor of its "llama3" frequency scaling
     rotary_percent: float = 1.0  # the share of each head's dims RoPE turns (Phi-4-mini: 0.75, partial_rotary_factor)
     fused_projections: bool = False  # Phi-3: the checkpoint stores qkv_proj and gate_up_proj fused
+    no_rope_layers: tuple[int, ...] | None = None  # SmolLM3: 1 for each layer without RoPE (Megatron's no_rope_freq)
 
     @classmethod
     def from_hf_folder(cls, folder: str | Path) -> "Architecture":
@@ -77,7 +78,19 @@ class Architecture:
             rope_scaling_factor=_llama3_rope_factor(rope),
             rotary_percent=float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))),
             fused_projections=family.fused_projections,
+            no_rope_layers=_no_rope_layers(cfg),
         )
+
+
+def _no_rope_layers(cfg: dict) -> tuple[int, ...] | None:
+    """SmolLM3's ``no_rope_layers`` (1: the layer applies RoPE, 0: it does not) as Megatron's ``no_rope_freq``
+    (1: the layer skips RoPE); None when every layer applies it."""
+    uses_rope = cfg.get("no_rope_layers")
+    if not uses_rope or all(uses_rope):
+        return None
+    if len(uses_rope) != cfg["num_hidden_layers"]:
+        raise ModelError(f"no_rope_layers has {len(uses_rope)} entries for {cfg['num_hidden_layers']} layers")
+    return tuple(0 if rope else 1 for rope in uses_rope)
 
 
 def _refuse_a_binding_sliding_window(cfg: dict) -> None:

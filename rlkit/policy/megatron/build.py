@@ -4,7 +4,8 @@ The mapping of architecture knobs (verified to ~1e-7 in fp32 against transformer
 option: RMSNorm with ``layernorm_epsilon = rms_norm_eps``; SwiGLU (``gated_linear_unit`` + SiLU); RoPE with
 ``rotary_base = rope_theta`` and no permutation of the HF weights; Llama 3.x's ``rope_type: llama3``
 frequency scaling with ``rope_scaling`` / ``rope_scaling_factor``; partial RoPE (Phi-4-mini's
-``partial_rotary_factor``: the first dims of each head turn, as in HF) with ``rotary_percent``; GQA with
+``partial_rotary_factor``: the first dims of each head turn, as in HF) with ``rotary_percent``; SmolLM3's layers
+without RoPE (``no_rope_layers``) with ``no_rope_freq``; GQA with
 ``num_query_groups = num_key_value_heads`` and ``kv_channels = head_dim`` (Qwen3's head_dim is its own
 setting, not hidden / heads); Qwen3's per-head q/k RMSNorm with ``qk_layernorm``; no linear biases except
 the QKV bias of Qwen2; tied or untied output layer.
@@ -75,6 +76,7 @@ def transformer_config(arch: Architecture, tensor_parallel_size: int = 1, sequen
         gradient_accumulation_fusion=False,
         attention_softmax_in_fp32=True,
         qk_layernorm=arch.qk_layernorm,
+        no_rope_freq=list(arch.no_rope_layers) if arch.no_rope_layers else None,
         **(recompute or {}),
     )
 
