@@ -33,7 +33,7 @@ from rlkit.stages.conversations import rollout_tools
 from rlkit.stages.settings import RolloutSettings
 from rlkit.startup import generator_engine, policy_engine
 from rlkit.weight_sync import (BroadcastReceiver, BroadcastWeightSync, ColocatedWeightSync, Handoff,
-                               RanksBroadcastWeightSync, WeightSync, before_engine_starts)
+                               RanksBroadcastWeightSync, SharedWeights, WeightSync, before_engine_starts)
 
 
 def build_components(config: RunConfig, start: Any, env: Any = None, loss_fn: Optional[Callable] = None) -> Components:
@@ -58,7 +58,7 @@ def build_components(config: RunConfig, start: Any, env: Any = None, loss_fn: Op
         policy = build_policy(config)
         before_engine_starts(policy)  # (policy.lora_cfg) a frozen base out while generating leaves first
     with start.part("generator", engine=generator_engine(config)):
-        generator, weight_sync = build_generation(config)
+        generator, weight_sync = build_generation(config, policy)
     loss_fn = loss_fn if loss_fn is not None else build_loss(config)
     policy.keep_reference(needs_reference(loss_fn))  # a reference copy only if the loss reads one
     critic = None
@@ -127,8 +127,9 @@ def build_policy(config: RunConfig):
     return in_process_policy(p, seed=config.seed)
 
 
-def build_generation(config: RunConfig) -> tuple[Generator, WeightSync]:
-    """The generator and the weight sync that refits it, built as one pair from one setting: an engine in
+def build_generation(config: RunConfig, policy: Optional[Any] = None) -> tuple[Generator, WeightSync]:
+    """The generator and the weight sync that refits it, built as one pair from one setting: an engine on the
+    policy's own weights (Megatron-Core's, ``policy``'s model) moves nothing at a refit; an engine in
     this process (vLLM, or transformers' ``generate``) takes tensors directly; a vLLM engine in its own Ray
     actor (``policy.generation.colocated.enabled=false``, and unset with async GRPO) gets them by broadcast,
     from a sync that talks to that actor and no other: sent by this process, or by the policy's rank 0 when
@@ -139,8 +140,9 @@ def build_generation(config: RunConfig) -> tuple[Generator, WeightSync]:
                                         p.generation.vllm_cfg.model_copy(update={"kv_cache_space_gib": kv_gib})})
     engine = dict(max_model_len=p.max_model_len, seed=config.seed)
     bucket_bytes = g.refit_bucket_size_mb * 1e6
-    if colocated:  # an engine in this process takes tensors directly (validation keeps hf here)
-        return in_process_generator(p.model_name, g, **engine), ColocatedWeightSync()
+    if colocated:  # an engine in this process takes tensors directly (validation keeps hf and megatron here)
+        sync = SharedWeights() if g.engine.on_policy_weights else ColocatedWeightSync()
+        return in_process_generator(p.model_name, g, **engine, policy=policy), sync
     from rlkit.generation.remote import RemoteGenerator
 
     generator = RemoteGenerator(p.model_name, g, **engine, ray_address=p.ray_address,

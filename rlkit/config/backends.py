@@ -55,6 +55,8 @@ class BackendSection(Section):
     unfused_attention_on_cpu: ClassVar[bool] = False
     releases_frozen_base: ClassVar[bool] = False  # can honour policy.lora_cfg.release_base_while_generating
     trains_in_bf16: ClassVar[bool] = True  # policy.precision=bfloat16 (and pure bf16) is open to it
+    # offers a generator on its own weights (policy.generation.backend=megatron: rlkit.policy.megatron.generator)
+    generates_on_own_weights: ClassVar[bool] = False
 
     def weight_shards(self, num_workers: int) -> int:
         """Ranks one copy of the weights (and their gradients and optimizer state) is split over."""
@@ -119,7 +121,7 @@ class BackendSection(Section):
 
 class MegatronConfig(BackendSection):
     name, title, start_words = "megatron", "Megatron-Core", "Megatron-Core"
-    keeps_bf16_twin = unfused_attention_on_cpu = releases_frozen_base = True
+    keeps_bf16_twin = unfused_attention_on_cpu = releases_frozen_base = generates_on_own_weights = True
     tensor_model_parallel_size: int = Field(1, ge=1)
     pipeline_model_parallel_size: int = Field(1, ge=1)
     context_parallel_size: int = Field(1, ge=1)

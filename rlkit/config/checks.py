@@ -69,6 +69,7 @@ def cross_section_problems(sections: Mapping[str, Any]) -> list[str]:
             out.append(f"policy.generation.colocated.enabled=false: runs the engine in a Ray actor, which "
                        f"policy.generation.backend={policy.generation.backend!r} cannot; "
                        "set backend=vllm or colocated.enabled=true")
+        out += _own_weights_generation_problems(policy, grpo)
         out += _model_problems(policy)
         out += _token_budget_problems(policy, "dynamic_batching") + _token_budget_problems(policy, "sequence_packing")
         out += _sequence_packing_problems(policy)
@@ -144,6 +145,26 @@ def _async_problems(grpo: Any, loss_fn: Any) -> list[str]:
     return ["grpo.async_grpo.enabled=true needs an importance-sampling correction against the generator's "
             "logprobs, but loss_fn.off_policy_correction='none'. Fix: set loss_fn.off_policy_correction=tis "
             "(or seq_mask), or grpo.async_grpo.enabled=false"]
+
+
+def _own_weights_generation_problems(policy: Any, grpo: Any) -> list[str]:
+    """An engine that samples from the policy's own model (policy.generation.backend=megatron) needs a training
+    backend that offers one, in this process, and no sampling while the same weights train."""
+    if not policy.generation.engine.on_policy_weights:
+        return []
+    key, out = f"policy.generation.backend={policy.generation.backend}", []
+    section = policy.backend_section
+    if not section.generates_on_own_weights:
+        out.append(f"{key}: samples from the policy's own model, which policy.backend={section.name} does not "
+                   "offer. Fix: policy.backend=megatron, or generation.backend=vllm (or hf)")
+    if policy.num_workers > 1:
+        out.append(f"{key}: samples in this process from a policy in one process; with policy.num_workers="
+                   f"{policy.num_workers} the model is split over Ray workers (tensor, pipeline or data parallel), "
+                   "which this engine does not drive yet. Fix: policy.num_workers=1, or generation.backend=vllm")
+    if grpo is not None and grpo.async_grpo.enabled:
+        out.append(f"{key}: async GRPO samples while the policy trains, and this engine samples from the very "
+                   "weights being trained. Fix: grpo.async_grpo.enabled=false, or generation.backend=vllm")
+    return out
 
 
 def _model_problems(policy: Any) -> list[str]:

@@ -31,9 +31,12 @@ class GenerationEngine:
     # can let go of its memory for a colocated policy: sleep where its platform can, else release its weights
     # (rlkit.weight_sync.handoff)
     hands_off_memory: bool
+    # samples from the policy's own model in this process (no copy of the weights: a refit is a version bump); the
+    # training backend must offer it (BackendSection.generates_on_own_weights)
+    on_policy_weights: bool = False
 
     def precision(self, vllm_cfg) -> str:
-        """The precision its weights are held in."""
+        """The precision its weights are held in (on the policy's own weights: the policy's)."""
         return vllm_cfg.precision if self.reads_vllm_cfg else "float32"
 
 
@@ -42,6 +45,9 @@ ENGINES = {e.name: e for e in (
                      cpu_head_dims_limited=True, hands_off_memory=True),
     GenerationEngine("hf", "transformers generate", reads_vllm_cfg=False, runs_separately=False, cpu_head_copies=0,
                      cpu_head_dims_limited=False, hands_off_memory=False),
+    GenerationEngine("megatron", "Megatron-Core, on the policy's own weights", reads_vllm_cfg=False,
+                     runs_separately=False, cpu_head_copies=0, cpu_head_dims_limited=False, hands_off_memory=False,
+                     on_policy_weights=True),
 )}
 
 

@@ -8,6 +8,7 @@ truncated and renormalised while the trainer's is not; the mismatch metric shows
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Iterable, Optional, Protocol, runtime_checkable
 
@@ -91,3 +92,17 @@ class KeepsItsMemory:
 
     def release_weights(self) -> int:
         return 0
+
+
+def request_seed(seed: int, prompt_index: int, n: int) -> int:
+    """The seed of prompt ``prompt_index``'s ``n``-sample request in a call seeded ``seed``.
+
+    Sample ``j`` of a request samples with ``seed + j`` (vLLM's children; the Megatron generator's likewise), so
+    requests seeded ``seed + i`` would share streams across prompts: sample (i, j) and sample (i + 1, j - 1) would draw the same random numbers. Each request
+    gets its own block of 2**16 seeds instead, placed by a hash of (call seed, prompt index): distinct streams
+    for every (prompt, sample), for every step, dynamic-sampling round and turn (their call seeds differ), and
+    reproducible from the call's seed. Two blocks coincide with probability ~2**-47 per pair of requests."""
+    if not 0 < n <= 1 << 16:
+        raise ValueError(f"n={n} samples per prompt: rlkit's seeds hold 1 to 65536")
+    digest = hashlib.blake2b(f"{seed}/{prompt_index}".encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "big") >> 17) << 16  # 47 hash bits, then room for the children: < 2**63

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import logging
 import os
 from pathlib import Path
@@ -48,7 +47,7 @@ import torch
 from rlkit.config.components import GenerationConfig
 from rlkit.config.engines import engine_handoff
 from rlkit.errors import defer_keyboard_interrupt
-from rlkit.generation.base import Generation, SamplingSettings
+from rlkit.generation.base import Generation, SamplingSettings, request_seed
 from rlkit.generation.vllm_cpu_kernels import (drop_unused_cpu_embedding_kernels, moe_layers_with_experts_in,
                                                prepack_cpu_moe_experts, reallocate_cpu_embeddings,
                                                redispatch_cpu_tied_layers, release_cpu_weights,
@@ -338,20 +337,6 @@ class VllmGenerator:
 
     def __repr__(self) -> str:
         return f"VllmGenerator({Path(self.model_path).name}, {self.precision}, max_model_len={self.max_model_len})"
-
-
-def request_seed(seed: int, prompt_index: int, n: int) -> int:
-    """The seed of prompt ``prompt_index``'s ``n``-sample request in a call seeded ``seed``.
-
-    vLLM samples child ``j`` of a request with ``seed + j``, so requests seeded ``seed + i`` would share
-    streams across prompts: sample (i, j) and sample (i + 1, j - 1) would draw the same random numbers. Each request
-    gets its own block of 2**16 seeds instead, placed by a hash of (call seed, prompt index): distinct streams
-    for every (prompt, sample), for every step, dynamic-sampling round and turn (their call seeds differ), and
-    reproducible from the call's seed. Two blocks coincide with probability ~2**-47 per pair of requests."""
-    if not 0 < n <= 1 << 16:
-        raise ValueError(f"n={n} samples per prompt: rlkit's seeds hold 1 to 65536")
-    digest = hashlib.blake2b(f"{seed}/{prompt_index}".encode(), digest_size=8).digest()
-    return (int.from_bytes(digest, "big") >> 17) << 16  # 47 hash bits, then room for the children: < 2**63
 
 
 def decode_completions(generation: Generation, tokenizer) -> Generation:

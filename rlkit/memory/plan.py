@@ -279,7 +279,8 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
                                     "(none: history.full_weight_snapshots=false, adapters off)")}
     engine_weights, kv = _engine_bytes(config, hf_config, shape, device)
     engine = p.generation.engine
-    reasons["engine weights"] = f"{engine.name} copy in {engine.precision(p.generation.vllm_cfg)}"
+    reasons["engine weights"] = ("none: it samples from the policy's own weights" if engine.on_policy_weights
+                                 else f"{engine.name} copy in {engine.precision(p.generation.vllm_cfg)}")
     handoff = engine_handoff(p.generation, config.generation_colocated, device.name == "cpu", device.name == "cuda")
     if engine_weights and handoff == "release_weights":  # the engine's side of the hand-off, as it decides it
         # only while training: the step's transients and the gradient buffers (freed at each refit)
@@ -375,7 +376,7 @@ def _engine_bytes(config: RunConfig, hf_config: Mapping[str, Any], shape: ModelS
                   device: Device) -> tuple[int, int]:
     """The generator's weights and KV cache on this device (a colocated engine; a separate one lives elsewhere)."""
     g = config.policy.generation
-    if not config.generation_colocated:
+    if not config.generation_colocated or g.engine.on_policy_weights:  # elsewhere, or the policy's own weights
         return 0, 0
     per_param = BYTES_PER_PARAMETER[g.engine.precision(g.vllm_cfg)]
     weights = shape.parameters * per_param

@@ -103,6 +103,12 @@ class ModelAdapter(Protocol):
         raise NotImplementedError(f"{type(self).__name__} cannot release its frozen base; "
                                   "policy.lora_cfg.release_base_while_generating is built for the megatron backend")
 
+    def own_generator(self, cfg, max_model_len: int, seed: int):
+        """A generator that samples from this model's own weights (an engine whose record in
+        :mod:`rlkit.config.engines` says ``on_policy_weights``); validation keeps other backends from asking."""
+        raise NotImplementedError(f"{type(self).__name__} has no generator on its own weights; "
+                                  "policy.generation.backend=megatron is built for the megatron backend")
+
     def close(self) -> None:
         """Release the model and this adapter's hold on the default process group (:mod:`rlkit.policy.process_group`)."""
         from rlkit.policy.process_group import release_process_group

@@ -25,8 +25,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from rlkit.config.components import OptimizerConfig, SchedulerConfig
+from rlkit.config.components import GenerationConfig, OptimizerConfig, SchedulerConfig
 from rlkit.errors import defer_keyboard_interrupt
+from rlkit.generation.base import Generator
 from rlkit.policy.adapter import ModelAdapter, Scores
 from rlkit.policy.base import LossFn, TokenLogprobs, TrainStepResult
 from rlkit.policy.optimizer import adamw
@@ -296,6 +297,11 @@ class InProcessPolicy:
 
     def export_adapter_tensors(self) -> Iterator[tuple[str, Tensor]]:
         return self.adapter.export_adapter_tensors()
+
+    def own_generator(self, cfg: GenerationConfig, max_model_len: int, seed: int) -> Generator:
+        """A generator on this policy's own weights (``policy.generation.backend: megatron``): refit is a version
+        bump (:class:`rlkit.weight_sync.SharedWeights`)."""
+        return self.adapter.own_generator(cfg, max_model_len, seed)
 
     def parallel_layout(self) -> dict[str, int | str | bool | None]:
         return self.adapter.parallel_layout()

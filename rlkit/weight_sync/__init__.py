@@ -4,7 +4,7 @@ from typing import Protocol, runtime_checkable
 
 from rlkit.generation.base import Generator
 from rlkit.weight_sync.broadcast import BroadcastReceiver, BroadcastWeightSync, RanksBroadcastWeightSync
-from rlkit.weight_sync.colocated import ColocatedWeightSync, RefitReport
+from rlkit.weight_sync.colocated import ColocatedWeightSync, RefitReport, SharedWeights
 from rlkit.weight_sync.handoff import Handoff, before_engine_starts
 from rlkit.weights import WeightSource
 
@@ -17,4 +17,4 @@ class WeightSync(Protocol):
 
 
 __all__ = ["BroadcastReceiver", "BroadcastWeightSync", "ColocatedWeightSync", "Handoff", "RanksBroadcastWeightSync",
-           "RefitReport", "WeightSync", "before_engine_starts"]
+           "RefitReport", "SharedWeights", "WeightSync", "before_engine_starts"]

@@ -77,3 +77,17 @@ class ColocatedWeightSync:
 
     def __repr__(self) -> str:
         return "ColocatedWeightSync(one streamed reload per refit)"
+
+
+class SharedWeights:
+    """``sync(policy, generator) -> RefitReport`` for a generator that samples from the policy's own model
+    (``policy.generation.backend: megatron``): nothing moves; the report says the generator holds the policy's
+    version now, which is what the staleness checks read."""
+
+    def sync(self, policy: WeightSource, generator: Generator) -> RefitReport:
+        generator.reset_prefix_cache()
+        return RefitReport(0.0, 0, 0, 0, policy.version)
+
+    def __repr__(self) -> str:
+        return "SharedWeights(the generator reads the policy's own weights: a refit moves nothing)"
+

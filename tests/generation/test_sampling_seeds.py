@@ -10,7 +10,8 @@ import pytest
 
 from rlkit.config.components import GenerationConfig
 from rlkit.generation.base import SamplingSettings
-from rlkit.generation.vllm import VllmGenerator, request_seed
+from rlkit.generation.base import request_seed
+from rlkit.generation.vllm import VllmGenerator
 from rlkit.run.sources import ROUND_SEED_STRIDE, step_seed
 from tests.helpers import arithmetic_prompts
 

@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import re
-from typing import Callable, Iterator, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -317,6 +317,38 @@ class MegatronAdapter(ModelAdapter):
         t = input_ids.shape[1]
         ids = torch.nn.functional.pad(input_ids, (0, self._padded_length(t) - t))
         return self._stage_forward(ids)[:, :t]
+
+    # ---- generation on these weights (rlkit.policy.megatron.generator) -------------------------------
+    def own_generator(self, cfg: Any, max_model_len: int, seed: int) -> Any:
+        """A generator that samples from this model itself (``policy.generation.backend: megatron``)."""
+        from rlkit.policy.megatron.generator import MegatronGenerator
+
+        return MegatronGenerator(self, cfg, max_model_len, seed)
+
+    def inference_context(self, batch_size: int, max_length: int) -> Any:
+        """Megatron-Core's static inference context: the KV cache of ``batch_size`` rows of up to ``max_length``
+        positions, filled by :meth:`inference_logits`."""
+        from megatron.core.inference.contexts import StaticInferenceContext
+
+        return StaticInferenceContext(batch_size, max_length)
+
+    def inference_logits(self, input_ids: Tensor, start: int, context: Any) -> Tensor:
+        """input_ids [b, t] at positions ``start .. start+t-1``, their keys and values appended to ``context``'s
+        cache -> the fp32 logits [b, V] of the last position (the whole vocabulary). Eval mode for the call, the
+        compute copy the passes use (bf16 under ``policy.precision=bfloat16``)."""
+        b, t = input_ids.shape
+        positions = torch.arange(start, start + t, device=self.device).unsqueeze(0).expand(b, t)
+        if start > 0:
+            context.enable_decode_mode()
+        training = self.model.training
+        self._forward_module.eval()
+        try:
+            out = self._forward_module(input_ids.to(self.device), positions, None, inference_context=context,
+                                       runtime_gather_output=True)
+        finally:
+            self._forward_module.train(training)
+        context.sequence_len_offset += t
+        return out[:, -1].float()
 
     def pack(self, input_ids: Tensor, attention_mask: Tensor) -> PackedRows:
         """Under sequence parallelism the packed sequence is split over the tensor-parallel ranks: its length is
