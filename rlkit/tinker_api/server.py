@@ -18,6 +18,7 @@ from typing import Any, Optional
 from rlkit.tinker_api.backend import TinkerBackend
 from rlkit.tinker_api.futures import FutureStore
 from rlkit.tinker_api.service import ClientSessions, build_app, new_api_key
+from rlkit.tinker_api.wire import check_schema
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -30,6 +31,7 @@ class TinkerService:
     """
 
     def __init__(self, session: Any, host: str = "127.0.0.1", port: int = 0, api_key: Optional[str] = None):
+        check_schema()
         if host not in LOOPBACK:
             warnings.warn(f"rlkit's Tinker service will listen on {host}, beyond this machine: anyone who can reach "
                           "it and has the API key can train and sample the session (plain HTTP)", stacklevel=2)

@@ -22,9 +22,17 @@ PROTOBUF = "application/x-protobuf"
 
 
 def _pb():
-    from tinker.proto import tinker_public_pb2  # the schema ships with the SDK (an extra of rlkit's)
-
+    try:
+        from tinker.proto import tinker_public_pb2  # the schema ships with the SDK
+    except ImportError as e:
+        raise ImportError("rlkit's Tinker service reads the tinker SDK's protobuf schema: pip install tinker==0.38.0 "
+                          "(pinned in requirements/cpu-lock.txt)") from e
     return tinker_public_pb2
+
+
+def check_schema() -> None:
+    """Raise the ImportError that says what to install, before a service starts without the schema."""
+    _pb()
 
 
 _NUMPY = {1: np.float32, 2: np.int64, 3: np.int32}  # DType: FLOAT32, INT64, INT32

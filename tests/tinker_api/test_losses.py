@@ -52,10 +52,13 @@ def test_a_mixed_batch_sums_each_rows_own_loss():
                   advantages=np.ones(3, dtype=np.float32))
     from rlkit.trajectories import Trajectories
     both = Trajectories.concat([ce, rl])
-    lp = -torch.rand(2, 4) * both.attention_mask
+    lp = -torch.rand(2, 4, generator=torch.Generator().manual_seed(0)) * both.attention_mask
     loss, metrics = TinkerLoss()(lp, both, None)
     alone = elementwise_loss(lp[:1, :3], ce).sum() + elementwise_loss(lp[1:], rl).sum()
-    assert loss.item() == pytest.approx(alone.item(), rel=1e-6) and metrics["loss"].item() == loss.item()
+    assert loss.item() == pytest.approx(alone.item(), abs=1e-6) and metrics["loss"].item() == loss.item()
+    # by hand: the first row's cross-entropy, the second row's ratios exp(lp - 0) times advantage 1
+    by_hand = -lp[0, 1:3].sum() - torch.exp(lp[1, 1:4]).sum()
+    assert loss.item() == pytest.approx(by_hand.item(), abs=1e-6)
 
 
 def test_datums_rlkit_cannot_score_are_refused_with_the_fix():
