@@ -4,7 +4,7 @@ vLLM is not installed.
 Logprobs come from the processed scores (after temperature and top-k/top-p), the same convention as the
 vLLM generator's ``processed_logprobs``. Prompts are left-padded for batching; completions stop at any EOS
 id (the list in ``generation_config.json``, as vLLM reads it, plus the tokenizer's) or a stop string.
-Slower than vLLM at scale, fine for tiny models.
+Slower than vLLM at scale, fine for tiny models. On the GPU where there is one (fp32), else on the CPU.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ class HFGenerator(KeepsItsMemory):
         self.cfg = cfg
         self.model_path = str(model_path)
         self.max_model_len = max_model_len
-        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).eval()
+        self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32).eval().to(self.device)
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.seed = seed
         listed = self.model.generation_config.eos_token_id
@@ -44,8 +45,8 @@ class HFGenerator(KeepsItsMemory):
         with torch.random.fork_rng():
             torch.manual_seed(self.seed if sampling.seed is None else sampling.seed)
             out = self.model.generate(
-                input_ids=ids,
-                attention_mask=mask,
+                input_ids=ids.to(self.device),
+                attention_mask=mask.to(self.device),
                 do_sample=sampling.temperature > 0,
                 temperature=sampling.temperature if sampling.temperature > 0 else None,
                 top_p=sampling.top_p if sampling.temperature > 0 else None,
@@ -68,7 +69,7 @@ class HFGenerator(KeepsItsMemory):
             stopped = (length > 0 and seq[length - 1] in eos) or any(s in text for s in sampling.stop_strings)
             for s in sampling.stop_strings:
                 text = text.split(s)[0]
-            samples.append((seq[:length], token_lp[i, :length].tolist(), text, "stop" if stopped else "length"))
+            samples.append((seq[:length], token_lp[i, :length].cpu().tolist(), text, "stop" if stopped else "length"))
         return Generation.from_samples(prompt_token_ids, samples, n)
 
     @torch.no_grad()

@@ -52,7 +52,7 @@ class MegatronGenerator(KeepsItsMemory):
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingSettings) -> Generation:
         rows = [list(p) for p in prompt_token_ids for _ in range(n)]
         seed = self.seed if sampling.seed is None else sampling.seed
-        streams = [torch.Generator().manual_seed(request_seed(seed, i, n) + j)
+        streams = [torch.Generator(device=self.model.device).manual_seed(request_seed(seed, i, n) + j)
                    for i in range(len(prompt_token_ids)) for j in range(n)]
         lengths = [len(r) for r in rows]
         total = min(max(lengths) + sampling.max_new_tokens, self.max_model_len)
