@@ -77,7 +77,8 @@ class TinkerBackend:
         name = self.base_model
         return sorted({name, str(Path(name).resolve())})
 
-    def create_model(self, base_model: str, lora: Optional[Mapping[str, Any]], optimizer: Mapping[str, Any]) -> dict:
+    def create_model(self, base_model: str, lora: Optional[Mapping[str, Any]], optimizer: Mapping[str, Any],
+                     model_id: Optional[str] = None) -> dict:
         config = self.session.config.policy
         if str(Path(base_model).resolve()) != str(Path(self.base_model).resolve()):
             raise TinkerRequestError(
@@ -99,7 +100,7 @@ class TinkerBackend:
             self.previous_loss = self.session.loss_fn
         self.session.loss_fn = TinkerLoss()
         self.models_made += 1
-        self.model_id = f"rlkit-model-{self.models_made}"
+        self.model_id = model_id or f"rlkit-model-{self.models_made}"
         self.lora_rank = lora["rank"] if lora is not None else None
         self.pending.clear()
         return {"model_id": self.model_id, "type": "create_model"}
@@ -157,6 +158,47 @@ class TinkerBackend:
         return {"type": "optim_step", "metrics": {"loss:sum": float(metrics.values["train/loss"]),
                                                   "learning_rate:mean": lr,
                                                   "grad_norm:mean": float(metrics.values["train/grad_norm"])}}
+
+    # ---- checkpoints: save_state / load_state as the Session's own checkpoints ----------------------------
+    def checkpoint_folder(self, name: str) -> Path:
+        """Where ``save_state(name)`` writes: ``<logger.log_dir>/tinker_checkpoints/<name>``."""
+        if not name or "/" in name or name in (".", ".."):
+            raise TinkerRequestError(f"checkpoint name {name!r}: a plain name, no slashes")
+        return Path(self.session.config.logger.log_dir) / "tinker_checkpoints" / name
+
+    def save_state(self, model_id: str, name: Optional[str], overwrite: bool) -> dict:
+        """``session.save(folder)``: weights, optimizer, schedule, run state and RNG, as any rlkit checkpoint."""
+        self.check_model(model_id)
+        name = name or f"step-{self.session.policy.version}"
+        folder = self.checkpoint_folder(name)
+        if folder.exists() and not overwrite:
+            raise TinkerRequestError(f"checkpoint {name!r} exists ({folder}); save_state with another name")
+        self.session.save(folder)
+        return {"type": "save_weights", "path": f"tinker://{model_id}/weights/{name}"}
+
+    def load_state(self, request: Mapping[str, Any]) -> dict:
+        """``session.restore(folder)`` (weights, optimizer, run state; the generator refit); without ``optimizer`` a
+        fresh AdamW after it, as Tinker's weights-only load leaves. A request without a ``model_id`` is
+        ``ServiceClient.create_training_client_from_state``: a new model (the session's, its LoRA rank) first, under
+        the id the SDK composes (``<session_id>:train:<model_seq_id>``)."""
+        path, optimizer = request["path"], bool(request.get("optimizer"))
+        name = path.rstrip("/").rsplit("/weights/", 1)[-1] if path.startswith("tinker://") else None
+        folder = self.checkpoint_folder(name) if name else None
+        if folder is None or not folder.is_dir():
+            raise TinkerRequestError(f"unknown checkpoint {path!r}: load_state takes a path save_state returned on this "
+                                     "service (tinker://MODEL/weights/NAME)")
+        model_id = request.get("model_id")
+        if model_id is None:
+            lora = self.session.config.policy.lora_cfg
+            model_id = f"{request['session_id']}:train:{request['model_seq_id']}"
+            self.create_model(request.get("base_model") or self.base_model, {"rank": lora.dim} if lora.enabled else None,
+                              request.get("optimizer_config") or {}, model_id=model_id)
+        self.check_model(model_id)
+        self.session.restore(folder)
+        if not optimizer:
+            self.session.current.new_optimizer()
+        self.pending.clear()
+        return {"type": "load_weights", "path": path, "model_id": model_id}
 
     # ---- sampling -----------------------------------------------------------------------------------------
     def save_for_sampler(self, model_id: str, path: Optional[str], seq_id: Optional[int]) -> dict:

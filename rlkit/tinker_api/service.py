@@ -11,7 +11,7 @@ One client session at a time: ``create_session`` while another session is alive 
 
 Errors: a route the service does not implement answers 501 naming it, with ``x-should-retry: false`` so the SDK
 raises at once instead of retrying; the training routes the SDK sends through its own five-minute retry loop
-(``save_weights``, ``load_weights``, ``save_weights_external``, ``create_custom_loss``) answer instead with a
+(``save_weights_external``, ``create_custom_loss``) answer instead with a
 future that fails with the same message, which the SDK raises as ``RequestFailedError`` on ``.result()``. A request
 the service refuses (an unknown loss, a datum it cannot convert, a model it does not serve) fails its future with
 the reason and the fix.
@@ -32,7 +32,7 @@ from rlkit.tinker_api.wire import PROTOBUF, decode_forward_backward
 SESSION_TIMEOUT_S = 60.0  # the SDK heartbeats every 10 s
 NOT_RETRYABLE = {"x-should-retry": "false"}
 # routes the SDK wraps in its own retry loop: refused as failed futures (a 501 would be retried for minutes)
-FUTURE_ROUTES_REFUSED = ("save_weights", "load_weights", "save_weights_external", "create_custom_loss")
+FUTURE_ROUTES_REFUSED = ("save_weights_external", "create_custom_loss")
 CLIENT_CONFIG = {"pjwt_auth_enabled": False, "use_pyqwest_transport": False, "proto_compress_fwdbwd": False,
                  "parallel_fwdbwd_chunks": False, "sample_use_retrieve_futures": False,
                  "custom_loss_server_side": False, "sample_join_sampling_session": False}
@@ -194,6 +194,17 @@ def build_app(backend: TinkerBackend, api_key: str, futures: FutureStore, sessio
         body = await request.json()
         return future(lambda: backend.save_for_sampler(body["model_id"], body.get("path"), body.get("seq_id")),
                       "save_weights_for_sampler")
+
+    @app.post("/api/v1/save_weights")
+    async def save_weights(request: Request):
+        body = await request.json()
+        return future(lambda: backend.save_state(body["model_id"], body.get("path"), bool(body.get("overwrite"))),
+                      "save_state")
+
+    @app.post("/api/v1/load_weights")
+    async def load_weights(request: Request):
+        body = await request.json()
+        return future(lambda: backend.load_state(body), "load_state")
 
     for route in FUTURE_ROUTES_REFUSED:
         def refused(route: str = route):

@@ -249,6 +249,31 @@ def test_the_sampler_samples_the_saved_weights(served):
     assert torch.allclose(torch.tensor(logprobs[1:]), expected, atol=1e-5, rtol=0)
 
 
+def test_save_state_and_load_state_are_the_sessions_checkpoints(served):
+    session, _, client, folder, tmp = served
+    training = client.create_lora_training_client(base_model=str(folder), rank=RANK).result()
+    training.forward_backward(datums("cross_entropy"), "cross_entropy")
+    training.optim_step(ADAM).result()
+    saved, version = trainable(session), session.policy.version
+    path = training.save_state("first").result().path
+    assert path.endswith("/weights/first") and (tmp / "runs" / "tinker_checkpoints" / "first").is_dir()
+    with pytest.raises(tinker.RequestFailedError, match="exists"):
+        training.save_state("first").result(timeout=30)
+    training.forward_backward(datums("cross_entropy"), "cross_entropy")
+    training.optim_step(ADAM).result()
+    assert not all(torch.equal(p, saved[n]) for n, p in trainable(session).items())
+    restored = client.create_training_client_from_state_with_optimizer(path).result()
+    assert all(torch.equal(p, saved[n]) for n, p in trainable(session).items())
+    assert session.policy.version == version and not session.stale  # the generator was refit
+    assert session.policy.optimizer.state  # Adam's moments came back with the weights
+    restored.forward_backward(datums("cross_entropy"), "cross_entropy").result()  # the new client trains
+    client.create_training_client_from_state(path).result()  # weights only: a fresh optimizer
+    assert all(torch.equal(p, saved[n]) for n, p in trainable(session).items())
+    assert not session.policy.optimizer.state
+    with pytest.raises(tinker.RequestFailedError, match="unknown checkpoint"):
+        client.create_training_client_from_state("tinker://elsewhere/weights/missing").result(timeout=30)
+
+
 def test_routes_not_served_answer_501_naming_them(served):
     session, service, client, folder, _ = served
     key = {"X-API-Key": service.api_key}
@@ -261,8 +286,8 @@ def test_routes_not_served_answer_501_naming_them(served):
                        headers={"X-API-Key": "tml-wrong"})
     assert wrong.status_code == 401
     training = client.create_lora_training_client(base_model=str(folder), rank=RANK).result()
-    with pytest.raises(tinker.RequestFailedError, match="/api/v1/save_weights is not implemented"):
-        training.save_state("checkpoint").result(timeout=30)
+    with pytest.raises(tinker.RequestFailedError, match="/api/v1/save_weights_external is not implemented"):
+        training.save_weights_external("elsewhere").result(timeout=30)
 
 
 def test_a_wrong_model_or_rank_is_refused_with_the_fix(served):
