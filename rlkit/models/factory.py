@@ -2,7 +2,9 @@
 
 No model hub is reachable from our machines, so rlkit makes its own models: random-init decoders of every
 family the policy supports (Llama, Llama 3.x with its RoPE scaling, Qwen2 with QKV bias, Qwen3 with q/k norms,
-Mistral, Phi-3 with fused projections and Phi-4-mini's partial RoPE, SmolLM3 with layers without RoPE, and the Mixture-of-Experts families Mixtral, Qwen2-MoE with its gated shared expert, Qwen3-MoE), saved the
+Mistral, Phi-3 with fused projections and Phi-4-mini's partial RoPE, SmolLM3 with layers without RoPE, OLMo 2 with
+its norms after attention and MLP, and the Mixture-of-Experts families Mixtral, Qwen2-MoE with its gated shared
+expert, Qwen3-MoE), saved the
 way transformers saves a real checkpoint, with the character tokenizer of :mod:`rlkit.models.tokenizer`. A folder holds
 ``config.json``, ``model.safetensors`` and the tokenizer files with a chat template.
 
@@ -111,6 +113,8 @@ def hf_config(spec: TinyModelSpec, family: ModelFamily):
         return config_class(**common)
     if family == "smollm3":  # NoPE every 4th layer, as SmolLM3-3B; every 2nd in a 2- or 3-layer preset, so it has one
         return config_class(**common, use_sliding_window=False, no_rope_layer_interval=min(4, spec.num_hidden_layers))
+    if family == "olmo2":
+        return config_class(**common, attention_bias=False)
     if family == "mistral":  # no window, as Mistral 7B v0.2+ (MistralConfig's default is 4096)
         return config_class(**common, sliding_window=None)
     return config_class(**common, use_sliding_window=False)

@@ -48,6 +48,7 @@ class Architecture:
     rope_scaling_factor: float | None = None  # Llama 3.x: the factor of its "llama3" frequency scaling
     rotary_percent: float = 1.0  # the share of each head's dims RoPE turns (Phi-4-mini: 0.75, partial_rotary_factor)
     fused_projections: bool = False  # Phi-3: the checkpoint stores qkv_proj and gate_up_proj fused
+    post_norms: bool = False  # OLMo 2: norms after attention and the MLP (none before); q/k norms over the projection
     no_rope_layers: tuple[int, ...] | None = None  # SmolLM3: 1 for each layer without RoPE (Megatron's no_rope_freq)
 
     @classmethod
@@ -78,6 +79,7 @@ class Architecture:
             rope_scaling_factor=_llama3_rope_factor(rope),
             rotary_percent=float(rope.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))),
             fused_projections=family.fused_projections,
+            post_norms=family.post_norms,
             no_rope_layers=_no_rope_layers(cfg),
         )
 

@@ -1,7 +1,8 @@
 """The model families added for real checkpoints: Llama 3.x (llama3 RoPE scaling), Qwen3 (q/k norms), Qwen3-MoE
 and Qwen2-MoE (Qwen expert names, unrenormalised top-k, the gated shared expert), Mistral (Llama's layout; its
 ``sliding_window`` accepted where it never binds), Phi-3 (fused ``qkv_proj`` and ``gate_up_proj`` in the checkpoint;
-the preset has Phi-4-mini's partial RoPE), SmolLM3 (no RoPE in every 4th layer; every 2nd in the 2-layer preset).
+the preset has Phi-4-mini's partial RoPE), SmolLM3 (no RoPE in every 4th layer; every 2nd in the 2-layer preset), OLMo 2 (norms after attention and the MLP,
+q/k norms over the whole projection).
 
 Per family, against independent references (fp32): HF -> Megatron logits vs transformers' own model (max abs
 within 1e-5 of the logits' scale, :func:`rlkit.models.compare.logits_agreement`; on these tiny models that is
@@ -29,7 +30,7 @@ from tests.helpers import arithmetic_prompts, generator_policy_mismatch, pg_toke
 
 TOL = 1e-4  # the old absolute bound: the relative one must be at most this here, and the controls miss by 100x it
 FAMILIES = [("llama3", "nano"), ("qwen3", "nano"), ("qwen3-moe", "nano-moe"), ("qwen2-moe", "nano-moe"),
-            ("mistral", "nano"), ("phi3", "nano"), ("smollm3", "nano")]
+            ("mistral", "nano"), ("phi3", "nano"), ("smollm3", "nano"), ("olmo2", "nano")]
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +116,7 @@ def sharp_attention_copy(path, tmp_path, scale=6.0):
 
 @pytest.mark.parametrize("control", ["rope_scaling_ignored", "qk_norms_swapped", "shared_expert_gate_dropped",
                                      "topk_renormalised", "partial_rope_ignored", "fused_qkv_read_per_group",
-                                     "nope_layers_rotated"])
+                                     "nope_layers_rotated", "olmo2_qk_norm_per_head", "olmo2_post_norms_dropped"])
 def test_each_knob_has_a_negative_control(folder, monkeypatch, tmp_path, control):
     if control == "rope_scaling_ignored":
         path = sharp_attention_copy(folder("llama3", "nano"), tmp_path)
@@ -141,6 +142,19 @@ def test_each_knob_has_a_negative_control(folder, monkeypatch, tmp_path, control
         real_config = megatron_policy.transformer_config
         monkeypatch.setattr(megatron_policy, "transformer_config",
                             lambda arch, *a, **k: real_config(dataclasses.replace(arch, no_rope_layers=None), *a, **k))
+    elif control.startswith("olmo2"):  # Qwen3's per-head q/k norm in OLMo 2's place; its branch norms left out
+        from rlkit.policy.megatron import post_norm
+
+        path = folder("olmo2", "nano")
+        if control == "olmo2_qk_norm_per_head":
+            def per_head(self, x):
+                normed = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+                return self.weight.view(x.shape[-2], x.shape[-1]) * normed
+
+            monkeypatch.setattr(post_norm.ProjectionRMSNorm, "forward", per_head)
+        else:
+            monkeypatch.setattr(post_norm.PostNormRowParallelLinear, "forward",
+                                lambda self, x: post_norm.RowParallelLinear.forward(self, x))
     elif control == "fused_qkv_read_per_group":  # Phi-3's [Q; K; V] read as if it were Megatron's per-group fuse
         path = folder("phi3", "nano", num_key_value_heads=2)
         from rlkit.policy.megatron import convert
@@ -199,34 +213,6 @@ def test_unsupported_rope_scalings_are_refused_with_the_reason():
         assert architecture.Architecture.from_hf_config(dict(mistral, sliding_window=window)).family == "mistral"
 
 
-@pytest.mark.parametrize("family,preset,tied", [(f, p, False) for f, p in FAMILIES] + [("qwen3", "nano", True)])
-def test_vllm_agrees_with_the_policy_after_a_step_and_refit(folder, family, preset, tied):
-    from rlkit.generation.vllm import VllmGenerator
-    from rlkit.weight_sync import ColocatedWeightSync
-
-    path = folder(family, preset, **({"tie_word_embeddings": True} if tied else {}))
-    texts, ids = arithmetic_prompts()
-    policy = in_process_policy(PolicyConfig(model_name=str(path), optimizer=OptimizerConfig(lr=1e-2)))
-    generator = VllmGenerator(path, GenerationConfig(), max_model_len=128, seed=0)
-    try:
-        def mismatch(seed):
-            return generator_policy_mismatch(generator, policy, texts, ids, seed)
-
-        diff, batch = mismatch(1)
-        assert diff.max() < 1e-3 and diff.mean() < 1e-4 and batch.loss_mask.sum() > 100
-        adv = torch.randn(batch.batch_size, 1, generator=torch.Generator().manual_seed(0)) * batch.loss_mask
-        policy.train_step(batch.with_(advantages=adv), pg_token_mean_loss)
-        assert mismatch(2)[0].max() > 1e-2  # the generator still holds the old weights
-        ColocatedWeightSync().sync(policy, generator)
-        diff, _ = mismatch(3)
-        assert diff.max() < 1e-3 and diff.mean() < 1e-4
-    finally:
-        generator.close()
-        policy.close()
-
-
-
-
 # A two-rank Ray group per family takes ~2 min on 2 cores: the default suite keeps Qwen3 (its q/k norms' gradients
 # summed over TP are what no other layout test covers); Llama 3 (TP=2 as test_parallel.py's Llama) and the MoE
 # families (EP=2 as test_parallel.py's Mixtral) run in the slow target (`make test-slow`).
@@ -265,15 +251,45 @@ def test_one_parallel_layout_matches_one_process(folder, ray_cluster, family, pr
         weights = group.hf_state_dict()
         assert max((weights[k] - after[k]).abs().max().item() for k in after) < 1e-5
         assert max((after[k] - before[k]).abs().max().item() for k in after) > 5e-4  # moved by ~lr, 50x the bound
-        if family.startswith("qwen3"):  # the q/k norms moved too, and equally in both
+        if family.startswith("qwen3") or family == "olmo2":  # the q/k norms moved too, and equally in both
             norm = "model.layers.0.self_attn.q_norm.weight"
             assert (after[norm] - before[norm]).abs().max() > 1e-5
     finally:
         group.close()
 
 
-def test_adapters_on_fused_projections_are_refused_with_the_reason(folder):
+@pytest.mark.parametrize("family,reason", [("phi3", "fused qkv_proj / gate_up_proj"), ("olmo2", "norms after attention")])
+def test_adapters_where_not_built_are_refused_with_the_reason(folder, family, reason):
     from rlkit.config.components import LoraConfig
 
-    with pytest.raises(ModelError, match="fused qkv_proj / gate_up_proj"):
-        in_process_policy(PolicyConfig(model_name=str(folder("phi3", "nano")), lora_cfg=LoraConfig(enabled=True)))
+    with pytest.raises(ModelError, match=reason):
+        in_process_policy(PolicyConfig(model_name=str(folder(family, "nano")), lora_cfg=LoraConfig(enabled=True)))
+
+
+# Last in this file: vLLM runs SmolLM3 and OLMo 2 through its Transformers backend, which rewraps transformers' own
+# model class of the architecture for the whole process when it loads one, so transformers cannot build that model in
+# this process afterwards (the tests above make folders and build transformers' models).
+@pytest.mark.parametrize("family,preset,tied", [(f, p, False) for f, p in FAMILIES] + [("qwen3", "nano", True)])
+def test_vllm_agrees_with_the_policy_after_a_step_and_refit(folder, family, preset, tied):
+    from rlkit.generation.vllm import VllmGenerator
+    from rlkit.weight_sync import ColocatedWeightSync
+
+    path = folder(family, preset, **({"tie_word_embeddings": True} if tied else {}))
+    texts, ids = arithmetic_prompts()
+    policy = in_process_policy(PolicyConfig(model_name=str(path), optimizer=OptimizerConfig(lr=1e-2)))
+    generator = VllmGenerator(path, GenerationConfig(), max_model_len=128, seed=0)
+    try:
+        def mismatch(seed):
+            return generator_policy_mismatch(generator, policy, texts, ids, seed)
+
+        diff, batch = mismatch(1)
+        assert diff.max() < 1e-3 and diff.mean() < 1e-4 and batch.loss_mask.sum() > 100
+        adv = torch.randn(batch.batch_size, 1, generator=torch.Generator().manual_seed(0)) * batch.loss_mask
+        policy.train_step(batch.with_(advantages=adv), pg_token_mean_loss)
+        assert mismatch(2)[0].max() > 1e-2  # the generator still holds the old weights
+        ColocatedWeightSync().sync(policy, generator)
+        diff, _ = mismatch(3)
+        assert diff.max() < 1e-3 and diff.mean() < 1e-4
+    finally:
+        generator.close()
+        policy.close()

@@ -5,7 +5,8 @@ option: RMSNorm with ``layernorm_epsilon = rms_norm_eps``; SwiGLU (``gated_linea
 ``rotary_base = rope_theta`` and no permutation of the HF weights; Llama 3.x's ``rope_type: llama3``
 frequency scaling with ``rope_scaling`` / ``rope_scaling_factor``; partial RoPE (Phi-4-mini's
 ``partial_rotary_factor``: the first dims of each head turn, as in HF) with ``rotary_percent``; SmolLM3's layers
-without RoPE (``no_rope_layers``) with ``no_rope_freq``; GQA with
+without RoPE (``no_rope_layers``) with ``no_rope_freq``; OLMo 2's norms after attention and the MLP and its q/k
+norms over the whole projection with the layer spec of :mod:`.post_norm`; GQA with
 ``num_query_groups = num_key_value_heads`` and ``kv_channels = head_dim`` (Qwen3's head_dim is its own
 setting, not hidden / heads); Qwen3's per-head q/k RMSNorm with ``qk_layernorm``; no linear biases except
 the QKV bias of Qwen2; tied or untied output layer.
@@ -104,7 +105,7 @@ class HeadRMSNorm(torch.nn.RMSNorm):
         super().__init__(hidden_size, eps=eps)
 
 
-def block_spec(config, num_experts: int = 0):
+def block_spec(config, num_experts: int = 0, post_norms: bool = False):
     """The local (non-Transformer-Engine) layer spec, dense or MoE, with :class:`RMSNorm` for every norm and
     the core attention of :func:`rlkit.policy.megatron.attention.core_attention`, for the layers this
     pipeline stage builds."""
@@ -121,6 +122,10 @@ def block_spec(config, num_experts: int = 0):
         attention.submodules, core_attention=core_attention(), **norms))
     layer = dataclasses.replace(layer, submodules=dataclasses.replace(
         layer.submodules, input_layernorm=RMSNorm, pre_mlp_layernorm=RMSNorm, self_attention=attention))
+    if post_norms:  # OLMo 2's block
+        from rlkit.policy.megatron.post_norm import post_norm_layer
+
+        layer = post_norm_layer(layer, config)
     return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=RMSNorm)
 
 
@@ -174,7 +179,7 @@ def build_gpt_model(arch: Architecture, config, num_experts: int = 0):
     with cuda_literals_on_cpu():  # a tied embedding's copy on the last pipeline stage is moved with .cuda()
         model = GPTModel(
             config=config,
-            transformer_layer_spec=block_spec(config, num_experts),
+            transformer_layer_spec=block_spec(config, num_experts, arch.post_norms),
             vocab_size=arch.vocab_size,
             max_sequence_length=arch.max_position_embeddings,
             pre_process=parallel_state.is_pipeline_first_stage(),

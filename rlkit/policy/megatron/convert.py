@@ -10,13 +10,15 @@ embedding.word_embeddings.weight   [V, H]      model.embed_tokens.weight
 decoder.layers.i.input_layernorm.weight        model.layers.i.input_layernorm.weight
 decoder.layers.i.self_attention.linear_qkv     q/k/v_proj fused per KV group: [q_g; k_g; v_g] for g = 0..G-1
 decoder.layers.i.self_attention.linear_proj    model.layers.i.self_attn.o_proj.weight
-...self_attention.q_layernorm / k_layernorm    self_attn.q_norm / k_norm  [head_dim] (Qwen3)
+...self_attention.q_layernorm / k_layernorm    self_attn.q_norm / k_norm  [head_dim] (Qwen3), [heads*head_dim] (OLMo 2)
 decoder.layers.i.pre_mlp_layernorm.weight      model.layers.i.post_attention_layernorm.weight
 decoder.layers.i.mlp.linear_fc1.weight         [gate_proj; up_proj]
 decoder.layers.i.mlp.linear_fc2.weight         model.layers.i.mlp.down_proj.weight
 decoder.final_layernorm.weight                 model.norm.weight
 output_layer.weight                            lm_head.weight (absent when embeddings are tied)
 =============================================  ================================================================
+
+OLMo 2's norms sit after attention and the MLP instead (see :func:`_norm_names` and :mod:`.post_norm`).
 
 Tensor parallelism: vocabulary, QKV (whole KV groups) and fc1 shard along dim 0, linear_proj and fc2
 along dim 1, norms are replicated. fc1 is special: each rank holds ``[gate shard; up shard]``, so gate and
@@ -59,11 +61,11 @@ def attention_to_megatron(hf: Mapping[str, Tensor], i: int, arch: Architecture) 
     """Full Megatron tensors of decoder layer ``i``'s norms and attention (everything but the MLP)."""
     h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
     out = {
-        m + "input_layernorm.weight": hf[h + "input_layernorm.weight"],
         m + "self_attention.linear_qkv.weight": fuse_qkv(*(hf[h + f"self_attn.{x}_proj.weight"] for x in "qkv"), arch),
         m + "self_attention.linear_proj.weight": hf[h + "self_attn.o_proj.weight"],
-        m + "pre_mlp_layernorm.weight": hf[h + "post_attention_layernorm.weight"],
     }
+    for hf_norm, mc_norm in _norm_names(arch):
+        out[m + mc_norm] = hf[h + hf_norm]
     if arch.qkv_bias:
         out[m + "self_attention.linear_qkv.bias"] = fuse_qkv(*(hf[h + f"self_attn.{x}_proj.bias"] for x in "qkv"), arch)
     for x in "qk" if arch.qk_layernorm else "":
@@ -76,11 +78,10 @@ def attention_to_hf(mc: Mapping[str, Tensor], i: int, arch: Architecture) -> HFG
     h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
     qkv = split_qkv(mc[m + "self_attention.linear_qkv.weight"], arch)
     out = [
-        (h + "input_layernorm.weight", mc[m + "input_layernorm.weight"]),
         *((h + f"self_attn.{x}_proj.weight", t) for x, t in zip("qkv", qkv)),
         (h + "self_attn.o_proj.weight", mc[m + "self_attention.linear_proj.weight"]),
-        (h + "post_attention_layernorm.weight", mc[m + "pre_mlp_layernorm.weight"]),
     ]
+    out += [(h + hf_norm, mc[m + mc_norm]) for hf_norm, mc_norm in _norm_names(arch)]
     if arch.qkv_bias:
         qkv_bias = split_qkv(mc[m + "self_attention.linear_qkv.bias"], arch)
         out += [(h + f"self_attn.{x}_proj.bias", t) for x, t in zip("qkv", qkv_bias)]
@@ -89,10 +90,20 @@ def attention_to_hf(mc: Mapping[str, Tensor], i: int, arch: Architecture) -> HFG
     return out
 
 
+def _norm_names(arch: Architecture) -> list[tuple[str, str]]:
+    """A layer's block norms outside attention and MLP as (HF, Megatron) names: the pre-norms of Llama's block, or
+    OLMo 2's norms after attention and after the MLP, which :mod:`.post_norm` carries on the branches' last linears."""
+    if arch.post_norms:
+        return [("post_attention_layernorm.weight", "self_attention.linear_proj.post_norm.weight"),
+                ("post_feedforward_layernorm.weight", "mlp.linear_fc2.post_norm.weight")]
+    return [("input_layernorm.weight", "input_layernorm.weight"),
+            ("post_attention_layernorm.weight", "pre_mlp_layernorm.weight")]
+
+
 def attention_param_names(i: int, arch: Architecture) -> list[str]:
     m = f"decoder.layers.{i}."
-    names = [m + s for s in ("input_layernorm.weight", "self_attention.linear_qkv.weight",
-                             "self_attention.linear_proj.weight", "pre_mlp_layernorm.weight")]
+    names = [m + s for s in ("self_attention.linear_qkv.weight", "self_attention.linear_proj.weight")]
+    names += [m + mc_norm for _, mc_norm in _norm_names(arch)]
     if arch.qkv_bias:
         names.append(m + "self_attention.linear_qkv.bias")
     if arch.qk_layernorm:
