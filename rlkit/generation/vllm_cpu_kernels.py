@@ -14,12 +14,17 @@ from typing import Iterable
 
 import torch
 
-_EXPERT_WEIGHT = re.compile(r"\.layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.")
+from rlkit.models.families import FAMILIES
+
+# where each MoE family keeps its experts (rlkit.models.families), so a new family's row is all this needs
+_EXPERT_WEIGHT = re.compile(r"\.layers\.(\d+)\.(?:%s)experts\."
+                            % "|".join(sorted({re.escape(f.expert_prefix) for f in FAMILIES if f.moe})))
 _LAYER = re.compile(r"\.layers\.(\d+)\.")
 
 
 def moe_layers_with_experts_in(names: Iterable[str]) -> list[int]:
-    """Indices of the decoder layers whose expert weights (HF Mixtral or Qwen-MoE names) are in ``names``."""
+    """Indices of the decoder layers whose expert weights (HF names, under an MoE family's ``expert_prefix``) are in
+    ``names``."""
     return sorted({int(m.group(1)) for name in names if (m := _EXPERT_WEIGHT.search(name))})
 
 
