@@ -41,9 +41,15 @@ def test_samples_logprobs_are_the_trainers_before_and_after_an_update(session):
     mask = batch.loss_mask
     assert (batch.generator_logprobs - batch.prev_logprobs)[mask].abs().max() < TOL
     assert "stop" in batch.finish_reasons  # (after SFT) samples end at EOS as well as at max_new_tokens
+    prompts = [list(r) for r in batch.input_ids[::4, :6].tolist()]
+    fixed = SamplingSettings(temperature=1.0, max_new_tokens=6, seed=11)
+    before, version = generator.generate(prompts, 2, fixed), session.current.policy.version
     session.train(session.advantages(batch))
-    report = session.refit()
-    assert report.bytes_moved == 0 and report.policy_version == session.current.policy.version
+    report = session.refit()  # nothing copied: the generator reads the weights the step just changed
+    assert report.bytes_moved == 0 and report.num_tensors == 0
+    assert report.policy_version == session.current.policy.version == version + 1
+    after_update = generator.generate(prompts, 2, fixed)
+    assert after_update.logprobs != before.logprobs  # the same seed and prompts: the new weights' numbers
     after = session.logprobs(session.rollout())
     assert after.policy_version == report.policy_version
     assert (after.generator_logprobs - after.prev_logprobs)[after.loss_mask].abs().max() < TOL

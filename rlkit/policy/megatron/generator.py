@@ -69,10 +69,11 @@ class MegatronGenerator(KeepsItsMemory):
         start = min(lengths)
         logits = self.model.inference_logits(tokens[:, :start], 0, context)  # prefill: [B, V] at position start - 1
         for position in range(start, total):
+            processed = _processed_logprobs(logits, sampling)  # [B, V], one pass for every row
             for r in range(len(rows)):
                 if finish[r] is not None or position < lengths[r]:
                     continue  # done, or still inside its prompt (its own token is already in `tokens`)
-                token, logprob = _sample(logits[r], sampling, streams[r])
+                token, logprob = _sample(processed[r], sampling.temperature <= 0, streams[r])
                 tokens[r, position] = token
                 sampled[r].append(token)
                 logprobs[r].append(logprob)
@@ -112,22 +113,25 @@ class MegatronGenerator(KeepsItsMemory):
         return f"MegatronGenerator(the policy's own model, max_model_len={self.max_model_len})"
 
 
-def _sample(logits: Tensor, sampling: SamplingSettings, stream: torch.Generator) -> tuple[int, float]:
-    """One token from ``logits`` [V] (fp32) and its logprob under the processed distribution: greedy at temperature
-    0 (the logprob under the plain softmax), else the logits at the temperature, truncated to the top k and then
-    to the smallest set whose probability reaches top_p, renormalised."""
+def _processed_logprobs(logits: Tensor, sampling: SamplingSettings) -> Tensor:
+    """Logits [B, V] (fp32) -> the log-probabilities [B, V] each row samples from: the plain log-softmax at
+    temperature 0 (greedy), else the logits at the temperature, truncated to the top k and then to the smallest set
+    of the most likely tokens whose probability reaches top_p, renormalised (vLLM's processed logprobs)."""
     if sampling.temperature <= 0:
-        token = int(logits.argmax())
-        return token, float(torch.log_softmax(logits, -1)[token])
+        return torch.log_softmax(logits, -1)
     scaled = logits / sampling.temperature
     if sampling.top_k:
-        kth = torch.topk(scaled, min(sampling.top_k, scaled.numel())).values[-1]
+        kth = torch.topk(scaled, min(sampling.top_k, scaled.shape[-1]), dim=-1).values[:, -1:]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     if sampling.top_p < 1.0:
-        ordered, order = torch.sort(scaled, descending=True)
-        before = torch.softmax(ordered, -1).cumsum(-1) - torch.softmax(ordered, -1)  # mass of the tokens above
-        scaled = scaled.clone()
-        scaled[order[before >= sampling.top_p]] = float("-inf")
-    logprobs = torch.log_softmax(scaled, -1)
-    token = int(torch.multinomial(logprobs.exp(), 1, generator=stream))
+        ordered, order = torch.sort(scaled, dim=-1, descending=True)
+        probs = torch.softmax(ordered, -1)
+        above = probs.cumsum(-1) - probs  # the mass of the more likely tokens
+        scaled = scaled.scatter(-1, order, ordered.masked_fill(above >= sampling.top_p, float("-inf")))
+    return torch.log_softmax(scaled, -1)
+
+
+def _sample(logprobs: Tensor, greedy: bool, stream: torch.Generator) -> tuple[int, float]:
+    """One token from a row's processed ``logprobs`` [V] (the most likely when ``greedy``) and its logprob."""
+    token = int(logprobs.argmax()) if greedy else int(torch.multinomial(logprobs.exp(), 1, generator=stream))
     return token, float(logprobs[token])
