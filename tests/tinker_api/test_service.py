@@ -46,6 +46,7 @@ def served(model_factory, tmp_path_factory):
     os.environ.setdefault("TINKER_TELEMETRY", "0")
     folder, tmp = model_factory("nano"), tmp_path_factory.mktemp("tinker")
     session = rlkit.Session.from_config("quickstart_nano", overrides(folder, tmp))
+    session.save(tmp / "runs" / "tinker_checkpoints" / "fresh")  # the start, for tests that need it whatever ran before
     service = TinkerService(session).start()
     client = tinker.ServiceClient(base_url=service.base_url, api_key=service.api_key)
     yield session, service, client, folder, tmp
@@ -247,6 +248,47 @@ def test_the_sampler_samples_the_saved_weights(served):
     expected = session.policy.logprobs(ids, torch.ones_like(ids, dtype=torch.bool)).logprobs[0, 1:]
     assert logprobs[0] is None
     assert torch.allclose(torch.tensor(logprobs[1:]), expected, atol=1e-5, rtol=0)
+
+
+def liked_mass(session, folder, prompt, liked):
+    """The policy's probability that the token after ``prompt`` is one of ``liked`` (every next token scored)."""
+    from transformers import AutoConfig
+
+    ids = torch.tensor([prompt + [t] for t in range(AutoConfig.from_pretrained(str(folder)).vocab_size)])
+    logprobs = session.policy.logprobs(ids, torch.ones_like(ids, dtype=torch.bool)).logprobs[:, -1]
+    return float(logprobs[list(liked)].exp().sum())
+
+
+def test_a_tinker_rl_loop_raises_its_reward(served):
+    """The shape of a Tinker RL recipe, all through the SDK: sample groups, reward them in Python, center the rewards
+    per group, train on the samples with importance_sampling and their sampler logprobs, save for the sampler, again.
+    The expected reward rises: the policy's probability of a rewarded first token (a quarter of the vocabulary; the
+    random nano model's logits are flat, so adapters move it slowly)."""
+    session, _, client, folder, _ = served
+    training = client.create_training_client_from_state("tinker://start/weights/fresh").result()  # fresh AdamW too
+    vocab = session.tokenizer.vocab_size
+    liked = set(range(vocab // 2, vocab // 2 + vocab // 4))
+    prompts = [seq[:PROMPT_LEN] for seq in SEQS]
+    before = liked_mass(session, folder, prompts[0], liked)
+    sampler = training.save_weights_and_get_sampling_client().result()
+    for step in range(12):
+        futures = [sampler.sample(types.ModelInput.from_ints(p), 8,
+                                  types.SamplingParams(max_tokens=4, temperature=1.0, seed=100 * step + i))
+                   for i, p in enumerate(prompts)]
+        data = []
+        for prompt, future in zip(prompts, futures):
+            group = future.result().sequences
+            reward = np.array([np.mean([t in liked for t in seq.tokens]) for seq in group])
+            for seq, advantage in zip(group, reward - reward.mean()):
+                full, k = prompt + list(seq.tokens), len(seq.tokens)
+                data.append(types.Datum(model_input=types.ModelInput.from_ints(full[:-1]), loss_fn_inputs={
+                    "target_tokens": full[1:], "logprobs": [0.0] * (len(prompt) - 1) + list(seq.logprobs),
+                    "advantages": [0.0] * (len(prompt) - 1) + [float(advantage)] * k}))
+        training.forward_backward(data, "importance_sampling")
+        training.optim_step(types.AdamParams(learning_rate=1e-2)).result()
+        sampler = training.save_weights_and_get_sampling_client().result()
+    after = liked_mass(session, folder, prompts[0], liked)
+    assert after > before + 0.015, (before, after)
 
 
 def test_save_state_and_load_state_are_the_sessions_checkpoints(served):
