@@ -15,8 +15,8 @@ generation tokens/s, the train step's MFU ((6 N + 12 L d s) x tokens / seconds /
 generator-vs-trainer logprob mismatch on the sampled tokens (max and mean |difference|), and the peak memory
 allocated. The first step is warm-up (reported, left out of the medians). One JSON (``--out``) and a table.
 
-On the CPU the same code runs at a tiny size (``--tiny``; the default suite's smoke test):
-    python bench/gpu_loop.py --tiny --steps 2 --out /tmp/gpu_loop.json
+On the CPU the same code runs at a tiny size (``--device cpu`` or ``--tiny``; the default suite's smoke test):
+    python bench/gpu_loop.py --device cpu --steps 2 --out /tmp/gpu_loop.json
 On a GPU:  python bench/gpu_loop.py --out gpu_loop.json   (budget: under 8 minutes of device time)
 """
 
@@ -44,6 +44,8 @@ STAGES = ("rollout", "score", "logprobs", "advantages", "train", "refit")
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="a tiny model and batch: the CPU smoke run")
+    parser.add_argument("--device", choices=("auto", "cpu"), default="auto",
+                        help="cpu: the tiny run on the CPU even where a GPU is visible")
     parser.add_argument("--steps", type=int, default=10, help="GRPO steps per generator (the first is warm-up)")
     parser.add_argument("--prompts", type=int, default=16, help="prompts per step")
     parser.add_argument("--samples", type=int, default=8, help="samples per prompt")
@@ -53,6 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, default=420.0, help="stop starting new steps after this long")
     parser.add_argument("--out", default="gpu_loop.json")
     args = parser.parse_args(argv)
+    args.tiny = args.tiny or args.device == "cpu"
     if args.tiny:
         args.prompts, args.samples, args.new_tokens = min(args.prompts, 2), min(args.samples, 2), min(args.new_tokens, 6)
     return args
@@ -161,6 +164,9 @@ def table(result: dict) -> str:
 def main(argv=None) -> dict:
     started = time.perf_counter()
     args = parse_args(argv)
+    if args.device == "cpu" and torch.cuda.is_available():  # CUDA hidden before anything initialises it
+        os.execve(sys.executable, [sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)],
+                  {**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("WANDB_MODE", "offline")
     shape = TINY if args.tiny else FULL

@@ -161,6 +161,10 @@ def _own_weights_generation_problems(policy: Any, grpo: Any) -> list[str]:
         out.append(f"{key}: samples in this process from a policy in one process; with policy.num_workers="
                    f"{policy.num_workers} the model is split over Ray workers (tensor, pipeline or data parallel), "
                    "which this engine does not drive yet. Fix: policy.num_workers=1, or generation.backend=vllm")
+    if policy.lora_cfg.releases_base:
+        out.append(f"{key}: samples from the policy's frozen base (with its adapters), which "
+                   "policy.lora_cfg.release_base_while_generating would release while it samples. Fix: set it to "
+                   "false (this engine holds no second copy to take turns with)")
     if grpo is not None and grpo.async_grpo.enabled:
         out.append(f"{key}: async GRPO samples while the policy trains, and this engine samples from the very "
                    "weights being trained. Fix: grpo.async_grpo.enabled=false, or generation.backend=vllm")

@@ -22,7 +22,7 @@ def bench():
 
 def test_gpu_loop_runs_the_stages_with_both_generators_on_a_tiny_model(bench, tmp_path, capsys):
     out = tmp_path / "gpu_loop.json"
-    bench.main(["--tiny", "--steps", "2", "--out", str(out)])
+    bench.main(["--device", "cpu", "--steps", "2", "--out", str(out)])
     result = json.loads(out.read_text())
     assert [r["generator"] for r in result["runs"]] == ["megatron", "hf"]
     for run in result["runs"]:

@@ -122,6 +122,8 @@ def test_stop_strings_and_max_new_tokens_end_samples(session):
     ({"policy.backend": "dtensor", "policy.dtensor_cfg.enabled": True}, "policy.backend=megatron"),
     ({"policy.num_workers": 2}, "policy.num_workers=1"),
     ({"grpo.async_grpo.enabled": True, "loss_fn.off_policy_correction": "tis"}, "async_grpo.enabled=false"),
+    ({"policy.lora_cfg.enabled": True, "policy.lora_cfg.release_base_while_generating": True},
+     "release_base_while_generating"),
 ])
 def test_what_it_cannot_serve_is_refused_at_load_with_the_fix(tmp_path, extra, words):
     from rlkit.config.loading import load_config
@@ -142,3 +144,20 @@ def test_the_memory_plan_counts_no_engine_copy(tmp_path, model_factory):
     ours, theirs = plan_memory(config), plan_memory(vllm)
     assert ours.parts["engine weights"] == 0 and theirs.parts["engine weights"] > 0
     assert "policy's own weights" in ours.reasons["engine weights"]
+
+
+@pytest.mark.parametrize("extra", [{"policy.lora_cfg.enabled": True, "policy.lora_cfg.dim": 4},
+                                   {"policy.precision": "bfloat16"}], ids=["adapters", "bf16"])
+def test_adapters_and_bf16_sample_from_what_the_policy_computes_with(tmp_path, extra):
+    """The adapted model samples (adapters); the bf16 copy the passes compute with samples (bf16): the generator's
+    logprobs are the trainer's within 1e-5, and under bf16 apart from an fp32 forward of the same weights."""
+    from tests.stages.test_distillation import direct_teacher_logprobs
+
+    with rlkit.Session.from_config("quickstart_nano", overrides(tmp_path, **extra)) as s:
+        s.sft(20, progress=False)
+        batch = s.logprobs(s.rollout())
+        mask = batch.loss_mask
+        assert (batch.generator_logprobs - batch.prev_logprobs)[mask].abs().max() < TOL
+        if "policy.precision" in extra:
+            fp32 = direct_teacher_logprobs(s.export_hf(tmp_path / "export"), batch, s.config.policy.generation.temperature)
+            assert (batch.generator_logprobs.double() - fp32)[mask].abs().max() > 1e-3  # not the fp32 masters
