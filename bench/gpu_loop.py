@@ -57,7 +57,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.tiny = args.tiny or args.device == "cpu"
     if args.tiny:
-        args.prompts, args.samples, args.new_tokens = min(args.prompts, 2), min(args.samples, 2), min(args.new_tokens, 6)
+        args.prompts, args.samples = min(args.prompts, 2), min(args.samples, 2)
+        args.new_tokens = min(args.new_tokens, 6)
     return args
 
 

@@ -159,5 +159,6 @@ def test_adapters_and_bf16_sample_from_what_the_policy_computes_with(tmp_path, e
         mask = batch.loss_mask
         assert (batch.generator_logprobs - batch.prev_logprobs)[mask].abs().max() < TOL
         if "policy.precision" in extra:
-            fp32 = direct_teacher_logprobs(s.export_hf(tmp_path / "export"), batch, s.config.policy.generation.temperature)
+            folder, temperature = s.export_hf(tmp_path / "export"), s.config.policy.generation.temperature
+            fp32 = direct_teacher_logprobs(folder, batch, temperature)
             assert (batch.generator_logprobs.double() - fp32)[mask].abs().max() > 1e-3  # not the fp32 masters
