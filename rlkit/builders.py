@@ -224,10 +224,12 @@ def _new_loss(run: Run, old: RunConfig, keys: list[str]) -> None:
 
 
 def _new_run(run: Run, old: RunConfig, keys: list[str]) -> None:
-    """``reset()``: the model folder's weights in the policy (also its reference), then in the generator; a new
-    optimizer and schedule; a fresh run state and rollout source; the RNGs seeded as at construction."""
+    """``reset()``: the model folder's weights in the policy (and with adapters, the adapters as they started; also
+    its reference), then in the generator; a new optimizer and schedule; a fresh run state and rollout source; the
+    RNGs seeded as at construction."""
     new, policy = run.config, run.policy
     policy.load_hf_state(load_hf_state(new.policy.model_name))
+    policy.reset_adapters()
     run.start(RunState.fresh(new, run.components.dataset))  # no warm start: the one below is the RL optimizer
     run.new_optimizer()
     policy.set_reference_to_current()

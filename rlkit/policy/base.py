@@ -132,6 +132,10 @@ class Policy(Protocol):
         """Load HF-named full tensors (each rank keeps its shard). Strict on names and shapes."""
         ...
 
+    def reset_adapters(self) -> None:
+        """With ``policy.lora_cfg``: the adapters back to their starting values; nothing without adapters."""
+        ...
+
     def export_hf_groups(self) -> Iterator[HFGroup]:
         """HF-named full tensors, one fused group (embeddings, a layer, the head) at a time."""
         ...

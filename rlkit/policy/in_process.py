@@ -60,6 +60,9 @@ class InProcessPolicy:
         self.reference = Reference(adapter)  # the model folder's weights (just loaded); held once something uses it
         self.reset_optimizer(adapter.cfg.optimizer, adapter.cfg.scheduler)
         self.version = 0
+        # with policy.lora_cfg: the adapters as they started (small), which reset_adapters() puts back
+        self._initial_adapters = ([p.detach().clone() for p in self.model.parameters() if p.requires_grad]
+                                  if adapter.cfg.lora_cfg.enabled else None)
 
     # what the adapter holds, read through the policy; a new cfg (e.g. another microbatch size) is the adapter's too
     cfg = property(lambda self: self.adapter.cfg, lambda self, cfg: setattr(self.adapter, "cfg", cfg))
@@ -319,6 +322,17 @@ class InProcessPolicy:
         """Load HF-named full tensors (this rank keeps its shards). Strict on names and shapes."""
         self.residency.base_in()
         self.adapter.copy_hf_state(hf)
+        self._master_weights_changed()
+
+    def reset_adapters(self) -> None:
+        """With ``policy.lora_cfg``: the adapters back to the values they started with (``Session.reset()``: a run
+        from the start, as a fresh Session); nothing without adapters."""
+        if self._initial_adapters is None:
+            return
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        with torch.no_grad():
+            for param, start in zip(trainable, self._initial_adapters, strict=True):
+                param.copy_(start)
         self._master_weights_changed()
 
     def load_state(self, folder: Path) -> None:

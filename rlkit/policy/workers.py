@@ -400,6 +400,7 @@ class RayPolicyGroup:
     set_reference_to_current = _on_every_rank("set_reference_to_current")
     keep_reference = _on_every_rank("keep_reference")
     reset_optimizer = _on_every_rank("reset_optimizer")
+    reset_adapters = _on_every_rank("reset_adapters")
     offload_optimizer_state = _on_every_rank("offload_optimizer_state")
     release_gradient_buffers = _on_every_rank("release_gradient_buffers")
     restore_optimizer_state = _on_every_rank("restore_optimizer_state")

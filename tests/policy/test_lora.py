@@ -289,3 +289,33 @@ def test_at_bf16_megatron_holds_the_frozen_base_once_in_bf16(nano):
         assert torch.equal(qkv.detach(), before_qkv)  # the base did not
     finally:
         policy.close()
+
+
+@pytest.mark.parametrize("backend", ["megatron", "dtensor"])
+def test_reset_adapters_puts_back_the_adapters_it_started_with(nano, backend):
+    """Session.reset() with adapters: the folder's base and the adapters as they started, so the run starts over
+    (before, reset kept the trained adapters: a 'fresh' run went on from the trained policy)."""
+    policy = in_process_policy(lora_cfg(nano, backend))
+    try:
+        start = dict(policy.export_adapter_tensors())
+        trained(policy)
+        moved = dict(policy.export_adapter_tensors())
+        assert any(not torch.equal(moved[k], start[k]) for k in start)
+        policy.reset_adapters()
+        back = dict(policy.export_adapter_tensors())
+        assert back.keys() == start.keys() and all(torch.equal(back[k], start[k]) for k in start)
+    finally:
+        policy.close()
+
+
+def test_session_reset_with_adapters_scores_as_at_the_start(tmp_path):
+    import rlkit
+
+    overrides = {"policy.model_name": str(tmp_path / "model"), "logger.log_dir": str(tmp_path / "runs"),
+                 "policy.lora_cfg.enabled": True, "policy.lora_cfg.dim": 4, "grpo.num_prompts_per_step": 4}
+    with rlkit.Session.from_config("quickstart_nano", overrides) as s:
+        batch = s.logprobs(s.rollout())
+        s.sft(20, progress=False)  # trains the adapters
+        assert not torch.equal(s.logprobs(batch).prev_logprobs, batch.prev_logprobs)
+        s.reset()
+        assert torch.equal(s.logprobs(batch).prev_logprobs, batch.prev_logprobs)  # the folder and fresh adapters
