@@ -19,7 +19,7 @@ forward sees what forward_backward saw.
 Deliberate simplifications: one model (the session's policy) and one generator: a sampling client samples from the
 weights of the latest save (older snapshots are not kept; sampling from one warns); a new training client trains the
 session's policy as it is (Tinker's starts fresh adapters; here a policy that has trained keeps its weights and
-optimizer state: restart the service for fresh ones, since ``Session.reset()`` keeps LoRA adapters); clipping is the
+optimizer state, so a notebook can hand its policy to a script; ``s.reset()`` gives fresh ones); clipping is the
 session's ``policy.max_grad_norm`` (``rlkit serve-tinker`` starts with none, Tinker's default), a different
 ``grad_clip_norm`` warns; prompt logprobs come from the policy, not the engine.
 """
