@@ -31,7 +31,7 @@ import threading
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Sequence
 
 import torch
 
@@ -41,6 +41,9 @@ from rlkit.tinker_api.convert import TinkerRequestError, datums_to_batch, per_da
 from rlkit.tinker_api.losses import TinkerLoss, elementwise_loss
 from rlkit.tinker_api.wire import ForwardBackwardCall, Sequence_, encode_forward_backward, encode_sample
 from rlkit.trajectories import Trajectories
+
+if TYPE_CHECKING:
+    from rlkit.session import Session
 
 
 @dataclass
@@ -57,7 +60,7 @@ class TinkerBackend:
     """The state a Tinker client builds up (its model, samplers, the batches since the last optim_step) over one
     Session. Its methods run on the service's one worker thread (:class:`rlkit.tinker_api.futures.FutureStore`)."""
 
-    session: Any  # rlkit.Session
+    session: Session
     model_id: Optional[str] = None
     lora_rank: Optional[int] = None
     pending: list[Trajectories] = field(default_factory=list)
@@ -262,7 +265,7 @@ class TinkerBackend:
             self.previous_loss = None
 
 
-def apply_adam(session: Any, adam: Mapping[str, float]) -> float:
+def apply_adam(session: Session, adam: Mapping[str, float]) -> float:
     """Tinker's per-step Adam parameters on the policy's AdamW (its moments kept): lr, betas, eps, weight decay; the
     session's schedule is not applied (Tinker's script sets the rate each step). Returns the rate. The step's
     clipping is the session's ``policy.max_grad_norm``; a ``grad_clip_norm`` that differs warns."""

@@ -13,12 +13,15 @@ import socket
 import threading
 import time
 import warnings
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from rlkit.tinker_api.backend import TinkerBackend
 from rlkit.tinker_api.futures import FutureStore
 from rlkit.tinker_api.service import ClientSessions, build_app, new_api_key
 from rlkit.tinker_api.wire import check_schema
+
+if TYPE_CHECKING:
+    from rlkit.session import Session
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
@@ -30,7 +33,7 @@ class TinkerService:
         client = tinker.ServiceClient(base_url=service.base_url, api_key=service.api_key)
     """
 
-    def __init__(self, session: Any, host: str = "127.0.0.1", port: int = 0, api_key: Optional[str] = None):
+    def __init__(self, session: Session, host: str = "127.0.0.1", port: int = 0, api_key: Optional[str] = None):
         check_schema()
         if host not in LOOPBACK:
             warnings.warn(f"rlkit's Tinker service will listen on {host}, beyond this machine: anyone who can reach "
