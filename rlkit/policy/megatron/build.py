@@ -18,8 +18,8 @@ Causal attention comes from the layer spec's mask type (``AttnMaskType.causal``)
 CUDA torch's ``scaled_dot_product_attention`` computes it as a flag (:mod:`.attention`), never a [T, T] mask.
 
 Deliberate simplifications: the local (non-Transformer-Engine) layer spec with torch's RMSNorm (marked for
-sequence parallelism, see :class:`RMSNorm`), no dropout. Transformer Engine's spec fuses each norm into the
-next linear layer (other parameter names than :mod:`.convert` maps) and is not built yet.
+sequence parallelism, see :class:`rlkit.policy.megatron.norms.RMSNorm`), no dropout. Transformer Engine's spec fuses
+each norm into the next linear layer (other parameter names than :mod:`.convert` maps) and is not built yet.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from rlkit.policy.architecture import Architecture
 from rlkit.policy.megatron.cpu import cuda_literals_on_cpu
+from rlkit.policy.megatron.norms import HeadRMSNorm, RMSNorm
 
 
 def transformer_config(arch: Architecture, tensor_parallel_size: int = 1, sequence_parallel: bool = False,
@@ -82,33 +83,10 @@ def transformer_config(arch: Architecture, tensor_parallel_size: int = 1, sequen
     )
 
 
-class RMSNorm(torch.nn.RMSNorm):
-    """torch's RMSNorm, built from Megatron's norm arguments, that also works under sequence parallelism.
-
-    Megatron's torch-norm wrapper refuses sequence parallelism because it does not mark the weight: with the
-    sequence split over tensor-parallel ranks each rank's norm sees only its chunk, so the weight's gradient
-    must be summed over the tensor-parallel group. The ``sequence_parallel`` attribute marks that (Megatron's
-    router marks its weight the same way); Megatron's ``finalize_model_grads`` does the sum.
-    """
-
-    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **unused_megatron_options):
-        super().__init__(hidden_size, eps=eps)
-        self.weight.sequence_parallel = config.sequence_parallel
-
-
-class HeadRMSNorm(torch.nn.RMSNorm):
-    """Qwen3's q/k norm: one RMSNorm weight [head_dim] shared by every head. Under tensor parallelism each rank
-    normalises only its heads, so the weight's gradient is partial on every rank: Megatron's
-    ``finalize_model_grads`` sums it over the tensor-parallel group (by its ``q_layernorm``/``k_layernorm`` name)."""
-
-    def __init__(self, config, hidden_size: int, eps: float = 1e-5, **unused_megatron_options):
-        super().__init__(hidden_size, eps=eps)
-
-
 def block_spec(config, num_experts: int = 0, post_norms: bool = False):
-    """The local (non-Transformer-Engine) layer spec, dense or MoE, with :class:`RMSNorm` for every norm and
-    the core attention of :func:`rlkit.policy.megatron.attention.core_attention`, for the layers this
-    pipeline stage builds."""
+    """The local (non-Transformer-Engine) layer spec, dense or MoE, with
+    :class:`rlkit.policy.megatron.norms.RMSNorm` for every norm and the core attention of
+    :func:`rlkit.policy.megatron.attention.core_attention`, for the layers this pipeline stage builds."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 

@@ -7,7 +7,7 @@ one on each branch's output before the residual add. Its q and k norms are RMSNo
 Megatron-Core 0.16's layer has no slot for a norm after a branch, so each branch's last linear carries it:
 :class:`PostNormRowParallelLinear` is the row-parallel linear (``linear_proj``, ``linear_fc2``) followed by an
 RMSNorm over its full output (after the tensor-parallel reduce; under sequence parallelism over this rank's
-tokens, the weight marked for the gradient sum as :class:`rlkit.policy.megatron.build.RMSNorm` does). The
+tokens, the weight marked for the gradient sum as :class:`rlkit.policy.megatron.norms.RMSNorm` does). The
 pre-norms are ``IdentityOp``. :class:`ProjectionRMSNorm` fills Megatron's ``q_layernorm`` / ``k_layernorm`` slots
 (which see this rank's heads [s, b, heads/TP, d]): the sum of squares is all-reduced over the tensor-parallel
 group (autograd-aware: every rank's tokens depend on every rank's heads), and each rank holds the whole weight and
@@ -33,6 +33,7 @@ from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.spec_utils import ModuleSpec
 
 from rlkit.errors import ModelError
+from rlkit.policy.megatron.norms import RMSNorm
 
 
 class ProjectionRMSNorm(torch.nn.Module):
@@ -68,8 +69,6 @@ class PostNormRowParallelLinear(RowParallelLinear):
     """Megatron's row-parallel linear with an RMSNorm over its output (see the module docstring)."""
 
     def __init__(self, input_size: int, output_size: int, *, config, **kwargs):
-        from rlkit.policy.megatron.build import RMSNorm
-
         super().__init__(input_size, output_size, config=config, **kwargs)
         self.post_norm = RMSNorm(config, output_size, eps=config.layernorm_epsilon)
 
