@@ -10,7 +10,8 @@ clipped_value_loss`, verl's) against the GAE returns, over microbatches of rows,
 tokens, then one optimizer step.
 
 Deliberate simplifications: transformers in this process (not on the policy's Megatron/DTensor backend, no
-parallel layout), every parameter trained, fp32; the critic is not part of a checkpoint yet.
+parallel layout), every parameter trained, fp32. A checkpoint holds its weights, its Adam state and its step count
+(:meth:`Critic.save_state`, safetensors: no pickle); a fork's branches share one critic.
 """
 
 from __future__ import annotations
@@ -42,6 +43,39 @@ class Critic:
         self.cfg = cfg
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0)
         self.version = 0  # optimizer steps taken
+
+    def save_state(self, folder: Path) -> None:
+        """Weights, AdamW's per-parameter state and the step count into ``folder/critic.safetensors``."""
+        from safetensors.torch import save_file
+
+        folder.mkdir(parents=True, exist_ok=True)
+        names = {param: name for name, param in self.model.named_parameters()}
+        tensors = {f"model/{name}": param.detach().contiguous() for name, param in self.model.named_parameters()}
+        for param, state in self.optimizer.state.items():
+            for key, value in state.items():
+                tensors[f"adam/{key}/{names[param]}"] = torch.as_tensor(value).detach().clone().contiguous()
+        save_file(tensors, str(folder / "critic.safetensors"), metadata={"version": str(self.version)})
+
+    def load_state(self, folder: Path) -> None:
+        """What :meth:`save_state` wrote, into this critic (built on the same model folder): strict on names."""
+        from safetensors import safe_open
+
+        with safe_open(str(folder / "critic.safetensors"), framework="pt") as f:
+            tensors, version = {k: f.get_tensor(k) for k in f.keys()}, int(f.metadata()["version"])
+        params = dict(self.model.named_parameters())
+        saved = {k.split("/", 1)[1] for k in tensors if k.startswith("model/")}
+        if saved != set(params):
+            raise ValueError(f"the checkpoint's critic has other parameters than this one ({len(saved)} vs "
+                             f"{len(params)}): it was saved from another critic.model_name")
+        self.optimizer.state.clear()
+        with torch.no_grad():
+            for name, param in params.items():
+                param.copy_(tensors[f"model/{name}"])
+        for key, value in tensors.items():
+            if key.startswith("adam/"):
+                _, field, name = key.split("/", 2)
+                self.optimizer.state[params[name]][field] = value
+        self.version = version
 
     def use(self, cfg: CriticConfig) -> None:
         """Read the session's current ``critic.*`` (``configure()`` may have changed them): ``lr`` into the

@@ -40,7 +40,7 @@ from rlkit.run.sources import RolloutSource, rollout_source, step_seed, warn_if_
 from rlkit.run.state import RunState
 from rlkit.run.step_clock import StepClock
 from rlkit.stages.compare import compare_losses
-from rlkit.tracking.checkpoint import POLICY_DIR, read_checkpoint_state, restore_rng, save_checkpoint
+from rlkit.tracking.checkpoint import CRITIC_DIR, POLICY_DIR, read_checkpoint_state, restore_rng, save_checkpoint
 from rlkit.tracking.records import RunRecorder
 from rlkit.trajectories import Trajectories
 
@@ -509,7 +509,7 @@ class Run:
         self.refuse_if_closed("save")
         self.end_warm_start()  # a checkpoint holds the RL optimizer
         with self.rollouts.exclusive():  # async GRPO: keep its producer off the sampler meanwhile
-            return save_checkpoint(path, self.policy, self.state, self.config, extra)
+            return save_checkpoint(path, self.policy, self.state, self.config, extra, self.components.critic)
 
     def restore(self, path: str | Path) -> dict[str, Any]:
         """Put the checkpoint at ``path`` into this run, built from a matching config: the policy's state (weights,
@@ -517,6 +517,13 @@ class Run:
         refit), then the RNG states (last, so that nothing after them draws). Returns its ``state.json``."""
         state = read_checkpoint_state(path)
         self.policy.load_state(Path(state["folder"]) / POLICY_DIR)  # refuses another layout before loading anything
+        if self.components.critic is not None:
+            critic_dir = Path(state["folder"]) / CRITIC_DIR
+            if critic_dir.is_dir():
+                self.components.critic.load_state(critic_dir)
+            else:
+                warnings.warn(f"{state['folder']} holds no critic (saved before checkpoints kept it, or without PPO): "
+                              "the critic starts fresh", stacklevel=3)
         self.restore_run_state(state["run_state"])
         restore_rng(state)
         return state

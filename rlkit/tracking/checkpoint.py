@@ -57,6 +57,7 @@ from rlkit.tracking.export import export_hf_folder
 
 FORMAT = "rlkit-checkpoint"
 POLICY_DIR = "policy"
+CRITIC_DIR = "critic"  # PPO's value model (rlkit.policy.critic), when the run has one
 FORMAT_VERSION = 3  # 3: the policy's state as a distributed checkpoint in policy/; 2: the run state under "run_state"
 STEP_DIR = re.compile(r"^step_(\d+)$")
 
@@ -121,13 +122,14 @@ def _json_dump(obj: Any, path: Path) -> None:
 
 # ---- save -----------------------------------------------------------------------------------------------
 def save_checkpoint(path: str | Path, policy: Any, run_state: Any, config: RunConfig,
-                    extra: Optional[Mapping[str, Any]] = None) -> Path:
+                    extra: Optional[Mapping[str, Any]] = None, critic: Any = None) -> Path:
     """Write a run to the folder ``path`` atomically (see the module docstring): the ``policy``'s state, the
     ``run_state`` (a :class:`rlkit.run.state.RunState`), the RNG states and ``config``; returns ``path``. The caller
     keeps async GRPO's producer off the sampler meanwhile (the run's ``rollouts.exclusive()``).
 
     Take it between steps or between stages; ``extra`` (JSON-able) is stored and returned by
-    :func:`read_checkpoint_state` (the experiment runner keeps its before-RL accuracy there).
+    :func:`read_checkpoint_state` (the experiment runner keeps its before-RL accuracy there). PPO's ``critic``, when
+    the run has one, is saved beside the policy (``CRITIC_DIR``).
     """
     if policy is None:
         raise CheckpointError("this session is closed: nothing to save")
@@ -143,6 +145,8 @@ def save_checkpoint(path: str | Path, policy: Any, run_state: Any, config: RunCo
 
     def write(folder: Path) -> None:
         policy.save_state(folder / POLICY_DIR)  # every rank writes its shard here
+        if critic is not None:
+            critic.save_state(folder / CRITIC_DIR)
         save_file(rng_tensors, str(folder / "rng.safetensors"), metadata={"format": "pt"})
         (folder / "config.yaml").write_text(config_to_yaml(config))
         state["files"] = {str(f.relative_to(folder)): f.stat().st_size for f in folder.rglob("*") if f.is_file()}

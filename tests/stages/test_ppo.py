@@ -81,3 +81,26 @@ def test_configure_switches_grpo_to_ppo_and_back(tmp_path):
         assert critic.cfg.value_clip == 0.2
         s.configure(["critic.enabled=false", "grpo.advantage_estimator=grpo"])
         assert s.components.critic is None and "critic/value_loss" not in s.step().values
+
+
+def test_a_checkpoint_holds_the_critic_and_resumes_it_exactly(tmp_path):
+    """save() writes the critic's weights, Adam state and step count beside the policy; Session.load() puts them back,
+    so the resumed run's next critic step is the one the saved run takes (before, a resumed run got a fresh critic)."""
+    overrides = {**NANO, "sft.enabled": False, "policy.model_name": str(tmp_path / "model"),
+                 "logger.log_dir": str(tmp_path / "runs"), "critic.enabled": True, "grpo.advantage_estimator": "gae",
+                 "critic.lr": 1e-3}
+    with rlkit.Session.from_config("quickstart_nano", overrides) as s:
+        s.step()
+        s.step()
+        s.save(tmp_path / "ckpt")
+        critic = s.components.critic
+        saved = {n: p.detach().clone() for n, p in critic.model.named_parameters()}
+        assert critic.version == 2 and critic.optimizer.state  # Adam has moments to keep
+        next_values = s.step().values
+    with rlkit.Session.load(tmp_path / "ckpt") as resumed:
+        critic = resumed.components.critic
+        assert critic.version == 2
+        assert all(torch.equal(p, saved[n]) for n, p in critic.model.named_parameters())
+        again = resumed.step().values
+    for key in ("critic/value_loss", "critic/grad_norm", "critic/explained_variance"):
+        assert again[key] == pytest.approx(next_values[key], abs=1e-6), key
