@@ -317,9 +317,9 @@ class Run:
 
     # ---- one step, and the loop over steps ----------------------------------------------------------------
     def step(self) -> StepMetrics:
-        """One whole RL step: rollout, score, logprobs, (values, teacher logprobs,) advantages, train, refit; recorded when the run records
-        (inside ``run()``, after its listeners). Its ``timing/`` parts add up to ``timing/step_total``, the rest
-        named ``timing/other`` (:mod:`rlkit.run.step_clock`).
+        """One whole RL step: rollout, score, logprobs, (values, teacher logprobs,) advantages, train, refit;
+        recorded when the run records (inside ``run()``, after its listeners). Its ``timing/`` parts add up to
+        ``timing/step_total``, the rest named ``timing/other`` (:mod:`rlkit.run.step_clock`).
 
         Where the batch gets one update with rlkit's loss and no reference pass, the train step's own forward
         computes the batch's logprobs (the same values, bitwise here), and the separate pass is skipped:
@@ -495,7 +495,8 @@ class Run:
         return forking.compare_branches(self, facade, num_prompts, greedy)
 
     def end_warm_start(self) -> None:
-        """The RL optimizer and schedule back in the policy if an SFT or DPO run's are there (:mod:`rlkit.run.offline`)."""
+        """The RL optimizer and schedule back in the policy if an SFT or DPO run's are there
+        (:mod:`rlkit.run.offline`)."""
         offline.hand_back(self.policy, self.state, self.settings.sft)
 
     def new_optimizer(self) -> None:
