@@ -111,8 +111,11 @@ def precision_problems(policy: Any) -> list[str]:
     key = "policy.generation.vllm_cfg.precision"
     out = []
     if not policy.generation.engine.reads_vllm_cfg and vllm.precision != "float32":
-        out.append(f"{key}={vllm.precision}: only the vLLM generator has a precision setting; the HF generator "
-                   "(policy.generation.backend=hf) samples in float32. Fix: set it to float32 or backend=vllm")
+        samples_in = ("the policy's own precision (policy.precision)" if policy.generation.engine.on_policy_weights
+                      else "float32")
+        out.append(f"{key}={vllm.precision}: only the vLLM generator has a precision setting; "
+                   f"policy.generation.backend={policy.generation.backend} samples in {samples_in}. Fix: set it to "
+                   "float32 or backend=vllm")
     elif vllm.precision == "fp8" and policy.ray_address is None and not cuda_here():
         out.append(f"{key}=fp8: vLLM's online FP8 weight quantization needs a CUDA GPU (FP8 matmuls: NVIDIA Ada or "
                    "Hopper); this machine has none. Fix: use bfloat16 or float32 here, fp8 on a GPU machine")
