@@ -37,7 +37,7 @@ import torch
 
 from rlkit.generation.base import SamplingSettings
 from rlkit.stages.train import one_update
-from rlkit.tinker_api.convert import TinkerRequestError, datums_to_batch, per_datum
+from rlkit.tinker_api.convert import TinkerRequestError, datums_to_batch, per_datum, sampled_mismatch
 from rlkit.tinker_api.losses import TinkerLoss, elementwise_loss
 from rlkit.tinker_api.wire import ForwardBackwardCall, Sequence_, encode_forward_backward, encode_sample
 from rlkit.trajectories import Trajectories
@@ -128,14 +128,10 @@ class TinkerBackend:
         numbers = {k: v for k, v in call.loss_fn_config.items() if not isinstance(v, str)}
         batch = datums_to_batch(call.data, call.loss_fn, numbers, self.session.tokenizer.pad_token_id,
                                 self.session.policy.version)
-        with warnings.catch_warnings():
-            if call.loss_fn == "cross_entropy":  # no sampler logprobs to compare the trainer's with
-                warnings.filterwarnings("ignore", message="generator and trainer logprobs disagree")
+        with warnings.catch_warnings():  # the stage's figure counts the prompt's positions too: see sampled_mismatch
+            warnings.filterwarnings("ignore", message="generator and trainer logprobs disagree")
             batch = self.session.logprobs(batch)
-        if call.loss_fn == "cross_entropy":  # nothing sampled these tokens: no mismatch figure for the step's record
-            batch = batch.with_(info={k: v for k, v in batch.info.items()
-                                      if k not in ("token_mult_prob_error", "logprob_abs_diff_max",
-                                                   "logprob_abs_diff_mean")})
+        batch = sampled_mismatch(batch, self.session.config.grpo.mismatch_warning_threshold)
         loss = self.session.loss(batch).metrics["loss"]
         terms = elementwise_loss(batch.prev_logprobs, batch)
         outputs = [{"logprobs": lp, "elementwise_loss": el}

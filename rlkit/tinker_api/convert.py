@@ -17,12 +17,14 @@ position) is refused, as are 2-D (top-k) targets; rewards are 0 (Tinker sends no
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import numpy as np
 import torch
 
+from rlkit.algorithms import token_mult_prob_error
 from rlkit.tinker_api.losses import CONFIG_KEY, COEFFICIENT, LOSS_INPUTS, LOSS_KEY, TINKER_LOSSES
 from rlkit.trajectories import Trajectories
 
@@ -102,3 +104,27 @@ def per_datum(values: torch.Tensor, batch: Trajectories) -> list[np.ndarray]:
     """``values`` [B, T] (aligned with rlkit's tokens) as one float32 array [N] per datum, in Tinker's positions."""
     return [values[i, 1:int(batch.attention_mask[i].sum())].detach().to(torch.float32).numpy()
             for i in range(batch.batch_size)]
+
+
+MISMATCH_KEYS = ("token_mult_prob_error", "logprob_abs_diff_max", "logprob_abs_diff_mean")
+
+
+def sampled_mismatch(batch: Trajectories, threshold: float) -> Trajectories:
+    """``batch`` (after the logprobs stage) with the generator/trainer mismatch figures taken over the sampled
+    tokens only, and the stage's warning on those. A Tinker datum carries the sampler's ``logprobs`` at every
+    position, 0 where nothing was sampled (the prompt, by every recipe's convention, with advantage 0 there), so
+    the stage's figure over all positions compares the trainer's prompt logprobs with 0 and reads as a broken refit
+    (a cookbook RL recipe: token_mult_prob_error ~4e4 at every step). Sampled = a nonzero sampler logprob; a
+    cross-entropy batch has none, so it gets no figure."""
+    info = {k: v for k, v in batch.info.items() if k not in MISMATCH_KEYS}
+    sampled = batch.loss_mask & (batch.generator_logprobs != 0)
+    if sampled.any():
+        error = token_mult_prob_error(batch.prev_logprobs, batch.generator_logprobs, sampled)
+        diff = (batch.prev_logprobs - batch.generator_logprobs).abs()[sampled]
+        info.update(token_mult_prob_error=error, logprob_abs_diff_max=float(diff.max()),
+                    logprob_abs_diff_mean=float(diff.mean()))
+        if error - 1.0 > threshold:
+            warnings.warn(f"generator and trainer logprobs disagree on the sampled tokens: token_mult_prob_error="
+                          f"{error:.4f} (is the sampler's client older than the latest save_weights_for_sampler?)",
+                          stacklevel=2)
+    return batch.with_(info=info)
