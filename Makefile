@@ -1,5 +1,5 @@
 # The two commands a new machine needs are `make quickstart` and `make test`; both set everything up first.
-.PHONY: setup quickstart quickstart-real distill-quickstart demo test test-slow test-browser bench bench-trl bench-trl-real docs docs-with-outputs
+.PHONY: setup quickstart quickstart-real distill-quickstart demo test test-slow test-browser bench bench-trl bench-trl-real tinker-cookbook-check docs docs-with-outputs
 
 setup:
 	scripts/setup.sh
@@ -49,6 +49,12 @@ bench: setup
 bench-trl: setup
 	scripts/setup-bench-trl.sh
 	HF_HUB_OFFLINE=1 .venv/bin/python bench/vs_trl.py --shape tiny
+
+# tinker-cookbook's RL recipe (math_rl, env=arithmetic) run unchanged against `rlkit serve-tinker`'s service: reward per
+# step (the cookbook in its own environment, bench/.venv-tinker, not in rlkit's lock; ~1-3 min on 2 CPU cores)
+tinker-cookbook-check: setup
+	scripts/setup-tinker-cookbook.sh
+	HF_HUB_OFFLINE=1 .venv/bin/python bench/tinker_cookbook_rl.py --steps 6
 
 # the same on a real model: SmolLM2-135M-Instruct, adapters on both sides, held-out accuracy over 3 seeds (slow: ~hours)
 bench-trl-real: setup
