@@ -49,3 +49,27 @@ def generator_policy_mismatch(generator, policy, texts, ids, seed: int):
                                          0, texts)
     diff = (policy.logprobs(batch.input_ids, batch.attention_mask).logprobs - batch.generator_logprobs).abs()
     return diff[batch.loss_mask], batch
+
+
+def engine_beside_a_policy(path):
+    """An fp32 Megatron policy (AdamW at lr 1e-2) and a vLLM engine, both on the folder ``path``; returns the policy,
+    the engine and ``mismatch(seed)`` (:func:`generator_policy_mismatch` on the arithmetic prompts). The caller
+    closes both."""
+    from rlkit.config.components import GenerationConfig, OptimizerConfig, PolicyConfig
+    from rlkit.generation.vllm import VllmGenerator
+    from rlkit.policy.backends import in_process_policy
+
+    texts, ids = arithmetic_prompts()
+    policy = in_process_policy(PolicyConfig(model_name=str(path), optimizer=OptimizerConfig(lr=1e-2)))
+    generator = VllmGenerator(path, GenerationConfig(), max_model_len=128, seed=0)
+    return policy, generator, lambda seed: generator_policy_mismatch(generator, policy, texts, ids, seed)
+
+
+def agree_then_step(policy, mismatch) -> None:
+    """The engine agrees with the policy (max 1e-3, mean 1e-4, over more than 100 sampled tokens); then one policy
+    step on random advantages, after which the engine, not refit yet, no longer does (max > 1e-2)."""
+    diff, batch = mismatch(1)
+    assert diff.max() < 1e-3 and diff.mean() < 1e-4 and batch.loss_mask.sum() > 100
+    adv = torch.randn(batch.batch_size, 1, generator=torch.Generator().manual_seed(0)) * batch.loss_mask
+    policy.train_step(batch.with_(advantages=adv), pg_token_mean_loss)
+    assert mismatch(2)[0].max() > 1e-2  # the generator still holds the old weights

@@ -19,14 +19,14 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlkit.config.backends import MegatronConfig
-from rlkit.config.components import GenerationConfig, OptimizerConfig, PolicyConfig
+from rlkit.config.components import OptimizerConfig, PolicyConfig
 from rlkit.errors import ModelError
 from rlkit.models.compare import LogitsAgreement, logits_agreement
 from rlkit.policy import architecture
 from rlkit.policy.architecture import load_hf_state
 from rlkit.policy.backends import in_process_policy
 from rlkit.policy.megatron import moe
-from tests.helpers import arithmetic_prompts, generator_policy_mismatch, pg_token_mean_loss, random_batch
+from tests.helpers import agree_then_step, engine_beside_a_policy, pg_token_mean_loss, random_batch
 
 TOL = 1e-4  # the old absolute bound: the relative one must be at most this here, and the controls miss by 100x it
 FAMILIES = [("llama3", "nano"), ("qwen3", "nano"), ("qwen3-moe", "nano-moe"), ("qwen2-moe", "nano-moe"),
@@ -271,22 +271,12 @@ def test_adapters_where_not_built_are_refused_with_the_reason(folder, family, re
 # this process afterwards (the tests above make folders and build transformers' models).
 @pytest.mark.parametrize("family,preset,tied", [(f, p, False) for f, p in FAMILIES] + [("qwen3", "nano", True)])
 def test_vllm_agrees_with_the_policy_after_a_step_and_refit(folder, family, preset, tied):
-    from rlkit.generation.vllm import VllmGenerator
     from rlkit.weight_sync import ColocatedWeightSync
 
     path = folder(family, preset, **({"tie_word_embeddings": True} if tied else {}))
-    texts, ids = arithmetic_prompts()
-    policy = in_process_policy(PolicyConfig(model_name=str(path), optimizer=OptimizerConfig(lr=1e-2)))
-    generator = VllmGenerator(path, GenerationConfig(), max_model_len=128, seed=0)
+    policy, generator, mismatch = engine_beside_a_policy(path)
     try:
-        def mismatch(seed):
-            return generator_policy_mismatch(generator, policy, texts, ids, seed)
-
-        diff, batch = mismatch(1)
-        assert diff.max() < 1e-3 and diff.mean() < 1e-4 and batch.loss_mask.sum() > 100
-        adv = torch.randn(batch.batch_size, 1, generator=torch.Generator().manual_seed(0)) * batch.loss_mask
-        policy.train_step(batch.with_(advantages=adv), pg_token_mean_loss)
-        assert mismatch(2)[0].max() > 1e-2  # the generator still holds the old weights
+        agree_then_step(policy, mismatch)
         ColocatedWeightSync().sync(policy, generator)
         diff, _ = mismatch(3)
         assert diff.max() < 1e-3 and diff.mean() < 1e-4

