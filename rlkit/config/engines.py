@@ -36,7 +36,8 @@ class GenerationEngine:
     on_policy_weights: bool = False
 
     def precision(self, vllm_cfg) -> str:
-        """The precision its weights are held in (on the policy's own weights: the policy's)."""
+        """The precision of its own copy of the weights (an engine on the policy's own weights holds none: the memory
+        plan counts nothing for it, and it samples at ``policy.precision``)."""
         return vllm_cfg.precision if self.reads_vllm_cfg else "float32"
 
 

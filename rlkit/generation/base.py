@@ -98,8 +98,8 @@ def request_seed(seed: int, prompt_index: int, n: int) -> int:
     """The seed of prompt ``prompt_index``'s ``n``-sample request in a call seeded ``seed``.
 
     Sample ``j`` of a request samples with ``seed + j`` (vLLM's children; the Megatron generator's likewise), so
-    requests seeded ``seed + i`` would share streams across prompts: sample (i, j) and sample (i + 1, j - 1) would draw the same random numbers. Each request
-    gets its own block of 2**16 seeds instead, placed by a hash of (call seed, prompt index): distinct streams
+    requests seeded ``seed + i`` would share streams across prompts: sample (i, j) and sample (i + 1, j - 1) would
+    draw the same random numbers. Each request gets its own block of 2**16 seeds instead, placed by a hash of (call seed, prompt index): distinct streams
     for every (prompt, sample), for every step, dynamic-sampling round and turn (their call seeds differ), and
     reproducible from the call's seed. Two blocks coincide with probability ~2**-47 per pair of requests."""
     if not 0 < n <= 1 << 16:

@@ -194,7 +194,7 @@ class Run:
         self.refuse_if_closed("values")
         with self.timed("values"):
             return self.keep(stages.values(self.latest(batch, "values"), self.components.critic,
-                                                  self.config.critic))
+                                           self.config.critic))
 
     def teacher_logprobs(self, batch: Optional[Trajectories] = None) -> Trajectories:
         self.refuse_if_closed("teacher_logprobs")

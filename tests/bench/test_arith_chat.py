@@ -1,20 +1,15 @@
 """bench/arith_chat.py, the task of bench/vs_trl_real.py: seeded, disjoint splits and the last-number reward on both
 sides' completion formats (rlkit's strings, TRL's conversational message lists). No model, no TRL."""
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.bench import bench_script
 
 
 @pytest.fixture(scope="module")
 def arith_chat():
-    spec = importlib.util.spec_from_file_location("arith_chat", BENCH / "arith_chat.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("arith_chat")
 
 
 def test_splits_are_disjoint_seeded_and_correct(arith_chat):

@@ -3,22 +3,17 @@ gap against transformers' fp32 forward, a profiled step, one JSON and the table.
 (benchmarks report speed, tests check code); the GPU defaults are checked to be the ~1B models the README's
 figures are about."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "gpu_check.py"
+from tests.bench import bench_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("gpu_check", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("gpu_check")
 
 
 def test_gpu_check_runs_both_backends_on_tiny_models(bench, tmp_path, capsys):

@@ -3,21 +3,16 @@ generator on the policy's own weights and with transformers' generator, one JSON
 asserted (benchmarks report speed, tests check code); the mismatch is (the same weights sample and score), and the
 GPU defaults are checked to be the ~0.6B model the issue asks for."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench" / "gpu_loop.py"
+from tests.bench import bench_script
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("gpu_loop", BENCH)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("gpu_loop")
 
 
 def test_gpu_loop_runs_the_stages_with_both_generators_on_a_tiny_model(bench, tmp_path, capsys):

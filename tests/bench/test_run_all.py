@@ -4,22 +4,17 @@ Real subprocesses of stand-in benchmarks (two tiny scripts written here, standin
 take minutes): what is tested is the collection, the table and the file, not the benchmarks.
 """
 
-import importlib.util
 import json
 import sys
-from pathlib import Path
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
+from tests.bench import BENCH, bench_script
 
 
 @pytest.fixture
 def run_all(monkeypatch):
-    spec = importlib.util.spec_from_file_location("run_all", BENCH / "run_all.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return bench_script("run_all")
 
 
 def test_every_listed_benchmark_exists(run_all):
