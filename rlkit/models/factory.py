@@ -3,10 +3,10 @@
 No model hub is reachable from our machines, so rlkit makes its own models: random-init decoders of every
 family the policy supports (Llama, Llama 3.x with its RoPE scaling, Qwen2 with QKV bias, Qwen3 with q/k norms,
 Mistral, Phi-3 with fused projections and Phi-4-mini's partial RoPE, SmolLM3 with layers without RoPE, OLMo 2 with
-its norms after attention and MLP, and the Mixture-of-Experts families Mixtral, Qwen2-MoE with its gated shared
-expert, Qwen3-MoE), saved the
-way transformers saves a real checkpoint, with the character tokenizer of :mod:`rlkit.models.tokenizer`. A folder holds
-``config.json``, ``model.safetensors`` and the tokenizer files with a chat template.
+its norms after attention and MLP, Gemma 3 (text) with its local sliding-window layers, and the Mixture-of-Experts
+families Mixtral, Qwen2-MoE with its gated shared expert, Qwen3-MoE), saved the way transformers saves a real
+checkpoint, with the character tokenizer of :mod:`rlkit.models.tokenizer`. A folder holds ``config.json``,
+``model.safetensors`` and the tokenizer files with a chat template.
 
 Every preset uses a ``head_dim`` that vLLM's CPU attention kernels accept (see :data:`VLLM_CPU_HEAD_DIMS`)
 and a vocabulary padded to a multiple of 128 (the tokenizer has 103 tokens; the padding rows are never
@@ -18,16 +18,17 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
-import torch
-import transformers as tf
 from safetensors import safe_open
 
 from rlkit.errors import ModelError
 from rlkit.models.families import BY_NAME, FAMILY_NAMES, MOE_FAMILIES, SUPPORTED_ARCHITECTURES, ModelFamily, family_of
 from rlkit.models.folder import check_weight_files, read_json_object
 from rlkit.models.tokenizer import TokenizerKind, save_tokenizer, tokenizer_vocab_size
+
+if TYPE_CHECKING:  # torch and transformers are imported by the functions that build a model: the config's checks
+    import torch  # read this module's tables and rules, and load no torch
 
 # Llama 3.1 / 3.2's RoPE scaling: low/high frequency factors and original context as Megatron-Core applies them
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
@@ -85,6 +86,8 @@ def check_head_dim(head_dim: int) -> None:
 def hf_config(spec: TinyModelSpec, family: ModelFamily):
     """A transformers config object for ``spec`` in ``family`` (MoE families route without a load-balancing
     loss, the setting recommended for RL; Qwen2-MoE's shared expert is twice an expert's width)."""
+    import transformers as tf
+
     fields = asdict(spec)
     experts, top_k = fields.pop("num_experts"), fields.pop("num_experts_per_tok")
     if family not in BY_NAME:
@@ -115,15 +118,36 @@ def hf_config(spec: TinyModelSpec, family: ModelFamily):
         return config_class(**common, use_sliding_window=False, no_rope_layer_interval=min(4, spec.num_hidden_layers))
     if family == "olmo2":
         return config_class(**common, attention_bias=False)
+    if family == "gemma3":
+        return config_class(**gemma3_fields(spec, common))
     if family == "mistral":  # no window, as Mistral 7B v0.2+ (MistralConfig's default is 4096)
         return config_class(**common, sliding_window=None)
     return config_class(**common, use_sliding_window=False)
 
 
+GEMMA3_PRESET_WINDOW = 32  # shorter than the tests' sequences, so the local layers' window binds
+
+
+def gemma3_fields(spec: TinyModelSpec, common: dict) -> dict:
+    """Gemma 3 (text) as Gemma-3-1B is laid out: tied embeddings, GELU-tanh, local layers (RoPE base
+    ``spec.rope_theta``, a sliding window) and every 6th layer global (RoPE base 1e6); every 2nd in a 2- or 3-layer
+    preset, so it has one of each. ``query_pre_attn_scalar`` differs from ``head_dim`` (as Gemma 3 27B's does), so
+    the softmax scale read from it is tested."""
+    local = common.pop("rope_parameters")
+    every = 6 if spec.num_hidden_layers > 3 else 2
+    layer_types = ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
+                   for i in range(spec.num_hidden_layers)]
+    return dict(common, tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh", layer_types=layer_types,
+                sliding_window=GEMMA3_PRESET_WINDOW, query_pre_attn_scalar=2 * spec.head_dim,
+                rope_parameters={"sliding_attention": local,
+                                 "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0}})
+
+
 def architecture_name(config) -> str:
     """The ``architectures`` entry transformers writes for a config object (``Qwen2MoeConfig`` ->
-    ``Qwen2MoeForCausalLM``)."""
-    return type(config).__name__.replace("Config", "ForCausalLM")
+    ``Qwen2MoeForCausalLM``; ``Gemma3TextConfig`` -> ``Gemma3ForCausalLM``, from the family table)."""
+    name = type(config).__name__
+    return next((f.architecture for f in BY_NAME.values() if f.config_class == name), name.replace("Config", "ForCausalLM"))
 
 
 def make_model(folder: str | Path, preset: str | TinyModelSpec = "tiny", family: ModelFamily = "llama", seed: int = 0,
@@ -134,6 +158,7 @@ def make_model(folder: str | Path, preset: str | TinyModelSpec = "tiny", family:
     (the quickstart's) or ``"bpe"`` (byte-level BPE with a ChatML template and two EOS ids,
     :mod:`rlkit.models.bpe`); the vocabulary grows to hold the tokenizer's ids.
     """
+    import torch
     from transformers import AutoModelForCausalLM
 
     if isinstance(preset, str):
@@ -156,6 +181,8 @@ def make_model(folder: str | Path, preset: str | TinyModelSpec = "tiny", family:
 def _jitter_constant_tensors(model: torch.nn.Module, scale: float = 0.05) -> None:
     """HF initialises norms to 1 and biases to 0; offset them randomly so that no tensor is constant and a
     conversion that drops, swaps or mis-shards one of them shows up in a logits comparison."""
+    import torch
+
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight") or name.endswith(".bias"):

@@ -23,6 +23,7 @@ class Family:
     qk_norm: bool = False  # Qwen3: RMSNorm over each query and key head before RoPE
     fused_projections: bool = False  # Phi-3: qkv_proj and gate_up_proj stored fused in the checkpoint
     post_norms: bool = False  # OLMo 2: norms after attention and the MLP, none before; q/k norms over the projection
+    gemma: bool = False  # Gemma 3: (1+w) RMSNorm, embeddings x sqrt(hidden), norms before and after attention and MLP
     expert_prefix: str = "mlp."  # where a layer's experts live in the HF checkpoint
     expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # an expert's gate, up, down
 
@@ -36,6 +37,8 @@ FAMILIES = (
     Family("phi3", "Phi3ForCausalLM", "Phi3Config", fused_projections=True),  # Phi-3, Phi-4-mini
     Family("smollm3", "SmolLM3ForCausalLM", "SmolLM3Config"),  # Llama's layout; no_rope_layers read from its config
     Family("olmo2", "Olmo2ForCausalLM", "Olmo2Config", qk_norm=True, post_norms=True),
+    # GELU-tanh MLP, query_pre_attn_scalar, local (sliding-window) and global layers read from its config
+    Family("gemma3", "Gemma3ForCausalLM", "Gemma3TextConfig", qk_norm=True, gemma=True),
     Family("mixtral", "MixtralForCausalLM", "MixtralConfig", moe=True, expert_prefix="block_sparse_moe.",
            expert_names=("w1", "w3", "w2")),
     Family("qwen2-moe", "Qwen2MoeForCausalLM", "Qwen2MoeConfig", moe=True, qkv_bias=True),

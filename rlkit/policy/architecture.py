@@ -4,7 +4,9 @@ Backend-neutral: the Megatron model and weight conversion, the DTensor and trans
 Ray worker group's description all read the same facts. Refused with the reason (never silently ignored):
 RoPE scaling types other than llama3 (YaRN, linear, dynamic), llama3 scaling with other low/high frequency
 factors or original context than Megatron-Core applies (1, 4, 8192: those of Llama 3.1 and 3.2),
-sliding-window attention where the window is shorter than the model's context.
+sliding-window attention where the window is shorter than the model's context (except Gemma 3's local layers,
+which rlkit's Megatron model computes), and Gemma 3 options it does not compute (logit soft-capping, bidirectional
+attention, RoPE scaling of its global layers).
 """
 
 from __future__ import annotations
@@ -50,6 +52,12 @@ class Architecture:
     fused_projections: bool = False  # Phi-3: the checkpoint stores qkv_proj and gate_up_proj fused
     post_norms: bool = False  # OLMo 2: norms after attention and the MLP (none before); q/k norms over the projection
     no_rope_layers: tuple[int, ...] | None = None  # SmolLM3: 1 for each layer without RoPE (Megatron's no_rope_freq)
+    gemma: bool = False  # Gemma 3: (1+w) RMSNorms, embeddings x sqrt(hidden), norms before and after attention and MLP
+    activation: str = "silu"  # the gated MLP's activation: "silu" (SwiGLU) or "gelu_tanh" (Gemma's GeGLU)
+    softmax_scale: float | None = None  # Gemma 3: query_pre_attn_scalar ** -0.5 (None: head_dim ** -0.5)
+    sliding_window: int | None = None  # Gemma 3: how many positions a local layer's token sees (itself included)
+    local_layers: tuple[int, ...] | None = None  # Gemma 3: 1 for each local (sliding-window) layer, 0 for a global one
+    local_rope_theta: float | None = None  # Gemma 3: the local layers' RoPE base (rope_theta is the global layers')
 
     @classmethod
     def from_hf_folder(cls, folder: str | Path) -> "Architecture":
@@ -58,6 +66,8 @@ class Architecture:
     @classmethod
     def from_hf_config(cls, cfg: dict) -> "Architecture":
         family = family_of(cfg["architectures"])
+        if family.gemma:
+            return _gemma3(cls, cfg)
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         _refuse_a_binding_sliding_window(cfg)
         heads = cfg["num_attention_heads"]
@@ -82,6 +92,45 @@ class Architecture:
             post_norms=family.post_norms,
             no_rope_layers=_no_rope_layers(cfg),
         )
+
+
+def _gemma3(cls, cfg: dict) -> "Architecture":
+    """Gemma 3 (text): its local layers attend within ``sliding_window`` positions with RoPE base ``rope_parameters.
+    sliding_attention``, its global layers to the whole sequence with ``rope_parameters.full_attention``."""
+    refused = {k: cfg.get(k) for k in ("final_logit_softcapping", "attn_logit_softcapping", "use_bidirectional_attention")
+               if cfg.get(k)}
+    if refused:
+        raise ModelError(f"Gemma 3 with {refused} is not supported: rlkit's Megatron model computes neither logit "
+                         "soft-capping (its fused head takes logprobs from the raw logits) nor bidirectional attention "
+                         "(Gemma 3's released text checkpoints set none of these). Fix: a config with these null/false")
+    if cfg.get("hidden_activation", "gelu_pytorch_tanh") not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        raise ModelError(f"Gemma 3 with hidden_activation={cfg['hidden_activation']!r} is not supported (GELU-tanh is)")
+    rope = cfg.get("rope_parameters") or {}
+    thetas = {}
+    for kind, default in (("full_attention", 1_000_000.0), ("sliding_attention", 10_000.0)):
+        params = rope.get(kind) or {}
+        if params.get("rope_type", "default") != "default":
+            raise ModelError(f"Gemma 3 with RoPE scaling {params.get('rope_type')!r} on its {kind} layers is not "
+                             "supported yet (Gemma-3-1B has none; the 4B-27B models' text towers scale their global "
+                             "layers linearly). Fix: a config whose rope_parameters are rope_type 'default'")
+        thetas[kind] = float(params.get("rope_theta", default))
+    types = cfg.get("layer_types") or []
+    if len(types) != cfg["num_hidden_layers"] or set(types) - {"full_attention", "sliding_attention"}:
+        raise ModelError(f"Gemma 3's layer_types {types} must name full_attention or sliding_attention for each of "
+                         f"its {cfg['num_hidden_layers']} layers")
+    window = cfg.get("sliding_window")
+    local = tuple(int(t == "sliding_attention") for t in types)
+    heads = cfg["num_attention_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    return cls(family="gemma3", hidden_size=cfg["hidden_size"], num_layers=cfg["num_hidden_layers"],
+               num_attention_heads=heads, num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+               head_dim=head_dim, ffn_hidden_size=cfg["intermediate_size"], vocab_size=cfg["vocab_size"],
+               max_position_embeddings=cfg["max_position_embeddings"], rope_theta=thetas["full_attention"],
+               rms_norm_eps=cfg["rms_norm_eps"], tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+               qkv_bias=bool(cfg.get("attention_bias", False)), qk_layernorm=True, gemma=True, activation="gelu_tanh",
+               softmax_scale=float(cfg.get("query_pre_attn_scalar", head_dim)) ** -0.5,
+               sliding_window=None if window is None else int(window), local_layers=local,
+               local_rope_theta=thetas["sliding_attention"])
 
 
 def _no_rope_layers(cfg: dict) -> tuple[int, ...] | None:

@@ -8,7 +8,9 @@ Per family, against independent references (fp32): HF -> Megatron logits vs tran
 within 1e-5 of the logits' scale, :func:`rlkit.models.compare.logits_agreement`; on these tiny models that is
 also within the absolute 1e-4 the check used before, so it is no looser), export round trip exact, vLLM's
 sampled-token logprobs vs the policy after a train step + refit (max 1e-3, mean 1e-4), and one parallel
-layout (TP=2 dense, EP=2 MoE) equal to one process (1e-5). Each new knob
+layout (TP=2 dense, EP=2 MoE) equal to one process (1e-5). Gemma 3 (text): (1+w) norms before and after attention and
+the MLP, embeddings x sqrt(hidden), GELU-tanh, query_pre_attn_scalar, local layers with their own RoPE base and a
+32-position window that the 400-position logits check and the vLLM check's sequences run past. Each new knob
 has a negative control: the same logits check with the knob ignored or mis-mapped fails, by > 100x 1e-4.
 """
 
@@ -30,7 +32,7 @@ from tests.helpers import agree_then_step, engine_beside_a_policy, pg_token_mean
 
 TOL = 1e-4  # the old absolute bound: the relative one must be at most this here, and the controls miss by 100x it
 FAMILIES = [("llama3", "nano"), ("qwen3", "nano"), ("qwen3-moe", "nano-moe"), ("qwen2-moe", "nano-moe"),
-            ("mistral", "nano"), ("phi3", "nano"), ("smollm3", "nano"), ("olmo2", "nano")]
+            ("mistral", "nano"), ("phi3", "nano"), ("smollm3", "nano"), ("olmo2", "nano"), ("gemma3", "nano")]
 
 
 @pytest.fixture(scope="module")
@@ -114,11 +116,52 @@ def sharp_attention_copy(path, tmp_path, scale=6.0):
     return copy
 
 
+def _gemma3_arch_changed(monkeypatch, **changes):
+    from rlkit.policy.megatron import policy as megatron_policy
+
+    real_config = megatron_policy.transformer_config
+    monkeypatch.setattr(megatron_policy, "transformer_config",
+                        lambda arch, *a, **k: real_config(dataclasses.replace(arch, **changes), *a, **k))
+
+
+def _gemma3_norms_scale_by_w(monkeypatch):
+    from rlkit.policy.megatron import gemma
+
+    monkeypatch.setattr(gemma, "_offset_rms_norm",
+                        lambda x, w, eps: torch.nn.functional.rms_norm(x, (x.shape[-1],), w, eps))
+
+
+def _gemma3_local_layers_rotate_as_global(monkeypatch):
+    from rlkit.policy.megatron import gemma
+
+    monkeypatch.setattr(gemma.GemmaSelfAttention, "forward", gemma.SelfAttention.forward)
+
+
+def _gemma3_embeddings_unscaled(monkeypatch):
+    from rlkit.policy.megatron import gemma
+
+    monkeypatch.setattr(gemma, "scale_embeddings", lambda model, hidden_size: None)
+
+
+GEMMA3_CONTROLS = {  # each Gemma 3 knob ignored: the window, the local RoPE base, 1+w, sqrt(H), the softmax scale, GELU
+    "gemma3_window_dropped": lambda mp: _gemma3_arch_changed(mp, sliding_window=None),
+    "gemma3_local_rope_base_ignored": _gemma3_local_layers_rotate_as_global,
+    "gemma3_norms_scale_by_w": _gemma3_norms_scale_by_w,
+    "gemma3_embeddings_unscaled": _gemma3_embeddings_unscaled,
+    "gemma3_softmax_scale_from_head_dim": lambda mp: _gemma3_arch_changed(mp, softmax_scale=None),
+    "gemma3_silu_mlp": lambda mp: _gemma3_arch_changed(mp, activation="silu"),
+}
+
+
 @pytest.mark.parametrize("control", ["rope_scaling_ignored", "qk_norms_swapped", "shared_expert_gate_dropped",
                                      "topk_renormalised", "partial_rope_ignored", "fused_qkv_read_per_group",
-                                     "nope_layers_rotated", "olmo2_qk_norm_per_head", "olmo2_post_norms_dropped"])
+                                     "nope_layers_rotated", "olmo2_qk_norm_per_head", "olmo2_post_norms_dropped",
+                                     *GEMMA3_CONTROLS])
 def test_each_knob_has_a_negative_control(folder, monkeypatch, tmp_path, control):
-    if control == "rope_scaling_ignored":
+    if control in GEMMA3_CONTROLS:
+        path = folder("gemma3", "nano")
+        GEMMA3_CONTROLS[control](monkeypatch)
+    elif control == "rope_scaling_ignored":
         path = sharp_attention_copy(folder("llama3", "nano"), tmp_path)
         agreement = logits_error(path)
         assert agreement.ok and agreement.bound <= TOL, agreement
@@ -251,14 +294,15 @@ def test_one_parallel_layout_matches_one_process(folder, ray_cluster, family, pr
         weights = group.hf_state_dict()
         assert max((weights[k] - after[k]).abs().max().item() for k in after) < 1e-5
         assert max((after[k] - before[k]).abs().max().item() for k in after) > 5e-4  # moved by ~lr, 50x the bound
-        if family.startswith("qwen3") or family == "olmo2":  # the q/k norms moved too, and equally in both
+        if family.startswith("qwen3") or family in ("olmo2", "gemma3"):  # the q/k norms moved too, equally in both
             norm = "model.layers.0.self_attn.q_norm.weight"
             assert (after[norm] - before[norm]).abs().max() > 1e-5
     finally:
         group.close()
 
 
-@pytest.mark.parametrize("family,reason", [("phi3", "fused qkv_proj / gate_up_proj"), ("olmo2", "norms after attention")])
+@pytest.mark.parametrize("family,reason", [("phi3", "fused qkv_proj / gate_up_proj"), ("olmo2", "norms after attention"),
+                                           ("gemma3", "norms after attention")])
 def test_adapters_where_not_built_are_refused_with_the_reason(folder, family, reason):
     from rlkit.config.components import LoraConfig
 

@@ -22,6 +22,10 @@ packed sequences (it leaves them to Transformer Engine), so on the CPU :class:`P
 the segment loop around it and leaves its unpacked path as it is. RoPE restarts per segment in Megatron itself
 (``apply_rotary_pos_emb`` with ``cu_seqlens``).
 
+Sliding windows (Gemma 3's local layers, Megatron's ``window_size``): Megatron's unfused attention builds the window's
+mask itself (on the CPU through :mod:`.cpu`'s stand-in); :class:`SDPAttention` passes the same mask to SDPA. As in
+Megatron's own, the window's mask replaces any mask given.
+
 Deliberate simplifications: no attention bias, the plain ("vanilla") softmax only, packed self-attention only
 (query and key segments the same).
 """
@@ -104,6 +108,11 @@ class SDPAttention(DotProductAttention):
         if self.softmax_offset is not None:
             raise NotImplementedError(f"SDPAttention computes the vanilla softmax, not {self.config.softmax_type!r}")
         causal = (attn_mask_type or self.attn_mask_type) == AttnMaskType.causal and attention_mask is None
+        window = self.scale_mask_softmax.window_size  # a local layer's (Gemma 3): replaces the mask, as Megatron's does
+        if window is not None:
+            from megatron.core.transformer.utils import get_sliding_window_causal_mask
+
+            attention_mask, causal = get_sliding_window_causal_mask(query.shape[0], key.shape[0], window), False
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, hn]
         dropout = self.attention_dropout.p if self.training else 0.0
         rng = tensor_parallel.get_cuda_rng_tracker().fork() if dropout and not self.config.sequence_parallel else None

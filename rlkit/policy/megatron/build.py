@@ -6,7 +6,9 @@ option: RMSNorm with ``layernorm_epsilon = rms_norm_eps``; SwiGLU (``gated_linea
 frequency scaling with ``rope_scaling`` / ``rope_scaling_factor``; partial RoPE (Phi-4-mini's
 ``partial_rotary_factor``: the first dims of each head turn, as in HF) with ``rotary_percent``; SmolLM3's layers
 without RoPE (``no_rope_layers``) with ``no_rope_freq``; OLMo 2's norms after attention and the MLP and its q/k
-norms over the whole projection with the layer spec of :mod:`.post_norm`; GQA with
+norms over the whole projection with the layer spec of :mod:`.post_norm`; Gemma 3's block (four (1+w) norms, GELU-tanh,
+``query_pre_attn_scalar`` as ``softmax_scale``, local layers' window as ``window_size`` / ``window_attn_skip_freq`` and
+their own RoPE base, embeddings scaled by sqrt(hidden)) with :mod:`.gemma`; GQA with
 ``num_query_groups = num_key_value_heads`` and ``kv_channels = head_dim`` (Qwen3's head_dim is its own
 setting, not hidden / heads); Qwen3's per-head q/k RMSNorm with ``qk_layernorm``; no linear biases except
 the QKV bias of Qwen2; tied or untied output layer.
@@ -31,6 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from rlkit.policy.architecture import Architecture
+from rlkit.policy.megatron import gemma
 from rlkit.policy.megatron.cpu import cuda_literals_on_cpu
 from rlkit.policy.megatron.norms import HeadRMSNorm, RMSNorm
 
@@ -62,7 +65,8 @@ def transformer_config(arch: Architecture, tensor_parallel_size: int = 1, sequen
         normalization="RMSNorm",
         layernorm_epsilon=arch.rms_norm_eps,
         gated_linear_unit=True,
-        activation_func=F.silu,
+        activation_func=_ACTIVATIONS[arch.activation],
+        softmax_scale=arch.softmax_scale,
         add_bias_linear=False,
         add_qkv_bias=arch.qkv_bias,
         hidden_dropout=0.0,
@@ -79,14 +83,23 @@ def transformer_config(arch: Architecture, tensor_parallel_size: int = 1, sequen
         attention_softmax_in_fp32=True,
         qk_layernorm=arch.qk_layernorm,
         no_rope_freq=list(arch.no_rope_layers) if arch.no_rope_layers else None,
+        **gemma.window_settings(arch),
         **(recompute or {}),
     )
 
 
-def block_spec(config, num_experts: int = 0, post_norms: bool = False):
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:  # transformers' gelu_pytorch_tanh (Gemma's MLP)
+    return F.gelu(x, approximate="tanh")
+
+
+_ACTIVATIONS = {"silu": F.silu, "gelu_tanh": _gelu_tanh}
+
+
+def block_spec(config, arch: Architecture, num_experts: int = 0):
     """The local (non-Transformer-Engine) layer spec, dense or MoE, with
     :class:`rlkit.policy.megatron.norms.RMSNorm` for every norm and the core attention of
-    :func:`rlkit.policy.megatron.attention.core_attention`, for the layers this pipeline stage builds."""
+    :func:`rlkit.policy.megatron.attention.core_attention`, for the layers this pipeline stage builds; OLMo 2's and
+    Gemma 3's blocks where ``arch`` is one."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
 
@@ -100,11 +113,14 @@ def block_spec(config, num_experts: int = 0, post_norms: bool = False):
         attention.submodules, core_attention=core_attention(), **norms))
     layer = dataclasses.replace(layer, submodules=dataclasses.replace(
         layer.submodules, input_layernorm=RMSNorm, pre_mlp_layernorm=RMSNorm, self_attention=attention))
-    if post_norms:  # OLMo 2's block
+    if arch.post_norms:  # OLMo 2's block
         from rlkit.policy.megatron.post_norm import post_norm_layer
 
         layer = post_norm_layer(layer, config)
-    return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config), layer_norm=RMSNorm)
+    if arch.gemma:
+        layer = gemma.gemma_layer(layer, arch)
+    return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config),
+                                      layer_norm=gemma.OffsetRMSNorm if arch.gemma else RMSNorm)
 
 
 def bf16_twin_of(master, arch: Architecture, config, num_experts: int = 0, lora=None, seed: int = 0):
@@ -157,7 +173,7 @@ def build_gpt_model(arch: Architecture, config, num_experts: int = 0):
     with cuda_literals_on_cpu():  # a tied embedding's copy on the last pipeline stage is moved with .cuda()
         model = GPTModel(
             config=config,
-            transformer_layer_spec=block_spec(config, num_experts, arch.post_norms),
+            transformer_layer_spec=block_spec(config, arch, num_experts),
             vocab_size=arch.vocab_size,
             max_sequence_length=arch.max_position_embeddings,
             pre_process=parallel_state.is_pipeline_first_stage(),
@@ -170,6 +186,8 @@ def build_gpt_model(arch: Architecture, config, num_experts: int = 0):
             rope_scaling=arch.rope_scaling_factor is not None,
             rope_scaling_factor=arch.rope_scaling_factor or 8.0,
         )
+    if arch.gemma:
+        gemma.scale_embeddings(model, arch.hidden_size)
     if torch.cuda.is_available():
         model = model.cuda()
     return model

@@ -1,4 +1,4 @@
-"""HF <-> Megatron-Core weight conversion for Llama / Qwen2 / Qwen3 / Mistral / Phi-3 decoders, with tensor-parallel
+"""HF <-> Megatron-Core weight conversion for Llama / Qwen2 / Qwen3 / Mistral / Phi-3 / OLMo 2 / Gemma 3 decoders, with tensor-parallel
 sharding (Phi-3's fused ``qkv_proj`` and ``gate_up_proj`` are re-spelled around this mapping: :mod:`.hf_layouts`).
 
 Layouts (exact to ~1e-7 in fp32 against transformers; ``g`` = KV group, ``q_g`` = the query heads of group g):
@@ -18,7 +18,8 @@ decoder.final_layernorm.weight                 model.norm.weight
 output_layer.weight                            lm_head.weight (absent when embeddings are tied)
 =============================================  ================================================================
 
-OLMo 2's norms sit after attention and the MLP instead (see :func:`_norm_names` and :mod:`.post_norm`).
+OLMo 2's norms sit after attention and the MLP instead, Gemma 3's before and after both (see :func:`_norm_names`,
+:mod:`.post_norm` and :mod:`.gemma`).
 
 Tensor parallelism: vocabulary, QKV (whole KV groups) and fc1 shard along dim 0, linear_proj and fc2
 along dim 1, norms are replicated. fc1 is special: each rank holds ``[gate shard; up shard]``, so gate and
@@ -92,7 +93,13 @@ def attention_to_hf(mc: Mapping[str, Tensor], i: int, arch: Architecture) -> HFG
 
 def _norm_names(arch: Architecture) -> list[tuple[str, str]]:
     """A layer's block norms outside attention and MLP as (HF, Megatron) names: the pre-norms of Llama's block, or
-    OLMo 2's norms after attention and after the MLP, which :mod:`.post_norm` carries on the branches' last linears."""
+    OLMo 2's norms after attention and after the MLP, which :mod:`.post_norm` carries on the branches' last linears, or
+    Gemma 3's four: its pre-norms in Llama's slots, its post-norms where OLMo 2's are."""
+    if arch.gemma:
+        return [("input_layernorm.weight", "input_layernorm.weight"),
+                ("post_attention_layernorm.weight", "self_attention.linear_proj.post_norm.weight"),
+                ("pre_feedforward_layernorm.weight", "pre_mlp_layernorm.weight"),
+                ("post_feedforward_layernorm.weight", "mlp.linear_fc2.post_norm.weight")]
     if arch.post_norms:
         return [("post_attention_layernorm.weight", "self_attention.linear_proj.post_norm.weight"),
                 ("post_feedforward_layernorm.weight", "mlp.linear_fc2.post_norm.weight")]

@@ -9,8 +9,9 @@ Megatron-Core targets GPUs; on a CPU machine (our CI, a laptop) five things brea
    across tensor-parallel ranks. We install a tracker with the same interface that forks the CPU generator,
    so the stock ``model_parallel_cuda_manual_seed`` works unchanged.
 3. Causal attention by mask type (no mask tensor passed): the local spec's softmax builds the [T, T] causal
-   mask with a literal ``device="cuda"`` (``get_default_causal_mask``). We replace it with the same mask
-   made on the CPU, cached per length.
+   mask with a literal ``device="cuda"`` (``get_default_causal_mask``), and a sliding window's mask (Gemma 3's
+   local layers, ``get_sliding_window_causal_mask``) the same way. We replace both with the same masks made on
+   the CPU, cached per shape.
 4. Pipeline parallelism: the schedules allocate their token counter with a literal ``device="cuda"``, and
    a tied embedding's last-stage copy is moved with ``.cuda()`` while the model is built.
    :func:`cuda_literals_on_cpu` (a ``TorchFunctionMode`` around those calls only, not a global patch)
@@ -70,6 +71,7 @@ def apply_cpu_fallbacks() -> bool:
 
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment]
     fused_softmax.get_default_causal_mask = causal_mask_on_cpu
+    fused_softmax.get_sliding_window_causal_mask = sliding_window_mask_on_cpu
     mcore_random._CUDA_RNG_STATE_TRACKER = CPURNGStatesTracker()
     mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     mcore_random._get_cuda_rng_state = lambda *_, **__: torch.empty(0, dtype=torch.uint8)
@@ -81,6 +83,14 @@ def apply_cpu_fallbacks() -> bool:
 def causal_mask_on_cpu(sq: int) -> torch.Tensor:
     """Megatron's default causal mask [sq, sq] (True above the diagonal: masked out), on the CPU."""
     return torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1)
+
+
+@functools.lru_cache(maxsize=8)
+def sliding_window_mask_on_cpu(sq: int, skv: int, window_size: tuple[int, int]) -> torch.Tensor:
+    """Megatron's sliding-window causal mask [sq, skv] (True: masked out), on the CPU: the last ``sq`` queries of
+    ``skv`` positions each see ``window_size[0]`` keys before it and ``window_size[1]`` after it."""
+    m = torch.ones(sq, skv, dtype=torch.bool)
+    return ~torch.tril(torch.triu(m, diagonal=skv - sq - window_size[0]), diagonal=skv - sq + window_size[1])
 
 
 class _CudaLiteralsOnCpu(TorchFunctionMode):

@@ -87,7 +87,7 @@ class MegatronAdapter(ModelAdapter):
         if cfg.lora_cfg.enabled and getattr(self.arch, "num_experts", 0):
             raise ModelError("policy.lora_cfg: adapters on Megatron's Mixture-of-Experts models are not built yet "
                              "(the experts' linears); train this model with policy.lora_cfg.enabled=false")
-        if cfg.lora_cfg.enabled and self.arch.post_norms:
+        if cfg.lora_cfg.enabled and (self.arch.post_norms or self.arch.gemma):
             raise ModelError(f"policy.lora_cfg: adapters on {self.arch.family}'s block (norms after attention and the "
                              "MLP) are not built yet; train this model with policy.lora_cfg.enabled=false")
         if cfg.lora_cfg.enabled and self.arch.fused_projections:
@@ -399,10 +399,11 @@ class MegatronAdapter(ModelAdapter):
         """With ``policy.megatron_cfg.share_prompts``: the rows that share a prompt as one sequence per group
         (:mod:`.shared_prompt`), scored by the fused head at the positions ``scored`` [b, T] marks -> [logprobs] or
         [logprobs, entropy], each [b, T], 0 elsewhere. None (the ordinary rows) where no two rows share a prompt,
-        or under a layout the shared sequence does not take (sequence parallel, pipeline, context parallel, packing)."""
+        or under a layout the shared sequence does not take (sequence parallel, pipeline, context parallel, packing), or
+        with a sliding window (Gemma 3's local layers: Megatron's window mask replaces the shared sequence's)."""
         layout = self.layout
         if (not self.cfg.megatron_cfg.share_prompts or layout.sequence_parallel or self.pipeline is not None
-                or layout.context_parallel_size > 1 or self.cfg.sequence_packing.enabled):
+                or layout.context_parallel_size > 1 or self.cfg.sequence_packing.enabled or self.arch.sliding_window):
             return None
         shared = share_prompts(input_ids, attention_mask, scored)
         if shared is None:

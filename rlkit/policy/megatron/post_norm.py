@@ -66,11 +66,14 @@ class ProjectionRMSNorm(torch.nn.Module):
 
 
 class PostNormRowParallelLinear(RowParallelLinear):
-    """Megatron's row-parallel linear with an RMSNorm over its output (see the module docstring)."""
+    """Megatron's row-parallel linear with an RMSNorm over its output (see the module docstring); ``norm_class``:
+    the norm (Gemma 3's block puts its own there, :mod:`.gemma`)."""
+
+    norm_class = RMSNorm
 
     def __init__(self, input_size: int, output_size: int, *, config, **kwargs):
         super().__init__(input_size, output_size, config=config, **kwargs)
-        self.post_norm = RMSNorm(config, output_size, eps=config.layernorm_epsilon)
+        self.post_norm = self.norm_class(config, output_size, eps=config.layernorm_epsilon)
 
     def forward(self, x: torch.Tensor):
         out, bias = super().forward(x)
