@@ -1,0 +1,114 @@
+"""Gemma 3 (text) beyond the checks every family gets in tests/policy/test_families.py (logits over 400 positions,
+past its 32-position window, export, vLLM after a step + refit, TP=2, negative controls): what rlkit refuses of it,
+the window's mask against transformers' rule, the local RoPE base from any positions, the policy's own generator
+past the window, and one `rlkit train` step from the command line."""
+
+import json
+
+import pytest
+import torch
+
+from rlkit.config.components import GenerationConfig, PolicyConfig
+from rlkit.errors import ModelError
+from rlkit.generation.base import SamplingSettings
+from rlkit.models.factory import GEMMA3_PRESET_WINDOW
+from rlkit.policy.architecture import Architecture
+from rlkit.policy.backends import in_process_policy
+
+
+@pytest.fixture(scope="module")
+def gemma3(model_factory):
+    return model_factory("nano", "gemma3", seed=1)
+
+
+@pytest.mark.parametrize("change,reason", [
+    ({"final_logit_softcapping": 30.0}, "soft-capping"),
+    ({"attn_logit_softcapping": 50.0}, "soft-capping"),
+    ({"use_bidirectional_attention": True}, "bidirectional"),
+    ({"rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}}, "RoPE scaling 'linear'"),
+    ({"hidden_activation": "gelu"}, "hidden_activation='gelu'"),
+    ({"layer_types": ["sliding_attention"]}, "layer_types"),
+])
+def test_what_rlkit_does_not_compute_is_refused_with_the_reason(gemma3, change, reason):
+    config = json.loads((gemma3 / "config.json").read_text())
+    assert Architecture.from_hf_config(config).sliding_window == GEMMA3_PRESET_WINDOW  # the preset is accepted
+    with pytest.raises(ModelError, match=reason):
+        Architecture.from_hf_config(dict(config, **change))
+
+
+def test_the_preset_has_a_local_and_a_global_layer_and_gemmas_scales(gemma3):
+    a = Architecture.from_hf_folder(gemma3)
+    assert a.local_layers == (1, 0) and a.local_rope_theta == 1e4 and a.rope_theta == 1e6
+    assert a.tie_word_embeddings and a.activation == "gelu_tanh" and a.softmax_scale == (2 * a.head_dim) ** -0.5
+
+
+@pytest.mark.parametrize("sq,skv", [(7, 7), (1, 7), (3, 7)])  # a whole sequence, one decode step, a chunk
+def test_the_window_mask_is_transformers_rule(sq, skv):
+    """Megatron's window (left, 0) = (sliding_window - 1, 0): query q sees key k where 0 <= q - k < sliding_window, as
+    transformers' sliding-window mask; the last ``sq`` of ``skv`` positions are the queries (decoding with a cache)."""
+    from rlkit.policy.megatron.cpu import sliding_window_mask_on_cpu
+
+    window = 3
+    masked = sliding_window_mask_on_cpu(sq, skv, (window - 1, 0))
+    queries = range(skv - sq, skv)
+    expected = torch.tensor([[not (0 <= q - k < window) for k in range(skv)] for q in queries])
+    assert torch.equal(masked, expected)
+
+
+def test_local_angles_are_the_local_bases_whatever_the_positions():
+    """The local layers' RoPE angles from the global table, for 0..s-1 and for per-row positions (shared prompts,
+    packed segments): those Megatron's RotaryEmbedding computes at the local base, to float rounding."""
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    from rlkit.policy.megatron.cpu import apply_cpu_fallbacks
+    from rlkit.policy.megatron.gemma import local_angles
+
+    apply_cpu_fallbacks()
+    glob, local = (RotaryEmbedding(kv_channels=32, rotary_percent=1.0, rotary_base=base) for base in (1e6, 1e4))
+    inv_freq = local.inv_freq
+    assert torch.allclose(local_angles(glob(600), inv_freq), local(600), rtol=1e-6, atol=1e-5)
+    positions = torch.tensor([[5, 0, 599, 33], [1, 2, 3, 4]])  # [b, s] -> [s, b, 1, dim], as shared_prompt.rope_at
+    per_token = glob(600)[:, 0, 0][positions.t()].unsqueeze(2)
+    assert torch.allclose(local_angles(per_token, inv_freq), local(600)[:, 0, 0][positions.t()].unsqueeze(2),
+                          rtol=1e-6, atol=1e-5)
+    assert not torch.allclose(glob(600), local(600), atol=1e-2)  # the two bases differ where it matters
+
+
+def test_the_policys_own_generator_samples_what_it_scores_past_the_window(gemma3):
+    """policy.generation.backend=megatron on Gemma 3: a KV-cached decode through local layers (the window's mask for
+    one query over the cache, the local base at each new position) gives the logprobs a full forward gives."""
+    policy = in_process_policy(PolicyConfig(model_name=str(gemma3)))
+    try:
+        generator = policy.adapter.own_generator(GenerationConfig(), 128, 0)
+        prompts = [list(range(3, 43)), list(range(50, 80))]
+        out = generator.generate(prompts, 2, SamplingSettings(max_new_tokens=40, seed=0))
+        policy.model.eval()
+        longest = 0
+        for prompt, tokens, logprobs in zip([p for p in prompts for _ in range(2)], out.token_ids, out.logprobs):
+            ids = torch.tensor([prompt + list(tokens)])
+            with torch.no_grad():
+                full = torch.log_softmax(policy.adapter.logits(ids)[0, :-1].float(), -1)
+            scored = full[len(prompt) - 1:].gather(-1, ids[0, len(prompt):, None])[:, 0]
+            assert (scored - torch.tensor(logprobs)).abs().max() < 1e-5
+            longest = max(longest, ids.shape[1])
+        assert longest > 2 * GEMMA3_PRESET_WINDOW
+    finally:
+        policy.close()
+
+
+def test_rlkit_train_runs_a_step_on_a_gemma3_model_from_the_command_line(tmp_path):
+    """quickstart_nano with policy.model_family=gemma3 (the model made from the preset) and room for sequences longer
+    than the window: SFT, one GRPO step, vLLM refit, export."""
+    from rlkit.cli import main
+
+    values = {"policy.model_name": str(tmp_path / "model"), "policy.model_family": "gemma3", "sft.num_steps": 2,
+              "sft.batch_size": 8, "sft.warmup_steps": 0, "grpo.max_num_steps": 1, "grpo.num_prompts_per_step": 4,
+              "grpo.num_generations_per_prompt": 4, "eval.num_prompts": 4, "logger.log_dir": str(tmp_path / "runs"),
+              "policy.max_total_sequence_length": 56, "policy.generation.max_new_tokens": 36}
+    out = tmp_path / "export"
+    assert main(["train", "quickstart_nano", *(f"{k}={v}" for k, v in values.items()), "--export", str(out),
+                 "--quiet"]) == 0
+    summary = json.loads((tmp_path / "runs" / "quickstart_nano" / "summary.json").read_text())
+    assert summary["rl_steps"] == 1
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["Gemma3ForCausalLM"]
