@@ -7,7 +7,8 @@ policy (:class:`rlkit.weight_sync.Handoff`), the step clock, the listeners, the 
 
 Why one object: each stage method reads its inputs here and calls the stage function of :mod:`rlkit.stages` with
 the components and the stage settings; ``step()`` calls those methods, so an RL step reads top to bottom in this
-file, and nothing it calls reaches back up. :class:`rlkit.Session` is the cell-facing facade: it builds a Run and
+file, and nothing it calls reaches back up; what the loop over steps (``run()``) adds between steps is in
+:mod:`rlkit.run.steps`. :class:`rlkit.Session` is the cell-facing facade: it builds a Run and
 delegates to it, and adds what needs the builders (``configure``, ``reset``, ``log_to``) or checkpoint files.
 
 Within a step a rollout returns the same prompts and samples again; the step's prompts are consumed when
@@ -16,29 +17,25 @@ Within a step a rollout returns the same prompts and samples again; the step's p
 
 from __future__ import annotations
 
-import time
 import warnings
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Mapping, Optional, Sequence
 
-from tqdm.auto import tqdm
-
 from rlkit import stages
 from rlkit.algorithms import RLLoss
 from rlkit.config.run import RunConfig
-from rlkit.errors import RunInterrupted, SessionClosedError, StageOrderError
+from rlkit.errors import SessionClosedError, StageOrderError
 from rlkit.generation.base import SamplingSettings
-from rlkit.run import fork as forking, history, loop, offline
+from rlkit.run import fork as forking, history, offline
 from rlkit.run.components import Components
 from rlkit.run.metrics import StepMetrics, step_metrics
 from rlkit.run.replay import ReplayReport, named_losses, replay
 from rlkit.run.reuse import warn_if_reused
-from rlkit.run.reward_hacking import FLAG as HACKING_FLAG, reward_hacking
-from rlkit.run.skipped_steps import SKIPPED, refused_update, skipped_in_a_row, too_many_skipped
 from rlkit.run.sources import RolloutSource, rollout_source, step_seed, warn_if_off_policy
 from rlkit.run.state import RunState
 from rlkit.run.step_clock import StepClock
+from rlkit.run.steps import run_steps
 from rlkit.stages.compare import compare_losses
 from rlkit.tracking.checkpoint import CRITIC_DIR, POLICY_DIR, read_checkpoint_state, restore_rng, save_checkpoint
 from rlkit.tracking.records import RunRecorder
@@ -369,62 +366,7 @@ class Run:
         return (isinstance(self.loss_fn, RLLoss) and not self.needs_reference and self.policy.returns_step_logprobs
                 and stages.one_update(batch.batch_size, train.num_epochs, train.global_batch_size))
 
-    def run(self, steps: Optional[int] = None, progress: bool = True,
-            on_step: Optional[Callable[[StepMetrics], None]] = None) -> list[StepMetrics]:
-        """``steps`` RL steps (default ``grpo.max_num_steps``) with a progress bar; see :meth:`rlkit.Session.run`
-        for what a stop request, a skipped step and an interrupt do. Each step is recorded when the run records,
-        then ``on_step`` and the listeners see it (their seconds go to the next step's ``timing/``)."""
-        self.refuse_if_closed("run")
-        total = self.config.grpo.max_num_steps if steps is None else steps
-        self.state.stop_requested = False
-        done: list[StepMetrics] = []
-        bar = tqdm(total=total, desc=loop.algorithm_name(self.loss_fn, self.config), disable=not progress,
-                   leave=True)
-        clock = self.clock = StepClock()
-        try:
-            for _ in range(total):
-                version_before, t0 = self.policy.version, time.perf_counter()
-                try:
-                    metrics = self.step()
-                except Exception as error:
-                    refused = refused_update(error)
-                    if refused is None:
-                        raise
-                    metrics = self._skip_step(refused, version_before, t0)
-                done.append(metrics)
-                with clock.part("progress"):
-                    loop.show_progress(bar, metrics, self.needs_reference)
-                period = self.config.grpo.val_period
-                if period and self.state.step % period == 0:
-                    with clock.part("eval"):
-                        metrics.values["validation/accuracy"] = self.evaluate().accuracy
-                    if hacking := reward_hacking(self.state.history, self.config.eval.reward_hacking_drop):
-                        metrics.values[HACKING_FLAG] = 1.0
-                        warnings.warn(hacking, stacklevel=3)
-                clock.finish(metrics.values)
-                # recorded, then the listeners see the record, so their seconds go to the next one (timing/listeners,
-                # logging, checkpoint...); the last step's are added to its record in history when the loop ends
-                clock = self.clock = StepClock()
-                with clock.part("listeners"):
-                    self.record_step(metrics)
-                    for listener in ([on_step] if on_step else []) + self.listeners:
-                        listener(metrics)
-                limit = self.config.grpo.max_consecutive_skipped_steps
-                if SKIPPED in metrics.values and skipped_in_a_row(self.state.history) >= limit:
-                    raise too_many_skipped(limit, self.state.history, refused) from refused
-                if self.state.stop_requested:
-                    break
-        except KeyboardInterrupt:
-            raise RunInterrupted(f"run() stopped after step {self.state.step} ({len(done)} of {total} finished in "
-                                 "this call); the session is consistent, the finished steps are in "
-                                 "session.history, and run() or step() carries on from here") from None
-        finally:
-            self.clock = None
-            with clock.part("progress"):  # closing joins tqdm's monitor thread: milliseconds under load
-                bar.close()
-        if done:
-            clock.add_to(done[-1].values)
-        return done
+    run = run_steps  # the loop over steps (rlkit.run.steps), a method of the Run defined there
 
     def request_stop(self) -> None:
         """Ask ``run()`` to end after the step it is in (the dashboard's stop button); no step is cut in half."""
@@ -447,17 +389,6 @@ class Run:
             metrics.values.update({k: v for k, v in batch.info.items()
                                    if k.startswith(("rollout/", "dynamic_sampling/", "distillation/"))})
             self.state.end_step(metrics)
-        return metrics
-
-    def _skip_step(self, error: BaseException, version_before: int, t0: float) -> StepMetrics:
-        """Record the step whose update the policy refused as a skipped step (:func:`rlkit.run.loop.skipped`); the
-        generator is told the step is over (refit only if an earlier optimizer step of this RL step was applied)."""
-        metrics = loop.skipped(self.state, self.policy.version, version_before, time.perf_counter() - t0, error,
-                               self.config.grpo.max_consecutive_skipped_steps)
-        if self.stale:
-            self.refit()
-        else:  # same weights: a refit would copy what the generator holds; async GRPO needs the step count
-            self.rollouts.weights_loaded(self.generator_version, self.state.step)
         return metrics
 
     # ---- records ------------------------------------------------------------------------------------------
