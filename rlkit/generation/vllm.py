@@ -60,13 +60,14 @@ from rlkit.quiet import quieted
 
 class _ExpectedReloadNotices(logging.Filter):
     """Drops vLLM's "<layer>: Failed to load weights" warnings, logged at every refit, for layers that have
-    nothing to load: ``RotaryEmbedding`` (its cos/sin cache is computed, never a checkpoint weight) and, once a
+    nothing to load: ``RotaryEmbedding`` (its cos/sin cache is computed, never a checkpoint weight), ``Gemma3Model``
+    (its own tensor is the embedding scale sqrt(hidden), a computed buffer: vLLM puts it back) and, once a
     tied-embedding model is loaded, ``ParallelLMHead`` (a tied head has no tensor of its own: it shares the
     embedding's, and :func:`redispatch_cpu_tied_layers` rebuilds its kernel). Other layers' failures still show."""
 
     def __init__(self):
         super().__init__()
-        self.layers = {"RotaryEmbedding"}
+        self.layers = {"RotaryEmbedding", "Gemma3Model"}
 
     def filter(self, record: logging.LogRecord) -> bool:
         layer, _, rest = record.getMessage().partition(": ")

@@ -1,7 +1,7 @@
 """Gemma 3 (text) beyond the checks every family gets in tests/policy/test_families.py (logits over 400 positions,
 past its 32-position window, export, vLLM after a step + refit, TP=2, negative controls): what rlkit refuses of it,
-the window's mask against transformers' rule, the local RoPE base from any positions, the policy's own generator
-past the window, and one `rlkit train` step from the command line."""
+the window's mask against transformers' rule, the local RoPE base from any positions, the policy's own generator and
+vLLM after a refit on rows past the window, and one `rlkit train` step from the command line."""
 
 import json
 
@@ -94,6 +94,29 @@ def test_the_policys_own_generator_samples_what_it_scores_past_the_window(gemma3
             longest = max(longest, ids.shape[1])
         assert longest > 2 * GEMMA3_PRESET_WINDOW
     finally:
+        policy.close()
+
+
+def test_vllm_agrees_with_the_policy_past_the_window_after_a_step_and_refit(gemma3):
+    """vLLM's Gemma 3 (its own model class, a per-layer window in its CPU attention) on rows more than twice the window
+    long: the engine agrees with the policy, not after a policy step, and again after the refit."""
+    from rlkit.weight_sync import ColocatedWeightSync
+    from tests.helpers import agree_then_step, engine_beside_a_policy, generator_policy_mismatch
+
+    policy, generator, _ = engine_beside_a_policy(gemma3)
+    prompts = [list(range(3 + i, 43 + i)) for i in range(8)]  # 40 tokens each, then 24 sampled
+
+    def mismatch(seed):
+        return generator_policy_mismatch(generator, policy, [f"prompt {i}" for i in range(8)], prompts, seed)
+
+    try:
+        agree_then_step(policy, mismatch)
+        ColocatedWeightSync().sync(policy, generator)
+        diff, batch = mismatch(3)
+        assert batch.attention_mask.sum(1).max() >= 2 * GEMMA3_PRESET_WINDOW
+        assert diff.max() < 1e-3 and diff.mean() < 1e-4
+    finally:
+        generator.close()
         policy.close()
 
 
