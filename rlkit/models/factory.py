@@ -88,11 +88,22 @@ def hf_config(spec: TinyModelSpec, family: ModelFamily):
     loss, the setting recommended for RL; Qwen2-MoE's shared expert is twice an expert's width)."""
     import transformers as tf
 
+    fields = config_fields(spec, family)
+    return getattr(tf, BY_NAME[family].config_class)(**fields)
+
+
+def preset_config(spec: TinyModelSpec, family: ModelFamily) -> dict:
+    """What the config's checks read of the model a preset makes: the fields :func:`hf_config` sets (its class's
+    defaults aside) and the ``architectures`` the saved folder names; no transformers, so no torch, is loaded."""
+    return dict(config_fields(spec, family), architectures=[BY_NAME[family].architecture])
+
+
+def config_fields(spec: TinyModelSpec, family: ModelFamily) -> dict:
+    """The keyword arguments of ``family``'s transformers config class for ``spec``."""
     fields = asdict(spec)
     experts, top_k = fields.pop("num_experts"), fields.pop("num_experts_per_tok")
     if family not in BY_NAME:
         raise ModelError(f"unknown model family {family!r}; choose one of {list(FAMILY_NAMES)}")
-    config_class = getattr(tf, BY_NAME[family].config_class)
     if BY_NAME[family].moe != (experts > 0):
         raise ModelError(f"family {family!r} with num_experts={experts}: Mixture-of-Experts presets (e.g. 'nano-moe') "
                          f"go with the families {', '.join(MOE_FAMILIES)}, dense presets with the others")
@@ -101,28 +112,28 @@ def hf_config(spec: TinyModelSpec, family: ModelFamily):
     router = dict(num_experts_per_tok=top_k, router_aux_loss_coef=0.0, output_router_logits=False)
     qwen_moe = dict(router, num_experts=experts, moe_intermediate_size=spec.intermediate_size, decoder_sparse_step=1)
     if family == "mixtral":
-        return config_class(**common, **router, num_local_experts=experts)
+        return dict(**common, **router, num_local_experts=experts)
     if family == "qwen2-moe":
-        return config_class(**common, **qwen_moe, norm_topk_prob=False,
-                            shared_expert_intermediate_size=2 * spec.intermediate_size)
+        return dict(**common, **qwen_moe, norm_topk_prob=False,
+                    shared_expert_intermediate_size=2 * spec.intermediate_size)
     if family == "qwen3-moe":
-        return config_class(**common, **qwen_moe, norm_topk_prob=True)
+        return dict(**common, **qwen_moe, norm_topk_prob=True)
     if family == "llama3":  # Llama 3.1's scaling needs a context beyond its original 8192 positions
         common.update(max_position_embeddings=131072, rope_parameters=dict(common["rope_parameters"], **LLAMA3_ROPE))
     if family in ("llama", "llama3"):
-        return config_class(**common, attention_bias=False, mlp_bias=False)
+        return dict(**common, attention_bias=False, mlp_bias=False)
     if family == "phi3":  # Phi-4-mini's partial RoPE (Phi-3's is whole): the knob that full-RoPE families lack
         common["rope_parameters"]["partial_rotary_factor"] = 0.75
-        return config_class(**common)
+        return dict(**common)
     if family == "smollm3":  # NoPE every 4th layer, as SmolLM3-3B; every 2nd in a 2- or 3-layer preset, so it has one
-        return config_class(**common, use_sliding_window=False, no_rope_layer_interval=min(4, spec.num_hidden_layers))
+        return dict(**common, use_sliding_window=False, no_rope_layer_interval=min(4, spec.num_hidden_layers))
     if family == "olmo2":
-        return config_class(**common, attention_bias=False)
+        return dict(**common, attention_bias=False)
     if family == "gemma3":
-        return config_class(**gemma3_fields(spec, common))
+        return dict(**gemma3_fields(spec, common))
     if family == "mistral":  # no window, as Mistral 7B v0.2+ (MistralConfig's default is 4096)
-        return config_class(**common, sliding_window=None)
-    return config_class(**common, use_sliding_window=False)
+        return dict(**common, sliding_window=None)
+    return dict(**common, use_sliding_window=False)
 
 
 GEMMA3_PRESET_WINDOW = 32  # shorter than the tests' sequences, so the local layers' window binds
@@ -130,11 +141,11 @@ GEMMA3_PRESET_WINDOW = 32  # shorter than the tests' sequences, so the local lay
 
 def gemma3_fields(spec: TinyModelSpec, common: dict) -> dict:
     """Gemma 3 (text) as Gemma-3-1B is laid out: tied embeddings, GELU-tanh, local layers (RoPE base
-    ``spec.rope_theta``, a sliding window) and every 6th layer global (RoPE base 1e6); every 2nd in a 2- or 3-layer
-    preset, so it has one of each. ``query_pre_attn_scalar`` differs from ``head_dim`` (as Gemma 3 27B's does), so
+    ``spec.rope_theta``, a sliding window) and every 6th layer global (RoPE base 1e6); every 2nd in a preset of fewer
+    than 6 layers, so each has both kinds. ``query_pre_attn_scalar`` differs from ``head_dim`` (as Gemma 3 27B's does), so
     the softmax scale read from it is tested."""
     local = common.pop("rope_parameters")
-    every = 6 if spec.num_hidden_layers > 3 else 2
+    every = 6 if spec.num_hidden_layers >= 6 else 2
     layer_types = ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
                    for i in range(spec.num_hidden_layers)]
     return dict(common, tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh", layer_types=layer_types,

@@ -37,10 +37,17 @@ def test_what_rlkit_does_not_compute_is_refused_with_the_reason(gemma3, change, 
         Architecture.from_hf_config(dict(config, **change))
 
 
-def test_the_preset_has_a_local_and_a_global_layer_and_gemmas_scales(gemma3):
+def test_the_presets_have_local_and_global_layers_and_gemmas_scales(gemma3):
+    from rlkit.models.factory import PRESETS, hf_config
+
     a = Architecture.from_hf_folder(gemma3)
     assert a.local_layers == (1, 0) and a.local_rope_theta == 1e4 and a.rope_theta == 1e6
     assert a.tie_word_embeddings and a.activation == "gelu_tanh" and a.softmax_scale == (2 * a.head_dim) ** -0.5
+    for name, spec in PRESETS.items():  # every dense preset has both kinds of layer, one global in 6 from 6 layers on
+        if not spec.num_experts:
+            types = hf_config(spec, "gemma3").layer_types
+            assert "full_attention" in types and "sliding_attention" in types, name
+            assert types.count("full_attention") == (spec.num_hidden_layers // 6 or spec.num_hidden_layers // 2), name
 
 
 @pytest.mark.parametrize("sq,skv", [(7, 7), (1, 7), (3, 7)])  # a whole sequence, one decode step, a chunk
