@@ -153,6 +153,8 @@ class TinkerBackend:
                 "is one: start the service with grpo.num_epochs=1 and no policy.train_global_batch_size")
         lr = apply_adam(self.session, adam)
         metrics = self.session.train(batch, allow_reuse=True)
+        # the policy reports its schedule's rate, but this step used Tinker's: the history says what was used
+        metrics.values["train/learning_rate"] = lr
         self.pending.clear()
         return {"type": "optim_step", "metrics": {"loss:sum": float(metrics.values["train/loss"]),
                                                   "learning_rate:mean": lr,

@@ -25,7 +25,8 @@ import numpy as np
 import torch
 
 from rlkit.algorithms import token_mult_prob_error
-from rlkit.tinker_api.losses import CONFIG_KEY, COEFFICIENT, LOSS_INPUTS, LOSS_KEY, TINKER_LOSSES
+from rlkit.tinker_api.losses import (CONFIG_KEY, COEFFICIENT, LOSS_INPUTS, LOSS_KEY, NOT_SERVED, RATIO_MASK_KEY,
+                                     REQUIRED_CONFIG, TINKER_LOSSES)
 from rlkit.trajectories import Trajectories
 
 
@@ -41,10 +42,17 @@ class Datum:
     inputs: Mapping[str, np.ndarray] = field(default_factory=dict)  # name -> [N] (target_tokens, weights, ...)
 
 
-def check_loss(loss_fn: str) -> None:
+def check_loss(loss_fn: str, loss_fn_config: Mapping[str, float]) -> None:
+    """Refuse a loss the service does not compute, or a config it would have to guess a value for."""
     if loss_fn not in TINKER_LOSSES:
-        raise TinkerRequestError(f"loss_fn {loss_fn!r} is not implemented by rlkit's Tinker service; it serves "
+        why = f" ({NOT_SERVED[loss_fn]})" if loss_fn in NOT_SERVED else ""
+        raise TinkerRequestError(f"loss_fn {loss_fn!r} is not implemented by rlkit's Tinker service{why}; it serves "
                                  f"{', '.join(TINKER_LOSSES)}")
+    missing = [k for k in REQUIRED_CONFIG.get(loss_fn, ()) if k not in loss_fn_config]
+    if missing:
+        example = ", ".join(f"{k!r}: ..." for k in missing)
+        raise TinkerRequestError(f"loss_fn {loss_fn!r} needs loss_fn_config keys {missing}: Tinker's docs give them no "
+                                 f"default, so rlkit's service does not guess one; pass loss_fn_config={{{example}}}")
 
 
 def _row(datum: Datum, index: int, loss_fn: str) -> tuple[list[int], dict[str, np.ndarray]]:
@@ -55,6 +63,10 @@ def _row(datum: Datum, index: int, loss_fn: str) -> tuple[list[int], dict[str, n
     if missing:
         raise TinkerRequestError(f"datum {index}: loss_fn {loss_fn!r} needs loss_fn_inputs {missing}")
     inputs = {k: np.asarray(v) for k, v in datum.inputs.items()}
+    per_datum_clip = sorted(k for k in inputs if k.startswith("clip_"))
+    if per_datum_clip:
+        raise TinkerRequestError(f"datum {index}: loss_fn_inputs {per_datum_clip} (per-datum clip thresholds) are not "
+                                 "served; pass the thresholds in forward_backward's loss_fn_config")
     for name, value in inputs.items():
         if value.ndim != 1 or value.shape[0] != n:
             raise TinkerRequestError(f"datum {index}: loss_fn_inputs[{name!r}] has shape {list(value.shape)}, but "
@@ -68,13 +80,16 @@ def _row(datum: Datum, index: int, loss_fn: str) -> tuple[list[int], dict[str, n
             "model_input[i + 1]); rlkit's service scores one sequence's own next tokens, so build the datum from "
             "the full sequence: model_input = seq[:-1], target_tokens = seq[1:]")
     inputs.setdefault("weights", np.ones(n, dtype=np.float32))
+    if "sequence_ratio_mask" in LOSS_INPUTS[loss_fn] and not np.any(inputs["sequence_ratio_mask"] != 0):
+        raise TinkerRequestError(f"datum {index}: sequence_ratio_mask marks no token, so {loss_fn}'s sequence ratio "
+                                 "(a mean over the marked tokens) is undefined; mark the sampled tokens")
     return [*datum.tokens, int(targets[-1])], inputs
 
 
 def datums_to_batch(datums: Sequence[Datum], loss_fn: str, loss_fn_config: Mapping[str, float],
                     pad_token_id: int, policy_version: int) -> Trajectories:
     """The batch of ``datums`` for rlkit's stages: one row per datum, right-padded (N + 1 tokens each)."""
-    check_loss(loss_fn)
+    check_loss(loss_fn, loss_fn_config)
     if not datums:
         raise TinkerRequestError("no data: forward_backward needs at least one datum")
     rows = [_row(d, i, loss_fn) for i, d in enumerate(datums)]
@@ -93,11 +108,14 @@ def datums_to_batch(datums: Sequence[Datum], loss_fn: str, loss_fn_config: Mappi
         coefficient[i, 1:n + 1] = torch.from_numpy(inputs[COEFFICIENT[loss_fn]].astype(np.float32))
         if "logprobs" in LOSS_INPUTS[loss_fn]:
             sampler[i, 1:n + 1] = torch.from_numpy(inputs["logprobs"].astype(np.float32))
-    meta = {LOSS_KEY: loss_fn, CONFIG_KEY: dict(loss_fn_config)}
+    meta = [{LOSS_KEY: loss_fn, CONFIG_KEY: dict(loss_fn_config)} for _ in rows]
+    if "sequence_ratio_mask" in LOSS_INPUTS[loss_fn]:
+        for m, (_, inputs) in zip(meta, rows):
+            m[RATIO_MASK_KEY] = tuple(bool(v) for v in inputs["sequence_ratio_mask"] != 0)
     return Trajectories(prompts=("",) * b, completions=("",) * b, input_ids=input_ids, attention_mask=attention_mask,
                         loss_mask=loss_mask, generator_logprobs=sampler, finish_reasons=("stop",) * b, group_size=1,
                         policy_version=policy_version, rewards=torch.zeros(b), advantages=coefficient,
-                        env_metadata=tuple(dict(meta) for _ in range(b)), info={"tinker/loss_fn": loss_fn})
+                        env_metadata=tuple(meta), info={"tinker/loss_fn": loss_fn})
 
 
 def per_datum(values: torch.Tensor, batch: Trajectories) -> list[np.ndarray]:

@@ -74,11 +74,11 @@ def datums(kind, rng=None):
     return out
 
 
-def as_batch(session, data, loss_fn):
+def as_batch(session, data, loss_fn, config=None):
     """The same datums as the Session's own batch (what the service builds from the wire)."""
     plain = [Datum(tuple(d.model_input.to_ints()), {k: v.to_numpy() for k, v in d.loss_fn_inputs.items()})
              for d in data]
-    return datums_to_batch(plain, loss_fn, {}, session.tokenizer.pad_token_id, session.policy.version)
+    return datums_to_batch(plain, loss_fn, config or {}, session.tokenizer.pad_token_id, session.policy.version)
 
 
 def transformers_logprobs(folder, seq):
@@ -144,8 +144,44 @@ def test_forward_alone_takes_no_step_and_ppo_cispo_follow_their_formulas(served)
     assert cispo.metrics["loss:sum"] == pytest.approx(expected_cispo, abs=1e-4)
     with pytest.raises(tinker.RequestFailedError, match="no forward_backward since the last optim_step"):
         training.optim_step(ADAM).result()  # forward() keeps nothing to train on
-    with pytest.raises(tinker.RequestFailedError, match="'dro' is not implemented"):
-        training.forward_backward(data, "dro").result()
+    with pytest.raises(tinker.RequestFailedError, match="'stable_reinforce' is not implemented"):
+        training.forward_backward(data, "stable_reinforce").result()
+
+
+def test_dro_and_gspo_through_the_sdk_follow_tinkers_formulas(served):
+    """The SDK's dro and gspo (forward: no step) against the documented formulas in float64 on the returned
+    logprobs, which are the Session's own; a gspo datum sends its sequence_ratio_mask on the wire."""
+    session, _, client, folder, _ = served
+    training = client.create_lora_training_client(base_model=str(folder), rank=RANK).result()
+    data = datums("dro", np.random.default_rng(5))
+    with_mask = [types.Datum(model_input=d.model_input, loss_fn_inputs={
+        **{k: v.to_numpy() for k, v in d.loss_fn_inputs.items()},
+        "sequence_ratio_mask": np.array([0.0] * (PROMPT_LEN - 1) + [1.0] * (len(seq) - PROMPT_LEN), np.float32)})
+        for d, seq in zip(data, SEQS)]
+    clips = {"clip_low_threshold": 0.9, "clip_high_threshold": 1.1}
+    dro = training.forward(data, "dro", {"beta": 0.05}).result()
+    gspo = training.forward(with_mask, "gspo", clips).result()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        own = session.logprobs(as_batch(session, data, "dro", {"beta": 0.05}))
+    expected_dro = expected_gspo = 0.0
+    for i, (datum, seq) in enumerate(zip(with_mask, SEQS)):
+        lp = np.array(dro.loss_fn_outputs[i]["logprobs"].tolist(), dtype=np.float64)
+        assert np.allclose(lp, own.prev_logprobs[i, 1:len(seq)].double().numpy(), atol=1e-5, rtol=0)
+        assert np.array_equal(lp, np.array(gspo.loss_fn_outputs[i]["logprobs"].tolist()))  # no step between
+        a, q, m = (datum.loss_fn_inputs[k].to_numpy().astype(np.float64)
+                   for k in ("advantages", "logprobs", "sequence_ratio_mask"))
+        dro_terms = -(lp * a - 0.5 * 0.05 * (lp - q) ** 2)
+        s = np.exp((lp - q)[m != 0].mean())
+        gspo_terms = -np.minimum(s * a, np.clip(s, 0.9, 1.1) * a)
+        assert np.allclose(dro.loss_fn_outputs[i]["elementwise_loss"].tolist(), dro_terms, atol=1e-4, rtol=1e-5)
+        assert np.allclose(gspo.loss_fn_outputs[i]["elementwise_loss"].tolist(), gspo_terms, atol=1e-4, rtol=1e-5)
+        expected_dro += dro_terms.sum()
+        expected_gspo += gspo_terms.sum()
+    assert dro.metrics["loss:sum"] == pytest.approx(expected_dro, abs=1e-3, rel=1e-5)
+    assert gspo.metrics["loss:sum"] == pytest.approx(expected_gspo, abs=1e-3, rel=1e-5)
+    with pytest.raises(tinker.RequestFailedError, match=r"'dro' needs loss_fn_config keys \['beta'\]"):
+        training.forward(data, "dro").result()
 
 
 def test_optim_step_moves_the_weights_as_the_sessions_own_train_step(served):
@@ -161,6 +197,7 @@ def test_optim_step_moves_the_weights_as_the_sessions_own_train_step(served):
     served_after = trainable(session)
     assert result.metrics["learning_rate:mean"] == ADAM.learning_rate
     assert len(session.history) == steps_before + 1  # the notebook sees the step the script took
+    assert session.history[-1]["train/learning_rate"] == ADAM.learning_rate  # the rate used, not the schedule's
     assert max((served_after[n] - before[n]).abs().max().item() for n in before) > 1e-3
 
     own = rlkit.Session.from_config("quickstart_nano", overrides(

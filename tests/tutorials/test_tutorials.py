@@ -18,9 +18,9 @@ EXECUTED = REPO / "test-output" / "tutorials"  # read by scripts/docs_hooks.py
 TUTORIAL_FILES = sorted(p.name for p in TUTORIALS.glob("[0-9][0-9]_*.ipynb"))
 
 
-def test_the_sixteen_tutorials_exist_with_outputs_stripped():
+def test_the_seventeen_tutorials_exist_with_outputs_stripped():
     assert [name[:2] for name in TUTORIAL_FILES] == ["01", "02", "03", "04", "05", "06", "07", "08", "09", "10", "11",
-                                                     "12", "13", "14", "15", "16"]
+                                                     "12", "13", "14", "15", "16", "17"]
     for name in TUTORIAL_FILES:
         nb = nbformat.read(str(TUTORIALS / name), as_version=4)
         nbformat.validate(nb)
