@@ -86,8 +86,13 @@ class BackendSection(Section):
         """Consecutive ranks that should share a node (:mod:`rlkit.cluster_placement`)."""
         return 1
 
-    def lora_problems(self, targets: set[str]) -> list[str]:
-        """What this backend cannot do with adapters on the HF projections ``targets``."""
+    def lora_problems(self, targets: set[str], fused: bool) -> list[str]:
+        """What this backend cannot do with adapters on the HF projections ``targets`` (``fused``: one adapter
+        per fused linear, ``policy.lora_cfg.fused_adapters``)."""
+        if fused:
+            return [f"policy.lora_cfg.fused_adapters=true: one adapter over a fused linear is Megatron's layout; the "
+                    f"{self.name} backend puts peft's adapters on each HF projection (set it to false, or use "
+                    f"policy.backend=megatron)"]
         return []
 
     def data_parallel_size(self, num_workers: int) -> int:
@@ -216,15 +221,16 @@ class MegatronConfig(BackendSection):
         with_experts = size * self.expert_model_parallel_size
         return with_experts if world_size % with_experts == 0 else size
 
-    def lora_problems(self, targets: set[str]) -> list[str]:
+    def lora_problems(self, targets: set[str], fused: bool) -> list[str]:
         out = []
         if self.pipeline_model_parallel_size > 1:
             out.append("policy.lora_cfg.enabled: adapters under pipeline parallelism are not built yet; set "
                        "policy.megatron_cfg.pipeline_model_parallel_size=1 (tensor parallelism works)")
-        for fused, parts in LORA_FUSED_MODULES.items():
-            if 0 < len(targets & set(parts)) < len(parts):
-                out.append(f"policy.lora_cfg.target_modules: Megatron fuses {', '.join(parts)} into {fused}, so "
-                           f"their adapters come together; name all of them (or {fused}), or none")
+        for linear, parts in LORA_FUSED_MODULES.items():
+            if fused and 0 < len(targets & set(parts)) < len(parts):
+                out.append(f"policy.lora_cfg.target_modules: with fused_adapters one adapter spans {linear} "
+                           f"({', '.join(parts)}); name all of them (or {linear}), or none, or set "
+                           f"policy.lora_cfg.fused_adapters=false for one adapter per projection")
         return out
 
     def problems(self, policy: "PolicyConfig") -> list[str]:

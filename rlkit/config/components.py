@@ -61,6 +61,9 @@ class LoraConfig(Section):
     exclude_modules: tuple[str, ...] = ()
     match_all_linear: bool = True  # used when target_modules is empty
     use_dora: bool = False  # weight-decomposed LoRA: refused (not implemented on any backend)
+    # Megatron only: one adapter over each fused linear (the QKV, fc1's gate/up: a shared A, Megatron-Bridge's
+    # LoRA) instead of one per HF projection (peft's, Megatron-Bridge's CanonicalLoRA, every backend's default)
+    fused_adapters: bool = False
     # free the frozen base after each refit and read it back from the model folder before the policy's next forward
     # pass (rlkit.policy.frozen_base): while a colocated engine generates, its copy is then the only one resident
     release_base_while_generating: bool = False
@@ -109,7 +112,7 @@ class LoraConfig(Section):
             able = " or ".join(n for n, s in policy.backends().items() if s.releases_frozen_base)
             out.append(f"policy.lora_cfg.release_base_while_generating: not built for the {policy.backend} backend "
                        f"(its base is held by transformers and peft); use policy.backend={able}, or set it to false")
-        return out + policy.backend_section.lora_problems(targets)
+        return out + policy.backend_section.lora_problems(targets, self.fused_adapters)
 
 
 class DynamicBatchingConfig(Section):

@@ -51,6 +51,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
+from rlkit.config.backends import LORA_FUSED_MODULES
 from rlkit.config.engines import BYTES_PER_PARAMETER, engine_handoff
 from rlkit.config.run import RunConfig
 from rlkit.errors import ConfigError
@@ -227,10 +228,12 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
     lora = p.lora_cfg
     adapters = 0
     if lora.enabled:
-        names = set(lora.target_modules) or set(shape.lora_fan)
-        names -= set(lora.exclude_modules)
-        adapters = sum(lora.dim * (i + o) for name, (i, o) in shape.lora_fan.items() if name in names) \
-            * shape.layers * item // shard
+        names = set(lora.hf_targets())
+        per_layer = sum(lora.dim * (i + o) for name, (i, o) in shape.lora_fan.items() if name in names)
+        if lora.fused_adapters:  # one A per fused linear, not one per projection
+            per_layer -= sum(lora.dim * shape.lora_fan[parts[0]][0] * (len(parts) - 1)
+                             for parts in LORA_FUSED_MODULES.values() if set(parts) <= names)
+        adapters = per_layer * shape.layers * item // shard
     trained = adapters if lora.enabled else weights
     bf16 = p.precision == "bfloat16"
     parts = {"weights": weights, "bf16 twin": 0, "gradients": trained, "optimizer state": 2 * trained,

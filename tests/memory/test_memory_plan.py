@@ -104,6 +104,14 @@ def test_kl_recompute_bf16_tp_and_adapters_change_their_parts(folder):
     # rank 2 on q, k, v, o, gate, up, down: 2 x (in + out) each, 2 layers, fp32
     adapters = 2 * ((8 + 8) + (8 + 4) * 2 + (8 + 8) + (8 + 16) * 2 + (16 + 8)) * 2 * 4
     assert lora["adapters"] == adapters and lora["gradients"] == adapters and lora["optimizer state"] == 2 * adapters
+    on_megatron = plan_memory(config(folder, "policy.lora_cfg.enabled=true", "policy.lora_cfg.dim=2"), HF, CPU).parts
+    assert on_megatron["adapters"] == adapters  # one adapter per projection, as peft's
+    fused = plan_memory(config(folder, "policy.lora_cfg.enabled=true", "policy.lora_cfg.dim=2",
+                               "policy.lora_cfg.fused_adapters=true"), HF, CPU).parts
+    assert fused["adapters"] == adapters - 2 * (8 * 2 + 8 * 1) * 2 * 4  # one A for q/k/v and one for gate/up
+    partial = plan_memory(config(folder, "policy.lora_cfg.enabled=true", "policy.lora_cfg.dim=2",
+                                 "policy.lora_cfg.target_modules=[q_proj,v_proj,linear_fc2]"), HF, CPU).parts
+    assert partial["adapters"] == 2 * ((8 + 8) + (8 + 4) + (16 + 8)) * 2 * 4
 
 
 def test_auto_kv_cache_holds_one_rollout_batch_at_full_length(folder):

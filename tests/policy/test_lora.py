@@ -94,15 +94,23 @@ def test_transformers_backends_match_peft_forward(nano, backend):
         policy.close()
 
 
-@pytest.mark.parametrize("backend", ["megatron", "hf"])
-def test_export_writes_merged_and_peft_adapter_folders(nano, backend, tmp_path):
-    """The merged HF folder and ``adapter/`` loaded with ``PeftModel.from_pretrained`` give the policy's logits."""
+# Megatron's layouts: one adapter per HF projection (the default, as peft's), a subset of a fused linear's
+# projections, and one adapter over each fused linear (a shared A: policy.lora_cfg.fused_adapters)
+LAYOUTS = {"per-projection": {}, "subset": {"target_modules": ["q_proj", "v_proj", "up_proj", "o_proj"]},
+           "fused": {"fused_adapters": True}}
+
+
+@pytest.mark.parametrize("backend, layout", [("megatron", "per-projection"), ("megatron", "subset"),
+                                             ("megatron", "fused"), ("hf", "per-projection")])
+def test_export_writes_merged_and_peft_adapter_folders(nano, backend, layout, tmp_path):
+    """The merged HF folder (the refit's merge) and ``adapter/`` loaded with ``PeftModel.from_pretrained`` give
+    the policy's logits, for each of Megatron's adapter layouts."""
     import peft
     from transformers import AutoModelForCausalLM
 
     from rlkit.tracking.export import ADAPTER_DIR, export_hf_folder
 
-    cfg = lora_cfg(nano, backend)
+    cfg = lora_cfg(nano, backend, **LAYOUTS[layout])
     policy = trained(in_process_policy(cfg))
     try:
         batch = random_batch(b=8, t=20)
@@ -118,6 +126,13 @@ def test_export_writes_merged_and_peft_adapter_folders(nano, backend, tmp_path):
             base = AutoModelForCausalLM.from_pretrained(str(nano), dtype=torch.float32)
             adapted = peft.PeftModel.from_pretrained(base, str(out / ADAPTER_DIR)).eval()
             assert (adapted(input_ids=batch.input_ids).logits - logits).abs().max() < 1e-4
+            adapted_names = {n.split(".lora_")[0].rsplit(".", 1)[-1] for n, _ in adapted.named_parameters()
+                             if ".lora_B" in n}
+            assert adapted_names == set(cfg.lora_cfg.hf_targets())
+        shared = {n: p for n, p in policy.model.named_parameters() if ".lora_A" in n}
+        # a fused adapter's A is one tensor for q, k and v; per projection each has its own
+        assert any("linear_qkv.adapter.lora_A" == n.split("layers.0.self_attention.")[-1] for n in shared) == \
+            (backend == "megatron" and layout == "fused")
     finally:
         policy.close()
 
@@ -181,23 +196,31 @@ def test_lora_config_is_checked_at_load(tmp_path):
                                         "policy.lora_cfg.use_dora=true", "policy.lora_cfg.target_modules=[q_proj,v_prj]"])
     text = str(err.value)
     assert "policy.lora_cfg.use_dora" in text and "did you mean 'v_proj'" in text
-    with pytest.raises(ConfigError, match="fuses q_proj, k_proj, v_proj into linear_qkv"):
-        load_config("quickstart_nano", [f"policy.model_name={tmp_path}/m", "policy.lora_cfg.enabled=true",
-                                        "policy.lora_cfg.target_modules=[q_proj,v_proj]"])
+    partial = [f"policy.model_name={tmp_path}/m", "policy.lora_cfg.enabled=true",
+               "policy.lora_cfg.target_modules=[q_proj,v_proj]"]
+    assert load_config("quickstart_nano", partial).policy.lora_cfg.hf_targets() == ("q_proj", "v_proj")
+    with pytest.raises(ConfigError, match="with fused_adapters one adapter spans linear_qkv"):
+        load_config("quickstart_nano", partial + ["policy.lora_cfg.fused_adapters=true"])
+    with pytest.raises(ConfigError, match="fused_adapters=true: one adapter over a fused linear is Megatron's"):
+        load_config("quickstart_nano", partial[:2] + ["policy.lora_cfg.fused_adapters=true",
+                                                      "policy.backend=dtensor"])
     ok = load_config("quickstart_lora", [f"policy.model_name={tmp_path}/m", "policy.model_preset=tiny"])
     assert ok.policy.lora_cfg.enabled and ok.policy.lora_cfg.dim == 16 and len(ok.policy.lora_cfg.hf_targets()) == 7
 
 
 # (~1 min each on 2 cores: the default suite keeps the sequence-parallel case, which adds the replicated factor's
 # gradient sum over TP to the plain TP=2 case; that one runs in the slow target)
-@pytest.mark.parametrize("sequence_parallel", [pytest.param(False, marks=pytest.mark.slow), True])
-def test_tensor_parallel_2_adapters_match_one_process(ray_cluster, nano, sequence_parallel):
+@pytest.mark.parametrize("sequence_parallel, layout", [pytest.param(False, "per-projection", marks=pytest.mark.slow),
+                                                       (True, "per-projection"),
+                                                       pytest.param(True, "subset", marks=pytest.mark.slow),
+                                                       pytest.param(True, "fused", marks=pytest.mark.slow)])
+def test_tensor_parallel_2_adapters_match_one_process(ray_cluster, nano, sequence_parallel, layout):
     """Ray TP=2 (A or B sharded as its base; with SP the replicated factor's gradient summed over TP) against the
     in-process TP=1 policy with the same initial adapters: logprobs, gradient norm and merged weights after a step
-    within 1e-5 (test_parallel.py's harness)."""
+    within 1e-5 (test_parallel.py's harness), for Megatron's adapter layouts."""
     from tests.policy.test_parallel import check_against_reference, group_for, single_process_reference
 
-    cfg = lora_cfg(nano)
+    cfg = lora_cfg(nano, **LAYOUTS[layout])
     reference = single_process_reference(cfg)
     group = group_for(cfg, tp=2, sequence_parallel=sequence_parallel)
     try:
@@ -280,9 +303,11 @@ def test_at_bf16_megatron_holds_the_frozen_base_once_in_bf16(nano):
         hf = load_hf_state(str(nano))
         exported = {n: t.clone() for group in policy.export_hf_groups() for n, t in group}
         assert torch.equal(exported["model.norm.weight"], hf["model.norm.weight"].to(torch.bfloat16))  # not adapted
-        a, b = (params[f"decoder.layers.0.self_attention.linear_qkv.adapter.lora_{x}"] for x in "AB")
-        assert b.abs().max() > 0
-        q, k, v = split_qkv(merged(qkv.detach(), a.detach(), b.detach(), policy.cfg.lora_cfg.scaling), policy.adapter.arch)
+        stem = "decoder.layers.0.self_attention.linear_qkv.adapter"
+        on_q, on_v = ({x: params[f"{stem}.lora_{x}.{p}_proj"].detach() for x in "AB"} for p in "qv")
+        assert on_v["B"].abs().max() > 0
+        q_base, _, v_base = split_qkv(qkv.detach(), policy.adapter.arch)
+        q, v = (merged(w, f["A"], f["B"], policy.cfg.lora_cfg.scaling) for w, f in ((q_base, on_q), (v_base, on_v)))
         assert q.dtype == torch.bfloat16 and torch.equal(exported["model.layers.0.self_attn.q_proj.weight"], q)
         assert torch.equal(exported["model.layers.0.self_attn.v_proj.weight"], v)
         assert not torch.equal(q, hf["model.layers.0.self_attn.q_proj.weight"].to(torch.bfloat16))  # it moved

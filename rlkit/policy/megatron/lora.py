@@ -19,12 +19,17 @@ Tensor parallelism: each adapter is sharded as its base is.
   it; the replicated factor then sees a part of the sequence per rank, so it is marked ``sequence_parallel`` and
   Megatron's ``finalize_model_grads`` sums its gradient over the tensor-parallel group, as it does for the norms.
 
-Fused layouts: one adapter spans the fused QKV (and the fused gate/up): ``A`` is shared and ``B``'s rows follow
-the fused layout, so the PEFT export splits ``B`` with :func:`.convert.split_qkv` (gate/up: halves) and gives
-each HF projection the shared ``A``. That is exact: ``B_q @ A`` is the q rows of ``B @ A``.
+Fused layouts (QKV, gate/up): by default one adapter per HF projection, as peft (and Megatron-Bridge's
+``CanonicalLoRA``) puts them: ``lora_A.q_proj``/``lora_B.q_proj`` and so on, each projection's update written into
+its rows of the fused output (the QKV's per-KV-group interleave, fc1's ``[gate; up]``), so a subset such as
+``[q_proj, v_proj]`` can be adapted and the PEFT export is each projection's own pair. With
+``policy.lora_cfg.fused_adapters`` one adapter spans the fused linear (Megatron-Bridge's ``LoRA``): ``A`` is shared
+and ``B``'s rows follow the fused layout, so the PEFT export splits ``B`` with :func:`.convert.split_qkv`
+(gate/up: halves) and gives each HF projection the shared ``A`` (exact: ``B_q @ A`` is the q rows of ``B @ A``).
+Under tensor parallelism each projection's ``B`` is split along its rows (whole KV groups, as the base).
 
-Initial values: ``A`` from a generator seeded by the run seed and the layer's name (the same full ``A`` at any
-TP size, then sharded), ``B = 0`` (the adapted model starts as the base), as peft does (Kaiming-uniform ``A``).
+Initial values: ``A`` from a generator seeded by the run seed and the layer's (and projection's) name (the same
+full ``A`` at any TP size, then sharded), ``B = 0`` (the adapted model starts as the base), as peft does (Kaiming-uniform ``A``).
 
 Deliberate simplifications: dense models, no pipeline parallelism (refused by the config check and here).
 """
@@ -46,35 +51,70 @@ COLUMN = ("linear_qkv", "linear_fc1")  # the column-parallel linears; the others
 
 
 class Adapter(torch.nn.Module):
-    """``lora_A`` and ``lora_B`` of one (column- or row-parallel) linear; ``forward(x)`` is the update to add."""
+    """The low-rank update of one (column- or row-parallel) linear; ``forward(x)`` is the update to add.
 
-    def __init__(self, column: bool, a: Tensor, b: Tensor, scaling: float, dropout: float, sequence_parallel: bool):
+    One pair (``lora_A`` [r, in(/tp)], ``lora_B`` [out(/tp), r]) for a linear that is one HF projection or for a
+    fused adapter; else ``parts`` (HF projection -> its pair, or the width of a projection left without one) in the
+    fused layout's order, held as ``lora_A.<projection>`` / ``lora_B.<projection>``, whose updates are interleaved
+    in ``groups`` blocks (this rank's KV groups for the QKV, 1 for fc1's ``[gate; up]``)."""
+
+    def __init__(self, column: bool, parts: dict[str, tuple[Tensor, Tensor] | int], scaling: float, dropout: float,
+                 sequence_parallel: bool, groups: int = 1):
         from megatron.core.tensor_parallel import set_tensor_model_parallel_attributes
 
         super().__init__()
-        self.column, self.scaling, self.sequence_parallel = column, scaling, sequence_parallel
-        self.lora_A, self.lora_B = torch.nn.Parameter(a), torch.nn.Parameter(b)
-        sharded, replicated = (self.lora_B, self.lora_A) if column else (self.lora_A, self.lora_B)
-        set_tensor_model_parallel_attributes(sharded, True, 0 if column else 1, 1)
-        replicated.sequence_parallel = sequence_parallel  # (finalize_model_grads sums it over TP under SP)
+        self.column, self.scaling, self.sequence_parallel, self.groups = column, scaling, sequence_parallel, groups
+        pairs = {part: ab for part, ab in parts.items() if not isinstance(ab, int)}
+        if list(parts) == [""]:
+            self.lora_A, self.lora_B = (torch.nn.Parameter(t) for t in parts[""])
+        else:
+            self.lora_A = torch.nn.ParameterDict({p: torch.nn.Parameter(a) for p, (a, _) in pairs.items()})
+            self.lora_B = torch.nn.ParameterDict({p: torch.nn.Parameter(b) for p, (_, b) in pairs.items()})
+        self.widths = {part: ab for part, ab in parts.items() if isinstance(ab, int)}
+        self.parts = list(parts)
+        for a, b in self.factors():
+            sharded, replicated = (b, a) if column else (a, b)
+            set_tensor_model_parallel_attributes(sharded, True, 0 if column else 1, 1)
+            replicated.sequence_parallel = sequence_parallel  # (finalize_model_grads sums it over TP under SP)
         self.dropout = torch.nn.Dropout(dropout) if dropout else torch.nn.Identity()
         self.enabled = True
+
+    def factors(self) -> list[tuple[Tensor, Tensor]]:
+        """(A, B) of each adapted projection, in layout order."""
+        if isinstance(self.lora_A, torch.nn.Parameter):
+            return [(self.lora_A, self.lora_B)]
+        return [(self.lora_A[p], self.lora_B[p]) for p in self.parts if p in self.lora_A]
 
     def forward(self, x: Tensor) -> Tensor:
         """x [s(/tp), b, in(/tp)] as the base linear receives it -> update [s(/tp), b, out(/tp)]."""
         from megatron.core import tensor_parallel as tp
 
-        x = self.dropout(x).to(self.lora_A.dtype)
-        if self.column:
-            if self.sequence_parallel:
-                h = torch.nn.functional.linear(tp.gather_from_sequence_parallel_region(x), self.lora_A)
-            else:
-                h = tp.copy_to_tensor_model_parallel_region(torch.nn.functional.linear(x, self.lora_A))
-        else:
-            h = torch.nn.functional.linear(x, self.lora_A)
-            h = (tp.reduce_scatter_to_sequence_parallel_region(h) if self.sequence_parallel
-                 else tp.reduce_from_tensor_model_parallel_region(h))
-        return torch.nn.functional.linear(h, self.lora_B) * self.scaling
+        dtype = self.factors()[0][0].dtype
+        x = self.dropout(x).to(dtype)
+        if self.column and self.sequence_parallel:
+            x = tp.gather_from_sequence_parallel_region(x)
+        updates, factors = [], iter(self.factors())
+        for part in self.parts:
+            if part in self.widths:  # a projection of the fused linear left without an adapter
+                updates.append(x.new_zeros(*x.shape[:-1], self.widths[part]))
+                continue
+            a, b = next(factors)
+            h = torch.nn.functional.linear(x, a)
+            if self.column and not self.sequence_parallel:
+                h = tp.copy_to_tensor_model_parallel_region(h)
+            elif not self.column:
+                h = (tp.reduce_scatter_to_sequence_parallel_region(h) if self.sequence_parallel
+                     else tp.reduce_from_tensor_model_parallel_region(h))
+            updates.append(torch.nn.functional.linear(h, b) * self.scaling)
+        return updates[0] if len(updates) == 1 else interleave(updates, self.groups, dim=-1)
+
+
+def interleave(parts: list[Tensor], groups: int, dim: int) -> Tensor:
+    """Projections' tensors -> the fused layout along ``dim``: each split into ``groups`` equal blocks, block g of
+    every part side by side (the QKV's KV groups: ``[q_g, k_g, v_g]`` per group; ``groups=1``: concatenation)."""
+    dim = dim % parts[0].dim()
+    blocks = [p.unflatten(dim, (groups, -1)) for p in parts]
+    return torch.cat(blocks, dim=dim + 1).flatten(dim, dim + 1)
 
 
 def _add_update(linear, args, output):
@@ -99,31 +139,47 @@ def add_adapters(model: torch.nn.Module, cfg: LoraConfig, seed: int) -> None:
     from megatron.core import parallel_state as ps
 
     rank, size = ps.get_tensor_model_parallel_rank(), ps.get_tensor_model_parallel_world_size()
-    sequence_parallel = model.config.sequence_parallel
-    # Megatron's linears that get adapters: the fused ones whose HF parts are all chosen
-    chosen = {n for n, parts in LORA_FUSED_MODULES.items() if set(parts) <= set(cfg.hf_targets())}
+    targets = set(cfg.hf_targets())
     for p in model.parameters():
         p.requires_grad_(False)
     for name, module in list(model.named_modules()):
         short = name.rsplit(".", 1)[-1]
-        if short not in chosen:
+        if short not in LORA_FUSED_MODULES or not targets & set(LORA_FUSED_MODULES[short]):
             continue
         weight = module.weight
-        column = short in COLUMN
-        out_full = weight.shape[0] * (size if column else 1)
-        in_full = weight.shape[1] * (1 if column else size)
-        a_full = _initial_a(name, cfg.dim, in_full, seed)
-        if column:
-            a, b = a_full, torch.zeros(out_full // size, cfg.dim)
-        else:
-            a, b = torch.chunk(a_full, size, dim=1)[rank].clone(), torch.zeros(out_full, cfg.dim)
-        module.adapter = Adapter(column, a.to(weight.device, weight.dtype), b.to(weight.device, weight.dtype), cfg.scaling,
-                                 cfg.dropout, sequence_parallel)
+        parts, groups = _parts(name, short, weight, model.config, cfg, targets, seed, rank, size)
+        module.adapter = Adapter(short in COLUMN, parts, cfg.scaling, cfg.dropout, model.config.sequence_parallel,
+                                 groups)
         module.register_forward_hook(_add_update)
     if getattr(model, "output_layer", None) is not None:  # the head, frozen now (used while logits fit one chunk)
         model.output_layer.register_forward_hook(_contiguous_output_grad)
     if getattr(model, "embedding", None) is not None and model.config.recompute_granularity is not None:
         model.embedding.register_forward_hook(_decoder_input_requires_grad)
+
+
+def _parts(name: str, short: str, weight: Tensor, config, cfg: LoraConfig, targets: set[str], seed: int, rank: int,
+           size: int) -> tuple[dict[str, tuple[Tensor, Tensor] | int], int]:
+    """This rank's initial factors of linear ``name`` for :class:`Adapter` (``{"": (A, B)}`` for one adapter, else
+    per HF projection: (A, B), or its width where it has none) and its interleave's group count."""
+    column = short in COLUMN
+    out_local, in_full = weight.shape[0], weight.shape[1] * (1 if column else size)
+
+    def pair(key: str, rows: int) -> tuple[Tensor, Tensor]:
+        a = _initial_a(key, cfg.dim, in_full, seed)
+        if not column:
+            a = torch.chunk(a, size, dim=1)[rank].clone()
+        b = torch.zeros(rows if column else out_local, cfg.dim)
+        return a.to(weight.device, weight.dtype), b.to(weight.device, weight.dtype)
+
+    projections = LORA_FUSED_MODULES[short]
+    if len(projections) == 1 or cfg.fused_adapters:
+        return {"": pair(name, out_local)}, 1
+    if short == "linear_qkv":
+        groups, d = (config.num_query_groups or config.num_attention_heads) // size, config.kv_channels
+        widths = (config.num_attention_heads // size * d, groups * d, groups * d)
+    else:  # fc1: [gate; up] on this rank
+        groups, widths = 1, (out_local // 2, out_local // 2)
+    return {p: pair(f"{name}.{p}", w) if p in targets else w for p, w in zip(projections, widths)}, groups
 
 
 def _contiguous_output_grad(head, args, output):
@@ -171,30 +227,69 @@ def shard_dim(name: str) -> int | None:
         return convert.shard_dim(name)
     linear = name.split(".adapter.")[0].rsplit(".", 1)[-1]
     if linear in COLUMN:
-        return 0 if name.endswith("lora_B") else None
-    return 1 if name.endswith("lora_A") else None
+        return 0 if ".lora_B" in name else None
+    return 1 if ".lora_A" in name else None
 
 
 def unshard(name: str, pieces: list[Tensor]) -> Tensor:
-    """The full tensor from every rank's piece (fc1's ``B`` as its base weight: ``[gate; up]`` per rank)."""
+    """The full tensor from every rank's piece (a fused adapter's fc1 ``B`` as its base weight: ``[gate; up]`` per
+    rank; a projection's own ``B``: its rows in rank order)."""
     if not is_adapter(name):
         return convert.unshard(name, pieces)
     if shard_dim(name) is None or len(pieces) == 1:
         return pieces[0]
-    if ".linear_fc1." in name:
+    if name.endswith(".linear_fc1.adapter.lora_B"):
         return convert.unshard("linear_fc1.weight", pieces)
     return torch.cat(pieces, dim=shard_dim(name))
+
+
+def factor_names(linear: str, names) -> dict[str, tuple[str, str]]:
+    """The adapter parameters of linear ``linear`` (e.g. ``decoder.layers.0.self_attention.linear_qkv``) among
+    ``names``: HF projection (``""`` for one adapter over the whole linear) -> (A's name, B's name), in the fused
+    layout's order; empty when the linear has none."""
+    a = f"{linear}.adapter.lora_A"
+    if a in names:
+        return {"": (a, f"{linear}.adapter.lora_B")}
+    order = LORA_FUSED_MODULES.get(linear.rsplit(".", 1)[-1], ())
+    return {p: (f"{a}.{p}", f"{linear}.adapter.lora_B.{p}") for p in order if f"{a}.{p}" in names}
+
+
+def adapted_linears(names) -> list[str]:
+    """The linears (``...linear_qkv``) that hold adapters, from parameter ``names``, sorted."""
+    return sorted({n.split(".adapter.")[0] for n in names if is_adapter(n)})
 
 
 HF_PARTS = {"linear_qkv": ("self_attn", ("q_proj", "k_proj", "v_proj")), "linear_proj": ("self_attn", ("o_proj",)),
             "linear_fc1": ("mlp", ("gate_proj", "up_proj")), "linear_fc2": ("mlp", ("down_proj",))}
 
 
-def to_peft(layer: int, linear: str, a: Tensor, b: Tensor, arch) -> list[tuple[str, Tensor]]:
-    """One fused adapter (full ``A`` [r, in], ``B`` [out, r]) -> PEFT-named tensors of its HF projections, each with
-    the shared ``A`` and its rows of ``B``."""
+def to_peft(layer: int, linear: str, factors: dict[str, tuple[Tensor, Tensor]], arch) -> list[tuple[str, Tensor]]:
+    """One linear's full factors (:func:`factor_names`' keys -> ``A`` [r, in], ``B`` [out, r]) -> PEFT-named
+    tensors of its HF projections: each projection's own pair, or, for one fused adapter, the shared ``A`` and
+    each projection's rows of ``B``."""
     block, parts = HF_PARTS[linear]
-    bs = convert.split_qkv(b, arch) if linear == "linear_qkv" else torch.chunk(b, len(parts), dim=0)
     prefix = f"base_model.model.model.layers.{layer}.{block}."
-    return [(f"{prefix}{part}.lora_{x}.weight", t.clone()) for part, b_part in zip(parts, bs)
-            for x, t in (("A", a), ("B", b_part))]
+    if "" in factors:
+        a, b = factors[""]
+        bs = convert.split_qkv(b, arch) if linear == "linear_qkv" else torch.chunk(b, len(parts), dim=0)
+        factors = {part: (a, b_part) for part, b_part in zip(parts, bs)}
+    return [(f"{prefix}{part}.lora_{x}.weight", t.clone()) for part, (a, b) in factors.items()
+            for x, t in (("A", a), ("B", b))]
+
+
+def full_update(linear: str, factors: dict[str, tuple[Tensor, Tensor]], arch, out: int) -> Tensor:
+    """``B @ A`` [out, in] of one linear from its full factors (:func:`to_peft`'s), fp32: each projection's update in
+    its rows of the fused layout, zero for a projection without an adapter."""
+    if "" in factors:
+        a, b = factors[""]
+        return b.float() @ a.float()
+    parts = LORA_FUSED_MODULES[linear]
+    if linear == "linear_qkv":
+        groups, d = arch.num_key_value_heads, arch.head_dim
+        widths = (arch.num_attention_heads * d, groups * d, groups * d)
+    else:
+        groups, widths = 1, (out // len(parts),) * len(parts)
+    fan_in = next(iter(factors.values()))[0].shape[1]
+    updates = [factors[p][1].float() @ factors[p][0].float() if p in factors else torch.zeros(w, fan_in)
+               for p, w in zip(parts, widths)]
+    return updates[0] if len(updates) == 1 else interleave(updates, groups, dim=0)

@@ -51,7 +51,6 @@ from rlkit.config.components import PolicyConfig
 from rlkit.errors import ModelError
 from rlkit.policy.adapter import ModelAdapter
 from rlkit.policy.in_process import InProcessPolicy
-from rlkit.policy.lora import merged
 from rlkit.policy.optimizer import sum_of_squares
 from rlkit.policy.megatron import convert, head, lora, parallel, pipeline
 from rlkit.policy.architecture import Architecture, load_hf_state
@@ -146,15 +145,14 @@ class MegatronAdapter(ModelAdapter):
         return lora.adapters_disabled(self.model, self.twin.compute if self.twin is not None else None)
 
     def export_adapter_tensors(self) -> Iterator[tuple[str, Tensor]]:
-        """The adapters as full tensors under their PEFT file names, each fused adapter split into its HF
-        projections (:func:`rlkit.policy.megatron.lora.to_peft`); every TP rank calls (gathers)."""
+        """The adapters as full tensors under their PEFT file names, one pair per HF projection (a fused adapter's
+        ``B`` split, its ``A`` shared: :func:`rlkit.policy.megatron.lora.to_peft`); every TP rank calls (gathers)."""
         params = dict(self.model.named_parameters())
-        for name in sorted(params):
-            if name.endswith(".adapter.lora_A"):
-                stem = name.removesuffix(".adapter.lora_A")
-                layer, linear = int(_LAYER_NAME.match(stem).group(1)), stem.rsplit(".", 1)[-1]
-                a, b = self._full_tensor(name, params), self._full_tensor(stem + ".adapter.lora_B", params)
-                yield from lora.to_peft(layer, linear, a, b, self.arch)
+        for stem in lora.adapted_linears(params):
+            layer, linear = int(_LAYER_NAME.match(stem).group(1)), stem.rsplit(".", 1)[-1]
+            factors = {part: (self._full_tensor(a, params), self._full_tensor(b, params))
+                       for part, (a, b) in lora.factor_names(stem, params).items()}
+            yield from lora.to_peft(layer, linear, factors, self.arch)
 
     # ---- weights ----------------------------------------------------------------------------------
     def _global_name(self, local_name: str) -> str:
@@ -221,14 +219,16 @@ class MegatronAdapter(ModelAdapter):
 
     def _stage_full_tensor(self, name: str, params: Mapping[str, Tensor]) -> Tensor:
         """Full tensor of parameter ``name`` of this pipeline stage (gathered over tensor parallelism); an
-        adapted linear's weight merged with its adapter (``W + alpha/dim * B @ A``)."""
+        adapted linear's weight merged with its adapters (``W + alpha/dim * B @ A``, per projection)."""
         full = self._full_tensor(name, params)
-        stem = name.removesuffix(".weight") + ".adapter.lora_"
+        stem = name.removesuffix(".weight")
         every = dict(self.model.named_parameters()) if self._lora_cfg() is not None else {}
-        if stem + "A" not in every:  # no adapter on this weight
+        names = lora.factor_names(stem, every)
+        if not names:  # no adapter on this weight
             return full
-        return merged(full, self._full_tensor(stem + "A", every), self._full_tensor(stem + "B", every),
-                      self.cfg.lora_cfg.scaling)
+        factors = {part: (self._full_tensor(a, every), self._full_tensor(b, every)) for part, (a, b) in names.items()}
+        update = lora.full_update(stem.rsplit(".", 1)[-1], factors, self.arch, full.shape[0])
+        return (full.float() + self.cfg.lora_cfg.scaling * update).to(full.dtype)
 
     # ---- the frozen base of adapters, released while an engine generates (policy.lora_cfg) ------------
     def release_frozen_base(self) -> int:
