@@ -127,6 +127,54 @@ def test_vllm_agrees_with_the_policy_past_the_window_after_a_step_and_refit(gemm
         policy.close()
 
 
+@pytest.fixture(scope="module")
+def eos_heavy(tmp_path_factory):
+    """A Gemma 3 folder with the BPE tokenizer's two EOS ids in generation_config.json (<|im_end|> 2, <|endoftext|>
+    0), both given one (tied) embedding row, scaled up: a random model samples either often, equally likely."""
+    from safetensors.torch import load_file, save_file
+
+    from rlkit.models.factory import make_model
+
+    folder = make_model(tmp_path_factory.mktemp("gemma3-eos"), "nano", "gemma3", seed=1, tokenizer="bpe")
+    assert json.loads((folder / "generation_config.json").read_text())["eos_token_id"] == [2, 0]
+    weights = load_file(str(folder / "model.safetensors"))
+    embeddings = weights["model.embed_tokens.weight"]
+    embeddings[[0, 2]] = 6 * embeddings[2]
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder
+
+
+def _stops_at_either_eos(out) -> None:
+    ends = set()
+    for tokens, reason in zip(out.token_ids, out.finish_reasons):
+        assert not {0, 2} & set(tokens[:-1])  # no EOS id inside a completion
+        if reason == "stop":
+            ends.add(tokens[-1])
+        else:
+            assert tokens[-1] not in (0, 2)
+    assert ends == {0, 2}  # stopped at each of the two ids
+
+
+@pytest.mark.parametrize("engine", ["megatron", "vllm"])
+def test_sampling_stops_at_both_eos_ids(eos_heavy, engine):
+    sampling = SamplingSettings(max_new_tokens=24, seed=0)
+    prompts = [list(range(10 + i, 50 + i)) for i in range(4)]
+    if engine == "vllm":
+        from rlkit.generation.vllm import VllmGenerator
+
+        generator = VllmGenerator(eos_heavy, GenerationConfig(), max_model_len=128, seed=0)
+        try:
+            _stops_at_either_eos(generator.generate(prompts, 8, sampling))
+        finally:
+            generator.close()
+        return
+    policy = in_process_policy(PolicyConfig(model_name=str(eos_heavy)))
+    try:
+        _stops_at_either_eos(policy.adapter.own_generator(GenerationConfig(), 128, 0).generate(prompts, 8, sampling))
+    finally:
+        policy.close()
+
+
 def test_rlkit_train_runs_a_step_on_a_gemma3_model_from_the_command_line(tmp_path):
     """quickstart_nano with policy.model_family=gemma3 (the model made from the preset) and room for sequences longer
     than the window: SFT, one GRPO step, vLLM refit, export."""
