@@ -51,7 +51,7 @@ def check_loss(loss_fn: str, loss_fn_config: Mapping[str, float]) -> None:
     missing = [k for k in REQUIRED_CONFIG.get(loss_fn, ()) if k not in loss_fn_config]
     if missing:
         example = ", ".join(f"{k!r}: ..." for k in missing)
-        raise TinkerRequestError(f"loss_fn {loss_fn!r} needs loss_fn_config keys {missing}: Tinker's docs give them no "
+        raise TinkerRequestError(f"loss_fn {loss_fn!r} needs loss_fn_config keys {missing}: Tinker's loss docs state no "
                                  f"default, so rlkit's service does not guess one; pass loss_fn_config={{{example}}}")
 
 

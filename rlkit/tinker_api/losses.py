@@ -104,7 +104,7 @@ _RL = ("logprobs", "advantages")
 LOSS_INPUTS: dict[str, tuple[str, ...]] = {"cross_entropy": ("weights",), "importance_sampling": _RL, "ppo": _RL,
                                            "cispo": _RL, "dro": _RL, "gspo": (*_RL, "sequence_ratio_mask")}
 COEFFICIENT = {name: "weights" if name == "cross_entropy" else "advantages" for name in TINKER_LOSSES}
-# loss_fn_config keys a loss needs, because Tinker's docs give them no default
+# loss_fn_config keys a loss needs, because Tinker's loss docs state no default for them
 REQUIRED_CONFIG: dict[str, tuple[str, ...]] = {"dro": ("beta",), "gspo": ("clip_low_threshold", "clip_high_threshold")}
 NOT_SERVED = {
     "stable_reinforce": "its objective reads stability information that Tinker's sampler records "
