@@ -2,13 +2,12 @@
 
 from rlkit.config.loading import load_config
 from rlkit.errors import ConfigError, ModelError, StageOrderError
-from rlkit.trajectories import Trajectories
 
 __version__ = "0.1.0"
 
 
-def __getattr__(name):  # the Session pulls in Megatron and vLLM, open_run pandas: import them only when asked for
-    if name == "Session":
+def __getattr__(name):  # the Session pulls in Megatron and vLLM, open_run pandas, Trajectories torch: import them
+    if name == "Session":  # only when asked for, so that `import rlkit` and load_config import none of them
         from rlkit.session import Session
 
         return Session
@@ -16,6 +15,10 @@ def __getattr__(name):  # the Session pulls in Megatron and vLLM, open_run panda
         from rlkit.tracking.runs import open_run
 
         return open_run
+    if name == "Trajectories":
+        from rlkit.trajectories import Trajectories
+
+        return Trajectories
     raise AttributeError(name)
 
 

@@ -11,33 +11,52 @@ No backend imports and no ``torch.distributed`` here: everything takes ``[B, T]`
     loss_fn      RLLoss                the train-step loss built from LossParams
     dapo         dynamic-sampling filter and overlong reward shaping
     distillation a teacher's per-token reverse KL as advantages (on-policy distillation)
+    params       each registry's names and each area's knobs, torch-free: what the run config imports
+
+Only ``params`` and ``registry`` load with the package; a name of the modules above loads its module, and torch, the
+first time it is asked for (``from rlkit.algorithms import RLLoss``), so that loading a config imports no torch.
 """
 
-from rlkit.algorithms.advantages import (
-    ADVANTAGE_ESTIMATORS,
+from importlib import import_module
+
+from rlkit.algorithms.params import (
     AdvantageEstimatorName,
-    AdvantageFn,
     AdvantageParams,
-    RunningBaseline,
-    compute_advantages,
-    group_stats,
-    zero_variance_group_fraction,
-)
-from rlkit.algorithms.aggregation import AGGREGATIONS, AggregationFn, AggregationName, aggregate, count_valid
-from rlkit.algorithms.correction import (
-    CORRECTIONS,
-    Correction,
-    CorrectionFn,
+    AggregationName,
     CorrectionName,
     CorrectionParams,
-    token_mult_prob_error,
+    DistillationParams,
+    KLEstimatorName,
+    LossParams,
+    PolicyLossName,
+    PolicyLossParams,
 )
-from rlkit.algorithms.dapo import nonzero_variance_groups, overlong_reward_shaping
-from rlkit.algorithms.distillation import DistillationParams, teacher_advantages
-from rlkit.algorithms.kl import KL_ESTIMATORS, KLEstimatorFn, KLEstimatorName, kl_penalty
-from rlkit.algorithms.loss_fn import LossParams, RLLoss
-from rlkit.algorithms.losses import POLICY_LOSS_METRICS, POLICY_LOSSES, PolicyLossFn, PolicyLossName, PolicyLossParams
 from rlkit.algorithms.registry import Registry, UnknownVariantError
+
+_MODULE_OF = {  # the names whose modules import torch: loaded on first use (module docstring)
+    **dict.fromkeys(("ADVANTAGE_ESTIMATORS", "AdvantageFn", "RunningBaseline", "compute_advantages", "group_stats",
+                     "zero_variance_group_fraction"), "advantages"),
+    **dict.fromkeys(("AGGREGATIONS", "AggregationFn", "aggregate", "count_valid"), "aggregation"),
+    **dict.fromkeys(("CORRECTIONS", "Correction", "CorrectionFn", "token_mult_prob_error"), "correction"),
+    **dict.fromkeys(("nonzero_variance_groups", "overlong_reward_shaping"), "dapo"),
+    "teacher_advantages": "distillation",
+    **dict.fromkeys(("KL_ESTIMATORS", "KLEstimatorFn", "kl_penalty"), "kl"),
+    "RLLoss": "loss_fn",
+    **dict.fromkeys(("POLICY_LOSS_METRICS", "POLICY_LOSSES", "PolicyLossFn"), "losses"),
+}
+
+
+def __getattr__(name: str):
+    if name not in _MODULE_OF:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f"{__name__}.{_MODULE_OF[name]}"), name)
+    globals()[name] = value  # (asked once)
+    return value
+
+
+def __dir__() -> list[str]:  # (a notebook's tab completion lists the names not loaded yet too)
+    return sorted(set(globals()) | set(__all__))
+
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",

@@ -22,31 +22,14 @@ Deliberate choices
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional, Protocol
+from typing import Optional, Protocol
 
 import torch
 from torch import Tensor
 
+from rlkit.algorithms.params import ADVANTAGE_ESTIMATOR_NAMES, AdvantageEstimatorName, AdvantageParams
 from rlkit.algorithms.registry import Registry
 from rlkit.algorithms.returns import discounted_returns, gae
-
-
-@dataclass(frozen=True)
-class AdvantageParams:
-    """Knobs of the advantage estimators (NeMo-RL names where NeMo-RL has them)."""
-
-    normalize_rewards: bool = True  # grpo: divide by the group std; reinforce_pp: by the batch std
-    use_leave_one_out_baseline: bool = False  # grpo: baseline = mean of the other G-1 samples (RLOO)
-    epsilon: float = 1e-6  # added to the std before dividing
-    kl_coef: float = 0.0  # reinforce_pp: KL folded into the per-token reward, r_t -= kl_coef * kl_t
-    gamma: float = 1.0  # reinforce_pp, gae: discount of the per-token return
-    gae_lambda: float = 1.0  # gae: lambda of generalized advantage estimation (verl's default 1.0)
-    baseline_momentum: float = 0.9  # reinforce_baseline: EMA momentum of the running baseline
-
-    @property
-    def kl_in_reward(self) -> bool:
-        """True when the estimator needs per-token KL (so the caller must compute reference logprobs)."""
-        return self.kl_coef != 0.0
 
 
 @dataclass
@@ -74,7 +57,7 @@ class AdvantageFn(Protocol):
     ) -> Tensor: ...
 
 
-ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator")
+ADVANTAGE_ESTIMATORS: Registry[AdvantageFn] = Registry(ADVANTAGE_ESTIMATOR_NAMES)
 
 
 def compute_advantages(
@@ -298,6 +281,3 @@ def reinforce_baseline(
     adv = r - baseline
     state.update(batch_mean, cfg.baseline_momentum)
     return _to_tokens(adv, mask)
-
-
-AdvantageEstimatorName = Literal[ADVANTAGE_ESTIMATORS.names()]  # type: ignore[valid-type]  # the registered names

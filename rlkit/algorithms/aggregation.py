@@ -15,11 +15,12 @@ is not a valid sequence; it still counts in ``num_sequences``.
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Protocol
+from typing import Optional, Protocol
 
 import torch
 from torch import Tensor
 
+from rlkit.algorithms.params import AGGREGATION_NAMES, AggregationName
 from rlkit.algorithms.registry import Registry
 from rlkit.trajectories import LossCounts
 
@@ -30,7 +31,7 @@ class AggregationFn(Protocol):
     ) -> Tensor: ...
 
 
-AGGREGATIONS: Registry[AggregationFn] = Registry("loss aggregation")
+AGGREGATIONS: Registry[AggregationFn] = Registry(AGGREGATION_NAMES)
 
 
 def count_valid(mask: Tensor) -> LossCounts:
@@ -67,9 +68,6 @@ def seq_sum_constant(values: Tensor, mask: Tensor, counts: LossCounts, constant:
         raise ValueError("seq_sum_constant needs a positive constant (Dr. GRPO uses the max generation length): "
                          "set seq_sum_constant=<max_new_tokens>")
     return _masked(values, mask).sum() / (max(counts.num_sequences, 1) * constant)
-
-
-AggregationName = Literal[AGGREGATIONS.names()]  # type: ignore[valid-type]  # the registered names
 
 
 def aggregate(

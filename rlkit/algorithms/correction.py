@@ -28,23 +28,15 @@ a detached metric): it may read inf, which no gradient sees, and which is loud e
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal, Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
 from rlkit.algorithms.losses import LOG_RATIO_CLAMP
+from rlkit.algorithms.params import CORRECTION_NAMES, CorrectionParams
 from rlkit.algorithms.registry import Registry
 from rlkit.trajectories import LossCounts
-
-
-@dataclass(frozen=True)
-class CorrectionParams:
-    tis_cap: float = 2.0  # tis: upper bound C of the token IS weight
-    # seq_mask: keep sequences with low <= rho_seq <= high. rho_seq is a per-token geometric mean, which
-    # stays within ~1e-3 of 1 when generator and trainer match, hence the tight defaults.
-    seq_mask_low: float = 0.999
-    seq_mask_high: float = 1.001
 
 
 @dataclass(frozen=True)
@@ -68,7 +60,7 @@ class Correction:
 
 
 CorrectionFn = Callable[[Tensor, Tensor, Tensor, CorrectionParams], Correction]
-CORRECTIONS: Registry[CorrectionFn] = Registry("off-policy correction")
+CORRECTIONS: Registry[CorrectionFn] = Registry(CORRECTION_NAMES)
 
 
 def _log_ratio(prev_logprobs: Tensor, generator_logprobs: Tensor, mask: Tensor) -> Tensor:  # [B, T]
@@ -110,9 +102,6 @@ def sequence_mask(
     keep = (seq_ratio >= params.seq_mask_low) & (seq_ratio <= params.seq_mask_high)  # [B]
     weights = keep.to(log_ratio.dtype)[:, None].expand_as(log_ratio)
     return Correction(weights, log_ratio.exp(), ~keep[:, None] & mask)
-
-
-CorrectionName = Literal[CORRECTIONS.names()]  # type: ignore[valid-type]  # the registered names
 
 
 def mult_prob_error_sum(prev_logprobs: Tensor, generator_logprobs: Tensor, mask: Tensor) -> Tensor:  # 0-dim

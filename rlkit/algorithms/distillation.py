@@ -13,22 +13,11 @@ optionally summed over the later tokens of the completion with ``discount`` (tin
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from torch import Tensor
 
-from rlkit.algorithms.kl import KLEstimatorName, kl_penalty
+from rlkit.algorithms.kl import kl_penalty
+from rlkit.algorithms.params import DistillationParams, KLEstimatorName
 from rlkit.algorithms.returns import discounted_returns
-
-
-@dataclass(frozen=True)
-class DistillationParams:
-    """How the teacher's logprobs become advantages (``distillation.*`` in the run config)."""
-
-    kl_coef: float = 1.0
-    kl_estimator: KLEstimatorName = "k1"
-    discount: float = 0.0  # 0: each token's own KL; > 0: the discounted sum of the KL of it and the later tokens
-    reward_weight: float = 0.0  # times the environment's advantage, added to the teacher's
 
 
 def reverse_kl(student_logprobs: Tensor, teacher_logprobs: Tensor, mask: Tensor,

@@ -17,17 +17,18 @@ overflow) and the result to the same range after it. NeMo-RL has two knobs for t
 
 from __future__ import annotations
 
-from typing import Callable, Literal, Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
 from rlkit.algorithms.losses import LOG_RATIO_CLAMP
+from rlkit.algorithms.params import KL_ESTIMATOR_NAMES, KLEstimatorName
 from rlkit.algorithms.registry import Registry
 
 KLEstimatorFn = Callable[[Tensor], Tensor]  # log_ratio [B, T] -> kl [B, T]
 
-KL_ESTIMATORS: Registry[KLEstimatorFn] = Registry("KL estimator")
+KL_ESTIMATORS: Registry[KLEstimatorFn] = Registry(KL_ESTIMATOR_NAMES)
 
 
 @KL_ESTIMATORS.register("k1")
@@ -47,9 +48,6 @@ def k3(log_ratio: Tensor) -> Tensor:
     """``k3 = pi_ref / pi - 1 - log(pi_ref / pi)``, with ``log_ratio`` clamped to ``[-20, 20]`` (module docstring)."""
     log_ratio = log_ratio.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return torch.exp(log_ratio) - 1 - log_ratio
-
-
-KLEstimatorName = Literal[KL_ESTIMATORS.names()]  # type: ignore[valid-type]  # the registered names
 
 
 def kl_penalty(

@@ -17,89 +17,17 @@ Token-level metrics are sums over the microbatch's valid tokens divided by ``cou
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Optional, Union
-
 import torch
 from torch import Tensor
 
-from rlkit.algorithms.aggregation import AGGREGATIONS, AggregationName
-from rlkit.algorithms.correction import CORRECTIONS, CorrectionName, CorrectionParams, mult_prob_error_sum
-from rlkit.algorithms.kl import KL_ESTIMATORS, KLEstimatorName, kl_penalty
-from rlkit.algorithms.losses import POLICY_LOSSES, PolicyLossFn, PolicyLossName, PolicyLossParams
-from rlkit.errors import ConfigError, StageOrderError
+from rlkit.algorithms.aggregation import AGGREGATIONS
+from rlkit.algorithms.correction import CORRECTIONS, mult_prob_error_sum
+from rlkit.algorithms.kl import kl_penalty
+from rlkit.algorithms.losses import POLICY_LOSSES
+from rlkit.algorithms.params import LossParams
+from rlkit.errors import StageOrderError
 from rlkit.notebook.html import CodeRepr
 from rlkit.trajectories import LossCounts, Trajectories
-
-_P, _C = PolicyLossParams, CorrectionParams  # defaults live on those classes; LossParams reuses them
-
-
-@dataclass(frozen=True)
-class LossParams:
-    """Everything ``RLLoss`` needs, flat, with NeMo-RL names where NeMo-RL has the knob."""
-
-    __pydantic_config__ = {"extra": "forbid"}  # as a section of the run config: unknown keys are errors
-
-    policy_loss: Union[PolicyLossName, PolicyLossFn] = "ppo_clip"  # or a callable with PolicyLossFn's signature
-    ratio_clip_min: float = _P.ratio_clip_min
-    ratio_clip_max: float = _P.ratio_clip_max
-    ratio_clip_c: Optional[float] = _P.ratio_clip_c
-    cispo_clip_max: float = _P.cispo_clip_max
-    aggregation: AggregationName = "token_mean"
-    seq_sum_constant: Optional[float] = None  # seq_sum_constant aggregation: max generation length
-    reference_policy_kl_penalty: float = 0.0  # beta of the KL-to-reference loss term
-    kl_estimator: KLEstimatorName = "k3"  # NeMo-RL: reference_policy_kl_type
-    kl_clamp: Optional[float] = None  # clamps log-ratio and KL to [-kl_clamp, kl_clamp]
-    off_policy_correction: CorrectionName = "none"
-    tis_cap: float = _C.tis_cap
-    seq_mask_low: float = _C.seq_mask_low
-    seq_mask_high: float = _C.seq_mask_high
-
-    def __post_init__(self) -> None:
-        problems = self.problems()
-        if problems:
-            raise ConfigError(problems)
-
-    def problems(self) -> list[str]:
-        """Every invalid setting, each as ``key: reason; fix`` (empty when the params are usable)."""
-        out = [
-            f"{key}: {registry.unknown_message(getattr(self, key))}"
-            for key, registry in (
-                ("policy_loss", POLICY_LOSSES),
-                ("aggregation", AGGREGATIONS),
-                ("kl_estimator", KL_ESTIMATORS),
-                ("off_policy_correction", CORRECTIONS),
-            )
-            if not (callable(getattr(self, key)) or getattr(self, key) in registry)
-        ]
-        checks = [
-            (self.ratio_clip_min < 0 or self.ratio_clip_min > 1, "ratio_clip_min", "must be in [0, 1]; 0.2 is usual"),
-            (self.ratio_clip_max < 0, "ratio_clip_max", "must be >= 0; 0.2 (0.28 for DAPO clip-higher)"),
-            (self.ratio_clip_c is not None and self.ratio_clip_c <= 1, "ratio_clip_c", "must be > 1 (3 is usual) or None"),
-            (self.cispo_clip_max < 0, "cispo_clip_max", "must be >= 0"),
-            (
-                self.aggregation == "seq_sum_constant" and not (self.seq_sum_constant or 0) > 0,
-                "seq_sum_constant",
-                "aggregation 'seq_sum_constant' needs a positive constant: set it to the max generation length",
-            ),
-            (self.reference_policy_kl_penalty < 0, "reference_policy_kl_penalty", "must be >= 0 (0 disables KL)"),
-            (self.kl_clamp is not None and self.kl_clamp <= 0, "kl_clamp", "must be > 0 or None"),
-            (self.tis_cap <= 0, "tis_cap", "must be > 0; 2.0 is usual"),
-            (
-                not 0 <= self.seq_mask_low <= self.seq_mask_high,
-                "seq_mask_low",
-                f"need 0 <= seq_mask_low <= seq_mask_high (seq_mask_high={self.seq_mask_high})",
-            ),
-        ]
-        return out + [f"{key}={getattr(self, key)!r}: {fix}" for bad, key, fix in checks if bad]
-
-    def policy_params(self) -> PolicyLossParams:
-        """The settings the policy-loss functions read (clip ranges), as their own dataclass."""
-        return PolicyLossParams(**{f.name: getattr(self, f.name) for f in fields(PolicyLossParams)})
-
-    def correction_params(self) -> CorrectionParams:
-        """The settings the off-policy corrections read (TIS cap, sequence-mask bounds)."""
-        return CorrectionParams(**{f.name: getattr(self, f.name) for f in fields(CorrectionParams)})
 
 
 class RLLoss(CodeRepr):

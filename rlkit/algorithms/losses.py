@@ -34,12 +34,12 @@ outside any clip range, so values inside the usual range are unchanged.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Literal, Optional
+from typing import Callable
 
 import torch
 from torch import Tensor
 
+from rlkit.algorithms.params import POLICY_LOSS_NAMES, PolicyLossParams
 from rlkit.algorithms.registry import Registry
 
 LOG_RATIO_CLAMP = 20.0  # |log r_t| bound before exp(); exp(20) ~ 4.9e8 stays finite in fp32 and bf16
@@ -54,20 +54,8 @@ POLICY_LOSS_METRICS = (
 )
 
 
-@dataclass(frozen=True)
-class PolicyLossParams:
-    """Clip knobs, NeMo-RL names. GSPO wants much smaller bounds (the paper uses 3e-4 / 4e-4)."""
-
-    ratio_clip_min: float = 0.2  # eps_lo: lower bound 1 - eps_lo
-    ratio_clip_max: float = 0.2  # eps_hi: upper bound 1 + eps_hi (DAPO clip-higher: 0.28)
-    ratio_clip_c: Optional[float] = None  # dual clip c > 1 for negative advantages (usually 3); None = off
-    # CISPO IS-weight cap 1 + cispo_clip_max, no lower bound (NeMo-RL expresses the same with
-    # ratio_clip_min=1.0, ratio_clip_max=5.0 under use_cispo).
-    cispo_clip_max: float = 5.0
-
-
 PolicyLossFn = Callable[[Tensor, Tensor, Tensor, Tensor, PolicyLossParams], tuple[Tensor, dict[str, Tensor]]]
-POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry(POLICY_LOSS_NAMES)
 
 
 def _masked_log_ratio(logprobs: Tensor, old_logprobs: Tensor, mask: Tensor) -> Tensor:  # [B, T]
@@ -189,6 +177,3 @@ def reinforce(
     loss = -advantages.detach() * logprobs
     none = torch.zeros_like(mask)
     return torch.where(mask, loss, 0.0), _metrics(ratio, ratio, none, none, none)
-
-
-PolicyLossName = Literal[POLICY_LOSSES.names()]  # type: ignore[valid-type]  # the registered names

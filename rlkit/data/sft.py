@@ -15,13 +15,13 @@ response per row.
 
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple, Optional, Sequence
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any, Mapping, NamedTuple, Optional, Sequence
 
 from rlkit.data.chat import render_prompts
 from rlkit.errors import ModelError
+
+if TYPE_CHECKING:  # torch is imported where a batch is built: rlkit.data loads with the config, which needs no torch
+    from torch import Tensor
 
 
 class SFTBatch(NamedTuple):
@@ -42,6 +42,8 @@ def build_sft_batch(
     template_kwargs: Optional[Mapping[str, Any]] = None,  # data.chat_template_kwargs
 ) -> SFTBatch:
     """One right-padded batch from ``rows[i][prompt_key]`` and ``rows[i][response_key]``."""
+    import torch
+
     if not rows:
         raise ValueError("build_sft_batch needs at least one row")
     for name in ("eos_token_id", "pad_token_id"):

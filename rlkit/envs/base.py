@@ -22,12 +22,12 @@ import numbers
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from rlkit.notebook.html import CodeRepr
+
+if TYPE_CHECKING:  # torch is imported where a return is built or checked: the config reads this module, no tensors
+    from torch import Tensor
 
 Message = dict[str, str]  # {"role": "user" | "assistant" | "system" | "tool", "content": ...}
 Conversation = list[Message]
@@ -51,6 +51,8 @@ class EnvReturn(CodeRepr):
 
     def __post_init__(self) -> None:
         # Checked here once so that no stage has to re-check an environment's output.
+        import torch
+
         b = self.rewards.shape[0] if self.rewards.dim() == 1 else -1
         if self.rewards.dim() != 1 or self.rewards.dtype != torch.float32:
             raise ValueError(f"EnvReturn.rewards must be a [B] float32 tensor, got {self.rewards.dtype} "
@@ -71,6 +73,8 @@ class EnvReturn(CodeRepr):
     @classmethod
     def single_turn(cls, rewards: Sequence[float], metadata: list[dict[str, Any]], errors: list[str]) -> "EnvReturn":
         """Every episode ends after one reply: ``done`` all True, no observations."""
+        import torch
+
         b = len(rewards)
         return cls(
             rewards=torch.tensor(list(rewards), dtype=torch.float32).reshape(b),
@@ -149,7 +153,9 @@ def as_reward(value: Any) -> float:
     Strings are rejected even when they look numeric: a reward function returning ``"1"`` is almost
     certainly returning the model's text by mistake.
     """
-    if isinstance(value, Tensor) and value.numel() == 1:
+    import torch
+
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
         value = value.item()
     if not isinstance(value, numbers.Real):
         raise TypeError(f"reward is not a number: {value!r} ({type(value).__name__})")
