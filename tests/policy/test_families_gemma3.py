@@ -127,6 +127,32 @@ def test_vllm_agrees_with_the_policy_past_the_window_after_a_step_and_refit(gemm
         policy.close()
 
 
+def test_packed_rows_keep_the_window_within_each_row(gemma3, monkeypatch):
+    """policy.sequence_packing: rows of 20-100 tokens packed into one sequence; each local layer's window applies per
+    segment (Megatron's attention runs segment by segment), so the logprobs are the rows' own."""
+    from rlkit.config.components import SequencePackingConfig
+    from rlkit.policy.megatron import attention
+
+    lengths = [90, 45, 70, 20, 100, 33]
+    ids = torch.zeros(len(lengths), 100, dtype=torch.long)
+    mask = torch.zeros_like(ids, dtype=torch.bool)
+    for i, n in enumerate(lengths):
+        ids[i, :n] = torch.randint(3, 100, (n,), generator=torch.Generator().manual_seed(i))
+        mask[i, :n] = True
+    calls, segments = [], attention.attend_per_segment
+    monkeypatch.setattr(attention, "attend_per_segment", lambda *a, **k: calls.append(1) or segments(*a, **k))
+    out = {}
+    for packed in (False, True):
+        policy = in_process_policy(PolicyConfig(model_name=str(gemma3),
+                                                sequence_packing=SequencePackingConfig(enabled=packed)))
+        try:
+            out[packed] = policy.logprobs(ids, mask).logprobs
+        finally:
+            policy.close()
+        assert bool(calls) == packed  # the packed pass ran segment by segment, the rows' pass did not
+    assert (out[True] - out[False])[mask].abs().max() < 1e-6
+
+
 @pytest.fixture(scope="module")
 def eos_heavy(tmp_path_factory):
     """A Gemma 3 folder with the BPE tokenizer's two EOS ids in generation_config.json (<|im_end|> 2, <|endoftext|>
