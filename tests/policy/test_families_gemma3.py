@@ -153,6 +153,41 @@ def test_packed_rows_keep_the_window_within_each_row(gemma3, monkeypatch):
     assert (out[True] - out[False])[mask].abs().max() < 1e-6
 
 
+def test_sdpa_attention_applies_the_window_as_megatrons_attention_does():
+    """The CUDA core attention (:class:`SDPAttention`, run here on the CPU) in a local layer: the window's mask, as
+    Megatron's unfused attention applies it; and not the causal mask alone (the window binds)."""
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from rlkit.policy.megatron import parallel
+    from rlkit.policy.megatron.attention import SDPAttention
+    from rlkit.policy.megatron.build import transformer_config
+
+    parallel.init_parallel(parallel.ParallelLayout(), seed=0)
+    try:
+        arch = Architecture(family="gemma3", hidden_size=128, num_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            head_dim=32, ffn_hidden_size=256, vocab_size=64, max_position_embeddings=64,
+                            rope_theta=1e6, rms_norm_eps=1e-6, tie_word_embeddings=True, qkv_bias=False,
+                            qk_layernorm=True, gemma=True, activation="gelu_tanh", softmax_scale=0.1, sliding_window=8,
+                            local_layers=(1, 0), local_rope_theta=1e4)
+        config = transformer_config(arch)
+        g = torch.Generator().manual_seed(0)
+        q = torch.randn(40, 2, 4, 32, generator=g)
+        k, v = (torch.randn(40, 2, 2, 32, generator=g) for _ in range(2))
+        outs = {}
+        for layer in (1, 2):  # local, global
+            for cls in (DotProductAttention, SDPAttention):
+                module = cls(config, layer_number=layer, attn_mask_type=AttnMaskType.causal, attention_type="self",
+                             softmax_scale=config.softmax_scale)
+                outs[layer, cls] = module(q, k, v, attention_mask=None)
+        for layer in (1, 2):
+            assert (outs[layer, SDPAttention] - outs[layer, DotProductAttention]).abs().max() < 5e-6
+        assert (outs[1, SDPAttention] - outs[2, SDPAttention]).abs().max() > 1e-2  # the window binds in layer 1
+    finally:
+        parallel.destroy_parallel()
+        parallel.release_process_group()
+
+
 @pytest.fixture(scope="module")
 def eos_heavy(tmp_path_factory):
     """A Gemma 3 folder with the BPE tokenizer's two EOS ids in generation_config.json (<|im_end|> 2, <|endoftext|>

@@ -109,10 +109,11 @@ class SDPAttention(DotProductAttention):
             raise NotImplementedError(f"SDPAttention computes the vanilla softmax, not {self.config.softmax_type!r}")
         causal = (attn_mask_type or self.attn_mask_type) == AttnMaskType.causal and attention_mask is None
         window = self.scale_mask_softmax.window_size  # a local layer's (Gemma 3): replaces the mask, as Megatron's does
-        if window is not None:
-            from megatron.core.transformer.utils import get_sliding_window_causal_mask
+        if window is not None:  # the helper Megatron's softmax calls (the CPU's stand-in where there is no CUDA)
+            from megatron.core.fusions import fused_softmax
 
-            attention_mask, causal = get_sliding_window_causal_mask(query.shape[0], key.shape[0], window), False
+            attention_mask = fused_softmax.get_sliding_window_causal_mask(query.shape[0], key.shape[0], window)
+            causal = False
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads, s, hn]
         dropout = self.attention_dropout.p if self.training else 0.0
         rng = tensor_parallel.get_cuda_rng_tracker().fork() if dropout and not self.config.sequence_parallel else None
