@@ -3,10 +3,10 @@ with its ``Literal``, and the knobs of each area (``AdvantageParams``, ``PolicyL
 ``LossParams``, ``DistillationParams``).
 
 Why apart: the functions are tensor code and import torch; loading and validating a config needs only the names
-and the knobs, so it imports this module and no torch (tests/config/test_no_torch_at_load.py). Each registry is
-built over its table here and refuses to register a name the table lacks (:class:`rlkit.algorithms.registry.
-Registry`); tests/algorithms/test_algorithm_registry.py holds every table equal to its registry's entries. A new
-variant is its function in its area's module plus its name here.
+and the knobs, so it imports this module and no torch (tests/config/test_no_torch_at_load.py). Each area's module
+builds its registry over the table here, and the registry refuses to register a name the table lacks
+(:class:`~rlkit.algorithms.registry.Registry`); tests/algorithms/test_name_tables.py holds every table equal to its
+registry's entries. A new variant is its function in its area's module plus its name here.
 """
 
 from __future__ import annotations
