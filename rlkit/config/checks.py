@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 from rlkit.errors import ModelError
 from rlkit.models import PRESETS
-from rlkit.models.factory import architecture_name, check_head_dim, head_dim_of, hf_config
+from rlkit.models.factory import check_head_dim, head_dim_of, preset_config
 from rlkit.models.families import DENSE_FAMILIES, MOE_FAMILIES
 from rlkit.models.folder import check_weight_files, num_experts_of, read_json_object
 from rlkit.models.pretrained import PRETRAINED
@@ -232,8 +232,7 @@ def _preset_config(policy: Any) -> tuple[dict | None, list[str]]:
         return None, [f"policy.model_family={policy.model_family!r}: preset {policy.model_preset!r} needs one of "
                       f"the families {', '.join(MOE_FAMILIES if spec.num_experts else DENSE_FAMILIES)}"]
     spec = replace(spec, vocab_size=max(spec.vocab_size, tokenizer_vocab_size(policy.model_tokenizer)))  # as made
-    made = hf_config(spec, policy.model_family)
-    return dict(made.to_dict(), architectures=[architecture_name(made)]), []
+    return preset_config(spec, policy.model_family), []
 
 
 def _shape(model_config: Mapping[str, Any]) -> tuple:

@@ -24,7 +24,6 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence, Union
 
-import torch
 
 from rlkit.envs.base import (Conversation, Environment, EnvReturn, check_batch, completion_of, error_sample_index,
                              prompt_of, sample_error)
@@ -125,6 +124,8 @@ class WeightedRewards(Environment):
         self.name = "+".join(names)
 
     def step(self, conversations: list[Conversation], rows: list[dict[str, Any]]) -> EnvReturn:
+        import torch
+
         check_batch(conversations, rows)
         b = len(conversations)
         total = torch.zeros(b)

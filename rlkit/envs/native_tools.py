@@ -23,7 +23,6 @@ from __future__ import annotations
 
 from typing import Any, Optional, Sequence
 
-import torch
 
 from rlkit.envs.base import Conversation, Environment, EnvReturn, check_batch, completion_of, sample_error
 from rlkit.envs.tool_calls import JsonTool, ParsedCalls, ToolCallFormat, parse_tool_calls, tool_messages
@@ -72,6 +71,8 @@ class NativeToolEnvironment(Environment):
         for (i, _), messages in zip(to_run, answers):
             done[i], observations[i] = False, messages
             metadata[i]["tool_errors"] = sum(m["content"].startswith("error:") for m in messages)
+        import torch
+
         return EnvReturn(torch.tensor(rewards, dtype=torch.float32), torch.tensor(done), observations, metadata, errors)
 
     def __repr__(self) -> str:

@@ -15,14 +15,14 @@ the completion, which the score is about, is kept; scoring runs on the CPU or th
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
-
-import torch
-from torch import Tensor
+from typing import TYPE_CHECKING, Any, Callable, Optional, Sequence
 
 from rlkit.envs.base import Conversation, Environment, EnvReturn, check_batch, sample_error
 
-Scorer = Callable[[list[str]], Sequence[float] | Tensor]  # B texts -> B finite scores
+if TYPE_CHECKING:  # torch is imported where a model scores: the config's env registry loads this module
+    from torch import Tensor
+
+Scorer = Callable[[list[str]], "Sequence[float] | Tensor"]  # B texts -> B finite scores
 
 
 def conversation_text(tokenizer: Any, conversation: Conversation) -> str:
@@ -59,6 +59,8 @@ class ScorerEnvironment(Environment):
         self.name = name or self.name
 
     def step(self, conversations: list[Conversation], rows: list[dict[str, Any]]) -> EnvReturn:
+        import torch
+
         check_batch(conversations, rows)
         texts = [conversation_text(self.tokenizer, c) for c in conversations]
         rewards, errors = [0.0] * len(texts), []
@@ -85,6 +87,7 @@ class RewardModelEnvironment(ScorerEnvironment):
 
     def __init__(self, model: str | Path | Any, tokenizer: Any = None, batch_size: int = 16,
                  max_length: Optional[int] = None):
+        import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         if isinstance(model, (str, Path)):
@@ -104,9 +107,12 @@ class RewardModelEnvironment(ScorerEnvironment):
         self.max_length = max_length
         super().__init__(self._score_texts, tokenizer, batch_size)
 
-    @torch.no_grad()
     def _score_texts(self, texts: list[str]) -> Tensor:  # [B] float32
+        import torch
+
         enc = encode_texts(self.tokenizer, texts, self.max_length)
         device = next(self.model.parameters()).device
-        logits = self.model(input_ids=enc["input_ids"].to(device), attention_mask=enc["attention_mask"].to(device)).logits
+        with torch.no_grad():
+            logits = self.model(input_ids=enc["input_ids"].to(device),
+                                attention_mask=enc["attention_mask"].to(device)).logits
         return logits[:, 0].float().cpu()

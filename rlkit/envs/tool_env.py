@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import Any, Callable, Optional, Sequence
 
-import torch
 
 from rlkit.envs.base import Conversation, Environment, EnvReturn, check_batch, completion_of, sample_error
 from rlkit.envs.tools import Tool, parse_tool_call, run_tools
@@ -89,6 +88,8 @@ class ToolEnvironment(Environment):
             observations[i] = {"role": self.observation_role, "content": observation}
             metadata[i].update(tool=name, tool_ok=ok)
             rewards[i] = float(self.tool_turn_reward(name, ok))
+        import torch
+
         return EnvReturn(torch.tensor(rewards, dtype=torch.float32), torch.tensor(done), observations, metadata, errors)
 
     def __repr__(self) -> str:

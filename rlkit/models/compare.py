@@ -10,8 +10,10 @@ tight as before (their scale is about 1) and scales with real ones. Wrong mappin
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # (annotations only: the config's checks load this module, which needs no torch)
+    import torch
 
 DEFAULT_RELATIVE_BOUND = 1e-5  # fp32: ~100x the rounding seen at 135M (9.1e-5 / 38 = 2.4e-6 relative), 20x at 1M
 

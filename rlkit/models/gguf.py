@@ -28,8 +28,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-import torch
-
 from rlkit.errors import ModelError
 from rlkit.models.compare import LogitsAgreement, logits_agreement
 from rlkit.models.factory import count_parameters
@@ -122,6 +120,7 @@ def read_conversion(folder: str | Path) -> dict | None:
 
 
 def _load_gguf(gguf_file: Path):
+    import torch
     import transformers as tf
 
     kwargs = dict(gguf_file=gguf_file.name)
@@ -137,6 +136,7 @@ def _load_gguf(gguf_file: Path):
 
 def _write_folder(model, tokenizer, folder: Path, dtype: Dtype) -> tuple[int, ...]:
     """config.json, model.safetensors, tokenizer files, generation_config.json; returns the EOS ids."""
+    import torch
     from safetensors.torch import save_file
     from transformers import GenerationConfig
 
@@ -164,6 +164,7 @@ def _write_folder(model, tokenizer, folder: Path, dtype: Dtype) -> tuple[int, ..
 def _check_folder(reference, tokenizer, folder: Path, dtype: Dtype) -> LogitsAgreement:
     """The written folder, loaded back by transformers, against the GGUF load (its weights rounded to ``dtype``
     first, so both compute the same function in fp32) on the probe prompt."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     ids = tokenizer.apply_chat_template(PROBE_MESSAGES, add_generation_prompt=True, return_tensors="pt",

@@ -2,22 +2,17 @@
 a preset probes no machine; CUDA is asked by the checks whose answer depends on it, at validation
 (``rlkit.config.checks.cuda_here``), and the machine's memory by the memory plan (``rlkit.memory.plan``).
 
-The layers below config that it reads load without torch too: the algorithm registries' names and knobs
-(``rlkit.algorithms.params``; the tensor code loads on first use), ``rlkit.data``, ``rlkit.envs.base``,
-``rlkit.models.factory``, and ``rlkit/__init__.py`` (``rlkit.Trajectories`` on first use). torch is still imported
-by ``load_config`` through modules outside them: ``rlkit.config.checks`` builds a preset's transformers config
-(``hf_config``; ``rlkit.models.factory.preset_config`` gives the same fields without transformers),
-``rlkit.models.pretrained`` loads ``rlkit.models.gguf`` and ``rlkit.models.compare``, and ``rlkit/envs/__init__.py``
-loads ``judge``, ``native_tools``, ``tool_env`` and ``reward_model``, which import torch at load. The last test
-says so, strictly: it fails once they no longer do, and is then to become a plain assertion."""
+Nor do the layers below config that it reads: the algorithm registries' names and knobs load apart from their
+tensor code (``rlkit.algorithms.params``), the model checks read a preset's fields without transformers
+(``rlkit.models.factory.preset_config``), and every module that ``rlkit.data``, ``rlkit.envs`` and ``rlkit.models``
+load with the config imports torch in the functions that compute with it; ``rlkit.Trajectories`` loads on first
+use. So loading a config imports no torch (the last test)."""
 
 import ast
 import os
 import subprocess
 import sys
 from pathlib import Path
-
-import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = {"torch", "transformers", "megatron", "vllm", "psutil", "numpy", "datasets", "safetensors", "ray"}
@@ -65,8 +60,6 @@ print(len(names), valid)
     assert presets >= 5 and valid >= presets - 2  # every shipped preset validated, all but two whole
 
 
-@pytest.mark.xfail(strict=True, reason="config.checks builds a preset's transformers config; models.gguf, "
-                                       "models.compare and four envs import torch when loaded")
 def test_loading_a_config_imports_no_torch():
     assert run("import sys; from rlkit.config.loading import load_config; load_config('quickstart'); "
                "print('torch' in sys.modules)") == "False"
