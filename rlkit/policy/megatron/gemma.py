@@ -30,8 +30,8 @@ Names (what :mod:`.convert` maps for ``Architecture.gemma``): ``input_layernorm`
 
 Deliberate simplifications (refused by :class:`rlkit.policy.architecture.Architecture` with the reason): no logit
 soft-capping (Gemma 2's; Gemma 3's released configs set none), no RoPE scaling of the global layers (the 4B-27B
-models' text towers scale theirs linearly), no bidirectional attention. LoRA adapters are refused on this block (their
-hook adds the update after the linear's output, which here is after the post-norm).
+models' text towers scale theirs linearly), no bidirectional attention. LoRA adapters on ``linear_proj`` / ``linear_fc2`` are added before the post-norms,
+as OLMo 2's (:mod:`.post_norm`).
 """
 
 from __future__ import annotations

@@ -150,7 +150,8 @@ def add_adapters(model: torch.nn.Module, cfg: LoraConfig, seed: int) -> None:
         parts, groups = _parts(name, short, weight, model.config, cfg, targets, seed, rank, size)
         module.adapter = Adapter(short in COLUMN, parts, cfg.scaling, cfg.dropout, model.config.sequence_parallel,
                                  groups)
-        module.register_forward_hook(_add_update)
+        if not getattr(type(module), "adds_adapter_update", False):  # (a post-norm linear adds it before its norm)
+            module.register_forward_hook(_add_update)
     if getattr(model, "output_layer", None) is not None:  # the head, frozen now (used while logits fit one chunk)
         model.output_layer.register_forward_hook(_contiguous_output_grad)
     if getattr(model, "embedding", None) is not None and model.config.recompute_granularity is not None:

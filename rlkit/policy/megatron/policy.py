@@ -86,9 +86,6 @@ class MegatronAdapter(ModelAdapter):
         if cfg.lora_cfg.enabled and getattr(self.arch, "num_experts", 0):
             raise ModelError("policy.lora_cfg: adapters on Megatron's Mixture-of-Experts models are not built yet "
                              "(the experts' linears); train this model with policy.lora_cfg.enabled=false")
-        if cfg.lora_cfg.enabled and (self.arch.post_norms or self.arch.gemma):
-            raise ModelError(f"policy.lora_cfg: adapters on {self.arch.family}'s block (norms after attention and the "
-                             "MLP) are not built yet; train this model with policy.lora_cfg.enabled=false")
         if cfg.lora_cfg.enabled and self.arch.fused_projections:
             raise ModelError(f"policy.lora_cfg: adapters on {self.arch.family}'s fused qkv_proj / gate_up_proj are not "
                              "built yet (a PEFT adapter of this model targets the fused projections); train this model "

@@ -18,8 +18,10 @@ Names (what :mod:`.convert` maps for ``Architecture.post_norms``):
 ``...self_attention.linear_proj.post_norm.weight`` <-> ``model.layers.i.post_attention_layernorm.weight``,
 ``...mlp.linear_fc2.post_norm.weight`` <-> ``model.layers.i.post_feedforward_layernorm.weight``.
 
-Deliberate simplifications: dense layers only; LoRA adapters are refused on this block (their hook adds the
-update after the linear's output, which here is after the norm); KV groups split whole over tensor-parallel
+LoRA: an adapter on ``linear_proj`` / ``linear_fc2`` is added by :class:`PostNormRowParallelLinear` itself, to the
+linear's output before the norm (an ordinary linear gets it from a forward hook, which here would add it after).
+
+Deliberate simplifications: dense layers only; KV groups split whole over tensor-parallel
 ranks (no replicated KV heads).
 """
 
@@ -75,8 +77,15 @@ class PostNormRowParallelLinear(RowParallelLinear):
         super().__init__(input_size, output_size, config=config, **kwargs)
         self.post_norm = self.norm_class(config, output_size, eps=config.layernorm_epsilon)
 
+    # a LoRA adapter's update (rlkit.policy.megatron.lora) belongs to the linear, so before the norm: this class
+    # adds it itself, where a plain linear gets it from a forward hook on its output
+    adds_adapter_update = True
+
     def forward(self, x: torch.Tensor):
         out, bias = super().forward(x)
+        adapter = self._modules.get("adapter")
+        if adapter is not None and adapter.enabled:
+            out = out + adapter(x).to(out.dtype)
         return self.post_norm(out), bias
 
 
