@@ -16,6 +16,8 @@ from rlkit.models.folder import num_experts_of
 # Megatron's fused linear layers by the HF projections they hold (either name goes in policy.lora_cfg)
 LORA_FUSED_MODULES = {"linear_qkv": ("q_proj", "k_proj", "v_proj"), "linear_proj": ("o_proj",),
                       "linear_fc1": ("gate_proj", "up_proj"), "linear_fc2": ("down_proj",)}
+# the module a checkpoint that stores them fused (Phi-3) has for each of those linears
+CHECKPOINT_FUSED_MODULES = {"linear_qkv": "qkv_proj", "linear_fc1": "gate_up_proj"}
 
 
 class MegatronDDPConfig(Section):

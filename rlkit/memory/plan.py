@@ -51,7 +51,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from rlkit.config.backends import LORA_FUSED_MODULES
+from rlkit.config.backends import CHECKPOINT_FUSED_MODULES, LORA_FUSED_MODULES
 from rlkit.config.engines import BYTES_PER_PARAMETER, engine_handoff
 from rlkit.config.run import RunConfig
 from rlkit.errors import ConfigError
@@ -229,10 +229,12 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
     adapters = 0
     if lora.enabled:
         names = set(lora.hf_targets())
+        names |= {module for linear, module in CHECKPOINT_FUSED_MODULES.items()  # Phi-3's fused modules
+                  if set(LORA_FUSED_MODULES[linear]) <= names}
         per_layer = sum(lora.dim * (i + o) for name, (i, o) in shape.lora_fan.items() if name in names)
         if lora.fused_adapters:  # one A per fused linear, not one per projection
             per_layer -= sum(lora.dim * shape.lora_fan[parts[0]][0] * (len(parts) - 1)
-                             for parts in LORA_FUSED_MODULES.values() if set(parts) <= names)
+                             for parts in LORA_FUSED_MODULES.values() if set(parts) <= names & set(shape.lora_fan))
         adapters = per_layer * shape.layers * item // shard
     trained = adapters if lora.enabled else weights
     bf16 = p.precision == "bfloat16"

@@ -38,13 +38,14 @@ PEFT_PREFIX = "base_model.model."  # PEFT's names of a causal LM's weights start
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
 
-def peft_lora_config(cfg: LoraConfig, base_model: str | None = None):
-    """peft's ``LoraConfig`` for ``cfg``: the same rank, alpha, dropout and HF target modules."""
+def peft_lora_config(cfg: LoraConfig, base_model: str | None = None, targets: Iterable[str] | None = None):
+    """peft's ``LoraConfig`` for ``cfg``: the same rank, alpha, dropout and HF target modules (``targets``: these
+    module names instead, e.g. a fused checkpoint's ``qkv_proj``)."""
     import peft
 
     return peft.LoraConfig(r=cfg.dim, lora_alpha=cfg.alpha, lora_dropout=cfg.dropout,
-                           target_modules=list(cfg.hf_targets()), bias="none", task_type="CAUSAL_LM",
-                           base_model_name_or_path=base_model)
+                           target_modules=list(cfg.hf_targets() if targets is None else targets), bias="none",
+                           task_type="CAUSAL_LM", base_model_name_or_path=base_model)
 
 
 def inject_peft(model: torch.nn.Module, cfg: LoraConfig):
@@ -80,9 +81,10 @@ def write_adapter_folder(tensors: Iterable[tuple[str, Tensor]], cfg: LoraConfig,
 
     output = Path(output)
     output.mkdir(parents=True, exist_ok=True)
-    peft_lora_config(cfg, str(base_model)).save_pretrained(str(output))
-    save_file({name: t.detach().to("cpu").contiguous() for name, t in tensors}, str(output / ADAPTER_WEIGHTS),
-              metadata={"format": "pt"})
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in tensors}
+    modules = sorted({name.split(".lora_")[0].rsplit(".", 1)[-1] for name in tensors})  # the modules they adapt
+    peft_lora_config(cfg, str(base_model), modules).save_pretrained(str(output))
+    save_file(tensors, str(output / ADAPTER_WEIGHTS), metadata={"format": "pt"})
     return output
 
 

@@ -301,19 +301,21 @@ def test_one_parallel_layout_matches_one_process(folder, ray_cluster, family, pr
         group.close()
 
 
-@pytest.mark.parametrize("family,reason", [("phi3", "fused qkv_proj / gate_up_proj")])
-def test_adapters_where_not_built_are_refused_with_the_reason(folder, family, reason):
+def test_adapters_on_part_of_a_fused_checkpoint_module_are_refused_with_the_reason(folder):
     from rlkit.config.components import LoraConfig
 
-    with pytest.raises(ModelError, match=reason):
-        in_process_policy(PolicyConfig(model_name=str(folder(family, "nano")), lora_cfg=LoraConfig(enabled=True)))
+    with pytest.raises(ModelError, match="holds k_proj, q_proj, v_proj as one module, qkv_proj"):
+        in_process_policy(PolicyConfig(model_name=str(folder("phi3", "nano")),
+                                       lora_cfg=LoraConfig(enabled=True, target_modules=("q_proj", "o_proj"))))
 
 
-@pytest.mark.parametrize("family", ["olmo2", "gemma3"])
-def test_adapters_on_a_post_norm_block_match_peft(folder, family, tmp_path):
+@pytest.mark.parametrize("family", ["olmo2", "gemma3", "phi3"])
+def test_adapters_on_the_new_blocks_match_peft(folder, family, tmp_path):
     """OLMo 2's and Gemma 3's branches end in a norm, so an adapter on ``o_proj`` / ``down_proj`` must add its
-    update before it: after two steps, the PEFT folder loaded by peft on transformers' own model, and the merged
-    folder, give the policy's logits (1e-4); the adapters moved them (> 1e-3 from the base)."""
+    update before it; Phi-3's checkpoint fuses q/k/v and gate/up, so peft puts one adapter on each fused module
+    (``qkv_proj``, ``gate_up_proj``, their ``B`` rows in the checkpoint's order). After two steps, the PEFT folder
+    loaded by peft on transformers' own model, and the merged folder, give the policy's logits (1e-4); the
+    adapters moved them (> 1e-3 from the base)."""
     import peft
 
     from rlkit.config.components import LoraConfig
@@ -335,6 +337,8 @@ def test_adapters_on_a_post_norm_block_match_peft(folder, family, tmp_path):
             assert (base(input_ids=batch.input_ids).logits - logits).abs().max() > 1e-3
             adapted = peft.PeftModel.from_pretrained(base, str(out / ADAPTER_DIR)).eval()
             assert (adapted(input_ids=batch.input_ids).logits - logits).abs().max() < TOL
+            if family == "phi3":
+                assert {"qkv_proj", "gate_up_proj"} <= set(adapted.peft_config["default"].target_modules)
             merged = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32).eval()
             assert (merged(input_ids=batch.input_ids).logits - logits).abs().max() < TOL
     finally:

@@ -29,7 +29,9 @@ and ``B``'s rows follow the fused layout, so the PEFT export splits ``B`` with :
 Under tensor parallelism each projection's ``B`` is split along its rows (whole KV groups, as the base).
 
 Initial values: ``A`` from a generator seeded by the run seed and the layer's (and projection's) name (the same
-full ``A`` at any TP size, then sharded), ``B = 0`` (the adapted model starts as the base), as peft does (Kaiming-uniform ``A``).
+full ``A`` at any TP size, then sharded), ``B = 0`` (the adapted model starts as the base), as peft does
+(Kaiming-uniform ``A``). A checkpoint that stores q/k/v and gate/up fused (Phi-3) gets one adapter per fused
+linear, as peft puts one on each of its modules (``qkv_proj``, ``gate_up_proj``).
 
 Deliberate simplifications: dense models, no pipeline parallelism (refused by the config check and here).
 """
@@ -44,7 +46,9 @@ from typing import Iterator
 import torch
 from torch import Tensor
 
+from rlkit.config.backends import CHECKPOINT_FUSED_MODULES
 from rlkit.config.components import LORA_FUSED_MODULES, LoraConfig
+from rlkit.errors import ModelError
 from rlkit.policy.megatron import convert
 
 COLUMN = ("linear_qkv", "linear_fc1")  # the column-parallel linears; the others are row-parallel
@@ -264,12 +268,30 @@ HF_PARTS = {"linear_qkv": ("self_attn", ("q_proj", "k_proj", "v_proj")), "linear
             "linear_fc1": ("mlp", ("gate_proj", "up_proj")), "linear_fc2": ("mlp", ("down_proj",))}
 
 
+def check_fused_targets(cfg: LoraConfig, family: str) -> None:
+    """A model whose checkpoint fuses q/k/v and gate/up (Phi-3) takes adapters on whole fused modules, as peft
+    puts them; a subset of one is refused with the fix."""
+    targets = set(cfg.hf_targets())
+    for linear, module in CHECKPOINT_FUSED_MODULES.items():
+        parts = set(LORA_FUSED_MODULES[linear])
+        if targets & parts and not parts <= targets:
+            raise ModelError(f"policy.lora_cfg.target_modules: {family}'s checkpoint holds {', '.join(sorted(parts))} "
+                             f"as one module, {module}, so its adapter covers all of them; name all (or {linear}), "
+                             "or none")
+
+
 def to_peft(layer: int, linear: str, factors: dict[str, tuple[Tensor, Tensor]], arch) -> list[tuple[str, Tensor]]:
     """One linear's full factors (:func:`factor_names`' keys -> ``A`` [r, in], ``B`` [out, r]) -> PEFT-named
     tensors of its HF projections: each projection's own pair, or, for one fused adapter, the shared ``A`` and
-    each projection's rows of ``B``."""
+    each projection's rows of ``B``; where the checkpoint fuses them too (Phi-3), that module's pair, ``B`` in
+    its row order (``[q; k; v]``, ``[gate; up]``)."""
     block, parts = HF_PARTS[linear]
     prefix = f"base_model.model.model.layers.{layer}.{block}."
+    if "" in factors and arch.fused_projections and linear in CHECKPOINT_FUSED_MODULES:
+        a, b = factors[""]
+        b = torch.cat(convert.split_qkv(b, arch)) if linear == "linear_qkv" else b
+        module = CHECKPOINT_FUSED_MODULES[linear]
+        return [(f"{prefix}{module}.lora_{x}.weight", t.clone()) for x, t in (("A", a), ("B", b))]
     if "" in factors:
         a, b = factors[""]
         bs = convert.split_qkv(b, arch) if linear == "linear_qkv" else torch.chunk(b, len(parts), dim=0)

@@ -87,9 +87,7 @@ class MegatronAdapter(ModelAdapter):
             raise ModelError("policy.lora_cfg: adapters on Megatron's Mixture-of-Experts models are not built yet "
                              "(the experts' linears); train this model with policy.lora_cfg.enabled=false")
         if cfg.lora_cfg.enabled and self.arch.fused_projections:
-            raise ModelError(f"policy.lora_cfg: adapters on {self.arch.family}'s fused qkv_proj / gate_up_proj are not "
-                             "built yet (a PEFT adapter of this model targets the fused projections); train this model "
-                             "with policy.lora_cfg.enabled=false")
+            lora.check_fused_targets(cfg.lora_cfg, self.arch.family)
         mc = cfg.megatron_cfg
         self.layout = parallel.ParallelLayout(**mc.model_dump(include=set(parallel.ParallelLayout.__dataclass_fields__)))
         self._parallel_generation = parallel.init_parallel(self.layout, seed)
@@ -136,7 +134,13 @@ class MegatronAdapter(ModelAdapter):
 
     # ---- adapters (policy.lora_cfg, rlkit.policy.megatron.lora) --------------------------------------
     def _lora_cfg(self):
-        return self.cfg.lora_cfg if self.cfg.lora_cfg.enabled else None
+        """The enabled adapters' settings (None without); a checkpoint with fused projections (Phi-3: qkv_proj,
+        gate_up_proj) gets one adapter per fused linear, as peft puts one on each of its modules."""
+        if not self.cfg.lora_cfg.enabled:
+            return None
+        if self.arch.fused_projections:
+            return self.cfg.lora_cfg.model_copy(update={"fused_adapters": True})
+        return self.cfg.lora_cfg
 
     def adapters_disabled(self):
         return lora.adapters_disabled(self.model, self.twin.compute if self.twin is not None else None)
