@@ -13,9 +13,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from rlkit.config.engines import ENGINES
 from rlkit.errors import ModelError
 from rlkit.models import PRESETS
-from rlkit.models.factory import check_head_dim, head_dim_of, preset_config
+from rlkit.models.factory import VLLM_CPU_HEAD_DIMS, head_dim_of, head_dim_refusal, preset_config
 from rlkit.models.families import DENSE_FAMILIES, MOE_FAMILIES
 from rlkit.models.folder import check_weight_files, num_experts_of, read_json_object
 from rlkit.models.pretrained import PRETRAINED
@@ -27,6 +28,53 @@ def cuda_here() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+# transformers' generate: runs any architecture transformers has, at any head size, on the CPU; the engine rlkit
+# switches to where vLLM's CPU kernels cannot run the model (generation_fallback)
+FALLBACK_ENGINE = "hf"
+
+
+class EngineFallbackWarning(UserWarning):
+    """The one-line notice that validation chose another generation engine than the config's (filterable)."""
+
+
+def generation_fallback(sections: dict[str, Any], notice: bool = True) -> dict[str, Any]:
+    """``sections`` with ``policy.generation.backend`` switched to the transformers generator where the config's
+    engine would run on this machine's CPU and its CPU attention kernels lack the model's head size (vLLM's take a
+    few sizes only), with a one-line :class:`EngineFallbackWarning` saying why and how to choose (``notice``).
+    Unchanged where the engine can run the model, runs elsewhere (CUDA here, a Ray cluster), or the config sets what
+    only the config's engine does (:func:`_fallback_blockers`): :func:`_head_dim_problems` then reports it."""
+    policy = sections.get("policy")
+    if policy is None or _fallback_blockers(policy):
+        return sections
+    head_dim = _cpu_refused_head_dim(policy, _model_config_of(policy))
+    if head_dim is None:
+        return sections
+    if notice:
+        warnings.warn(f"policy.generation.backend={policy.generation.backend}: {policy.generation.engine.words}'s CPU "
+                      f"attention kernels have no head size {head_dim} (this model's; they take "
+                      f"{', '.join(map(str, VLLM_CPU_HEAD_DIMS))}), so this run "
+                      f"generates with {ENGINES[FALLBACK_ENGINE].words} (policy.generation.backend={FALLBACK_ENGINE}); "
+                      f"to choose the engine yourself and silence this, set policy.generation.backend="
+                      f"{FALLBACK_ENGINE} (or megatron: the policy's own weights)", EngineFallbackWarning, stacklevel=4)
+    generation = policy.generation.model_copy(update={"backend": FALLBACK_ENGINE})
+    return dict(sections, policy=policy.model_copy(update={"generation": generation}))
+
+
+def _fallback_blockers(policy: Any) -> list[str]:
+    """The settings of ``policy.generation`` the fallback engine cannot honour, each with the reason: with any of
+    them the config's engine stays, and its refusal of the model is reported as a problem (an explicit choice is not
+    silently dropped). Settings that only tune vLLM (KV cache, eager mode, prefix caching) have no meaning without
+    it and do not change what is sampled, so they do not block."""
+    generation, fallback = policy.generation, ENGINES[FALLBACK_ENGINE]
+    out = []
+    if generation.vllm_cfg.precision != "float32" and not fallback.reads_vllm_cfg:
+        out.append(f"policy.generation.vllm_cfg.precision={generation.vllm_cfg.precision} ({fallback.words} samples "
+                   "in float32)")
+    if generation.colocated.enabled is False and not fallback.runs_separately:
+        out.append(f"policy.generation.colocated.enabled=false ({fallback.words} runs in this process only)")
+    return out
 
 
 def cross_section_problems(sections: Mapping[str, Any]) -> list[str]:
@@ -207,15 +255,37 @@ def _model_problems(policy: Any) -> list[str]:
 
 def _head_dim_problems(policy: Any, model_config: Mapping[str, Any]) -> list[str]:
     """vLLM's CPU attention kernels take a few head sizes only; other sizes fail at the first generate, after
-    the policy is built. The engine runs on this machine's CPU when there is no GPU here and no Ray cluster
-    (``policy.ray_address``) whose machines this check cannot see."""
-    if not policy.generation.engine.cpu_head_dims_limited or policy.ray_address is not None:
+    the policy is built. Validation switches such a run to the transformers generator (:func:`generation_fallback`),
+    so this is a problem only where the config sets what that engine cannot honour."""
+    head_dim = _cpu_refused_head_dim(policy, model_config)
+    if head_dim is None:
         return []
-    try:
-        check_head_dim(head_dim_of(model_config))
-    except ModelError as exc:
-        return [] if cuda_here() else [f"policy.model_name={policy.model_name!r}: {exc}"]
-    return []
+    why = "; ".join(_fallback_blockers(policy))
+    return [f"policy.model_name={policy.model_name!r}: {head_dim_refusal(head_dim)} (rlkit switches to backend={FALLBACK_ENGINE} by "
+            f"itself, but not with {why}: drop that to let it)"]
+
+
+def _cpu_refused_head_dim(policy: Any, model_config: Mapping[str, Any] | None) -> int | None:
+    """The model's head size where the config's engine would run on this machine's CPU and its CPU attention kernels
+    lack it, else None. The engine runs on this machine's CPU when there is no GPU here and no Ray cluster
+    (``policy.ray_address``) whose machines this check cannot see; torch is imported (to ask about CUDA) only for a
+    head size the CPU kernels lack."""
+    if model_config is None or not policy.generation.engine.cpu_head_dims_limited or policy.ray_address is not None:
+        return None
+    head_dim = head_dim_of(model_config)
+    return None if head_dim in VLLM_CPU_HEAD_DIMS or cuda_here() else head_dim
+
+
+def _model_config_of(policy: Any) -> Mapping[str, Any] | None:
+    """The HF config the run will load (the folder's, else the one its preset makes), or None where there is none
+    or it is unreadable (:func:`_model_problems` reports why)."""
+    path = Path(policy.model_name) / "config.json"
+    if path.is_file():
+        try:
+            return read_json_object(path, "model config")
+        except ModelError:
+            return None
+    return _preset_config(policy)[0]
 
 
 def _preset_config(policy: Any) -> tuple[dict | None, list[str]]:

@@ -18,7 +18,7 @@ from typing import Any, Mapping, Sequence
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
-from rlkit.config.checks import cross_section_problems
+from rlkit.config.checks import cross_section_problems, generation_fallback
 from rlkit.config.run import RunConfig
 from rlkit.errors import ConfigError, describe_invalid
 
@@ -157,7 +157,9 @@ def _take_required(raw: Mapping[str, Any], prefix: str = "") -> tuple[dict, list
 
 
 def validate(raw: Mapping[str, Any]) -> RunConfig:
-    """Validate section by section so that every problem is reported at once, then check combinations."""
+    """Validate section by section so that every problem is reported at once, then check combinations. Where the
+    generation engine cannot run the model on this machine's CPU, the transformers generator takes over, with a
+    one-line notice (:func:`rlkit.config.checks.generation_fallback`)."""
     raw, required = _take_required(raw)
     problems: list[str] = [f"{key}: this config leaves it for you to set (it says {REQUIRED}). Fix: give it, "
                            f"e.g. `{key}=...` after the config on the command line" for key in required]
@@ -175,9 +177,9 @@ def validate(raw: Mapping[str, Any]) -> RunConfig:
             problems.extend(f"{key}.{p}" if not p.startswith(key) else p for p in e.problems)
     if problems:
         if not required:  # combinations with an unset value would report it again, less clearly
-            problems += cross_section_problems(sections)
+            problems += cross_section_problems(generation_fallback(sections, notice=False))
         raise ConfigError(problems)
-    config = RunConfig(**sections)
+    config = RunConfig(**generation_fallback(sections))
     problems = cross_section_problems(config.__dict__)
     if problems:
         raise ConfigError(problems)

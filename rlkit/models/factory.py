@@ -77,10 +77,18 @@ def head_dim_of(model_config: Mapping[str, Any]) -> int:
 
 def check_head_dim(head_dim: int) -> None:
     """vLLM's CPU attention fails at the first generate on other head sizes; say so before it starts."""
-    if head_dim not in VLLM_CPU_HEAD_DIMS:
-        raise ModelError(f"head_dim={head_dim} is not supported by vLLM's CPU attention kernels "
-                         f"(supported: {', '.join(map(str, VLLM_CPU_HEAD_DIMS))}). Fix: use a model whose head size "
-                         "(hidden_size / num_attention_heads) is one of those, or set policy.generation.backend=hf")
+    refusal = head_dim_refusal(head_dim)
+    if refusal is not None:
+        raise ModelError(refusal)
+
+
+def head_dim_refusal(head_dim: int) -> str | None:
+    """Why vLLM's CPU attention cannot run ``head_dim``, with the fix; None where it can."""
+    if head_dim in VLLM_CPU_HEAD_DIMS:
+        return None
+    return (f"head_dim={head_dim} is not supported by vLLM's CPU attention kernels "
+            f"(supported: {', '.join(map(str, VLLM_CPU_HEAD_DIMS))}). Fix: use a model whose head size "
+            "(hidden_size / num_attention_heads) is one of those, or set policy.generation.backend=hf")
 
 
 def hf_config(spec: TinyModelSpec, family: ModelFamily):

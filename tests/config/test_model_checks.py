@@ -37,9 +37,11 @@ def test_truncated_weights_are_a_config_problem_naming_the_file(folder):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the head-size rule is vLLM's CPU kernels'")
 def test_vllm_cpu_head_dim_is_reported_with_the_other_problems(folder):
+    # (without a setting only vLLM honours, validation switches to backend=hf instead: test_generation_fallback.py)
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps(dict(cfg, num_attention_heads=4, head_dim=16)))
-    problems = problems_of({"policy.model_name": str(folder), "grpo.num_prompts_per_step": 0})
+    problems = problems_of({"policy.model_name": str(folder), "grpo.num_prompts_per_step": 0,
+                            "policy.generation.vllm_cfg.precision": "bfloat16"})
     assert any(p.startswith("grpo.num_prompts_per_step") for p in problems)
     (head,) = [p for p in problems if "head_dim" in p]
     assert head.startswith(f"policy.model_name={str(folder)!r}: head_dim=16 is not supported by vLLM's CPU")

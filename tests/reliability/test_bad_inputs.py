@@ -82,7 +82,9 @@ def test_truncated_safetensors_names_the_file(model):
 def test_head_dim_vllm_cpu_cannot_run_names_the_model(model):
     config = json.loads((model / "config.json").read_text())
     (model / "config.json").write_text(json.dumps(dict(config, num_attention_heads=4, head_dim=16)))
-    msg = raised(ConfigError, load_config, "quickstart", {"policy.model_name": str(model), "policy.model_preset": None})
+    # a setting only vLLM honours (else validation switches to backend=hf: tests/config/test_generation_fallback.py)
+    msg = raised(ConfigError, load_config, "quickstart", {"policy.model_name": str(model), "policy.model_preset": None,
+                                                          "policy.generation.vllm_cfg.precision": "bfloat16"})
     assert f"policy.model_name={str(model)!r}: head_dim=16" in msg
 
 
