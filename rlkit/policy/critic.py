@@ -11,11 +11,13 @@ tokens, then one optimizer step.
 
 Deliberate simplifications: transformers in this process (not on the policy's Megatron/DTensor backend, no
 parallel layout), every parameter trained, fp32. A checkpoint holds its weights, its Adam state and its step count
-(:meth:`Critic.save_state`, safetensors: no pickle); a fork's branches share one critic.
+(:meth:`Critic.save_state`, safetensors: no pickle); a fork's parked branch holds its own copy
+(:meth:`Critic.capture`), so each branch's critic learns from its own batches.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -23,6 +25,18 @@ from torch import Tensor
 
 from rlkit.algorithms.returns import clipped_value_loss
 from rlkit.config.run import CriticConfig
+
+
+@dataclass
+class CriticState:
+    """A critic's weights (``model/<name>``), AdamW's per-parameter state (``adam/<field>/<name>``) and step count."""
+
+    tensors: dict[str, Tensor]
+    version: int
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
 
 class Critic:
@@ -44,38 +58,48 @@ class Critic:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0)
         self.version = 0  # optimizer steps taken
 
-    def save_state(self, folder: Path) -> None:
-        """Weights, AdamW's per-parameter state and the step count into ``folder/critic.safetensors``."""
-        from safetensors.torch import save_file
-
-        folder.mkdir(parents=True, exist_ok=True)
+    def capture(self) -> CriticState:
+        """A copy of the weights, AdamW's per-parameter state and the step count (a fork's parked branch, a
+        checkpoint)."""
         names = {param: name for name, param in self.model.named_parameters()}
-        tensors = {f"model/{name}": param.detach().contiguous() for name, param in self.model.named_parameters()}
+        tensors = {f"model/{name}": param.detach().clone() for name, param in self.model.named_parameters()}
         for param, state in self.optimizer.state.items():
             for key, value in state.items():
-                tensors[f"adam/{key}/{names[param]}"] = torch.as_tensor(value).detach().clone().contiguous()
-        save_file(tensors, str(folder / "critic.safetensors"), metadata={"version": str(self.version)})
+                tensors[f"adam/{key}/{names[param]}"] = torch.as_tensor(value).detach().clone()
+        return CriticState(tensors, self.version)
 
-    def load_state(self, folder: Path) -> None:
-        """What :meth:`save_state` wrote, into this critic (built on the same model folder): strict on names."""
-        from safetensors import safe_open
-
-        with safe_open(str(folder / "critic.safetensors"), framework="pt") as f:
-            tensors, version = {k: f.get_tensor(k) for k in f.keys()}, int(f.metadata()["version"])
+    def restore(self, state: CriticState) -> None:
+        """:meth:`capture`'s copy back into this critic (built on the same model folder): strict on names."""
         params = dict(self.model.named_parameters())
-        saved = {k.split("/", 1)[1] for k in tensors if k.startswith("model/")}
+        saved = {k.split("/", 1)[1] for k in state.tensors if k.startswith("model/")}
         if saved != set(params):
-            raise ValueError(f"the checkpoint's critic has other parameters than this one ({len(saved)} vs "
+            raise ValueError(f"the saved critic has other parameters than this one ({len(saved)} vs "
                              f"{len(params)}): it was saved from another critic.model_name")
         self.optimizer.state.clear()
         with torch.no_grad():
             for name, param in params.items():
-                param.copy_(tensors[f"model/{name}"])
-        for key, value in tensors.items():
+                param.copy_(state.tensors[f"model/{name}"])
+        for key, value in state.tensors.items():
             if key.startswith("adam/"):
                 _, field, name = key.split("/", 2)
-                self.optimizer.state[params[name]][field] = value
-        self.version = version
+                self.optimizer.state[params[name]][field] = value.clone()
+        self.version = state.version
+
+    def save_state(self, folder: Path) -> None:
+        """:meth:`capture` into ``folder/critic.safetensors``."""
+        from safetensors.torch import save_file
+
+        folder.mkdir(parents=True, exist_ok=True)
+        state = self.capture()
+        save_file({k: t.contiguous() for k, t in state.tensors.items()}, str(folder / "critic.safetensors"),
+                  metadata={"version": str(state.version)})
+
+    def load_state(self, folder: Path) -> None:
+        """What :meth:`save_state` wrote, into this critic (built on the same model folder)."""
+        from safetensors import safe_open
+
+        with safe_open(str(folder / "critic.safetensors"), framework="pt") as f:
+            self.restore(CriticState({k: f.get_tensor(k) for k in f.keys()}, int(f.metadata()["version"])))
 
     def use(self, cfg: CriticConfig) -> None:
         """Read the session's current ``critic.*`` (``configure()`` may have changed them): ``lr`` into the

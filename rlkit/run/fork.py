@@ -1,6 +1,6 @@
 """``a, b = session.fork(2)``: in-memory branches of one session that share its engines, data and environment
-but each own their weights (the adapters only, with adapters on), optimizer and schedule state, run state (step,
-history, sampler position, baseline), config and loss, and RNG.
+but each own their weights (the adapters only, with adapters on), optimizer and schedule state, PPO's critic (its
+weights and Adam state), run state (step, history, sampler position, baseline), config and loss, and RNG.
 
 How: one branch at a time is *active*, its state live in the run (:class:`rlkit.run.run.Run`); the others are
 *parked* as copies (:class:`Parked`). Using a branch (``a.step()``, ``a.run(30)``, ``a.configure([...])``,
@@ -17,7 +17,7 @@ metrics as the same branches run one after the other (tests/run/test_what_if.py)
 Deliberate simplifications: async GRPO is refused (its producer samples ahead with the active weights); a new
 branch starts with an empty rollout history (``session.store``) and no latest batch; the KL reference and the
 records (``log_to``) are shared by every branch; a parked branch costs one copy of the trainable weights and the
-optimizer moments (``Branch.nbytes``).
+optimizer moments, and of the critic with its moments under PPO (``Branch.nbytes``).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Any, Optional
 import pandas as pd
 
 from rlkit import rng
+from rlkit.policy.critic import CriticState
 from rlkit.policy.snapshots import PolicyState, capture_state, load_state
 from rlkit.run.sources import RolloutSource, rollout_source
 from rlkit.run.state import RunState
@@ -47,20 +48,24 @@ class Parked:
     config: Any  # RunConfig
     loss_fn: Any
     rng: tuple  # rlkit.rng.capture()
+    critic: Optional[CriticState] = None  # PPO's value model (critic.enabled)
 
     @property
     def nbytes(self) -> int:
-        return self.policy.nbytes
+        return self.policy.nbytes + (self.critic.nbytes if self.critic is not None else 0)
 
 
 def park(run: Any) -> Parked:
     """A copy of the run's branch state (the run keeps going on its own)."""
-    return Parked(capture_state(run.policy), run.state, run.rollouts, run.config, run.loss_fn, rng.capture())
+    critic = run.components.critic.capture() if run.components.critic is not None else None
+    return Parked(capture_state(run.policy), run.state, run.rollouts, run.config, run.loss_fn, rng.capture(), critic)
 
 
 def enter(run: Any, parked: Parked) -> None:
     """Make ``parked`` the run's state; the generator is stale until the next refit."""
     load_state(run.policy, parked.policy)
+    if parked.critic is not None:
+        run.components.critic.restore(parked.critic)
     run.state, run.rollouts = parked.run_state, parked.rollouts
     run.config, run.loss_fn = parked.config, parked.loss_fn
     rng.restore(*parked.rng)
@@ -75,7 +80,9 @@ def _copy(run: Any, parked: Parked) -> Parked:
     p = parked.policy
     policy = PolicyState({k: v.clone() for k, v in p.weights.items()}, copy.deepcopy(p.optimizer),
                          copy.deepcopy(p.scheduler), p.version)
-    return Parked(policy, state, source, parked.config, parked.loss_fn, parked.rng)
+    critic = (CriticState({k: t.clone() for k, t in parked.critic.tensors.items()}, parked.critic.version)
+              if parked.critic is not None else None)
+    return Parked(policy, state, source, parked.config, parked.loss_fn, parked.rng, critic)
 
 
 @dataclass

@@ -104,3 +104,22 @@ def test_a_checkpoint_holds_the_critic_and_resumes_it_exactly(tmp_path):
         again = resumed.step().values
     for key in ("critic/value_loss", "critic/grad_norm", "critic/explained_variance"):
         assert again[key] == pytest.approx(next_values[key], abs=1e-6), key
+
+
+def test_each_fork_branch_keeps_its_own_critic(tmp_path):
+    """Branches forked from one state take the same first step, critic included (same weights, Adam state, RNG):
+    with one shared critic, the second branch's step would start from the critic the first branch just trained.
+    Afterwards each branch's critic has taken its own steps, and a parked branch counts its critic's bytes."""
+    overrides = {**NANO, "sft.enabled": False, "policy.model_name": str(tmp_path / "model"),
+                 "logger.log_dir": str(tmp_path / "runs"), "critic.enabled": True, "grpo.advantage_estimator": "gae",
+                 "critic.lr": 1e-3}
+    with rlkit.Session.from_config("quickstart_nano", overrides) as s:
+        s.step()
+        a, b = s.fork(2)
+        first_a, first_b = a.step().values, b.step().values
+        for key in ("critic/value_loss", "critic/grad_norm", "critic/explained_variance", "train/loss"):
+            assert first_b[key] == first_a[key], key
+        a.step()
+        assert a.components.critic.version == 3 and b.components.critic.version == 2
+        critic_bytes = sum(p.numel() * 4 * 3 for p in s.components.critic.model.parameters())  # weights + 2 moments
+        assert a.nbytes >= critic_bytes  # a is parked now (b is active): its critic copy is in its bytes
