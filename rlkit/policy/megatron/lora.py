@@ -316,3 +316,16 @@ def full_update(linear: str, factors: dict[str, tuple[Tensor, Tensor]], arch, ou
     updates = [factors[p][1].float() @ factors[p][0].float() if p in factors else torch.zeros(w, fan_in)
                for p, w in zip(parts, widths)]
     return updates[0] if len(updates) == 1 else interleave(updates, groups, dim=0)
+
+
+def merged_weight(name: str, full: Tensor, params, gather, arch, scaling: float) -> Tensor:
+    """Weight ``name``'s full tensor ``full`` [out, in] with its adapters' update added (``W + scaling * B @ A``,
+    each projection's in its rows; fp32 math, ``full``'s dtype), or ``full`` when it has none; ``gather(name)``: a
+    parameter of ``params`` as a full tensor."""
+    stem = name.removesuffix(".weight")
+    names = factor_names(stem, params) if name.endswith(".weight") else {}
+    if not names:
+        return full
+    factors = {part: (gather(a), gather(b)) for part, (a, b) in names.items()}
+    update = full_update(stem.rsplit(".", 1)[-1], factors, arch, full.shape[0])
+    return (full.float() + scaling * update).to(full.dtype)

@@ -220,16 +220,13 @@ class MegatronAdapter(ModelAdapter):
 
     def _stage_full_tensor(self, name: str, params: Mapping[str, Tensor]) -> Tensor:
         """Full tensor of parameter ``name`` of this pipeline stage (gathered over tensor parallelism); an
-        adapted linear's weight merged with its adapters (``W + alpha/dim * B @ A``, per projection)."""
+        adapted linear's weight merged with its adapters (:func:`rlkit.policy.megatron.lora.merged_weight`)."""
         full = self._full_tensor(name, params)
-        stem = name.removesuffix(".weight")
-        every = dict(self.model.named_parameters()) if self._lora_cfg() is not None else {}
-        names = lora.factor_names(stem, every)
-        if not names:  # no adapter on this weight
+        if self._lora_cfg() is None:
             return full
-        factors = {part: (self._full_tensor(a, every), self._full_tensor(b, every)) for part, (a, b) in names.items()}
-        update = lora.full_update(stem.rsplit(".", 1)[-1], factors, self.arch, full.shape[0])
-        return (full.float() + self.cfg.lora_cfg.scaling * update).to(full.dtype)
+        every = dict(self.model.named_parameters())
+        return lora.merged_weight(name, full, every, lambda n: self._full_tensor(n, every), self.arch,
+                                  self.cfg.lora_cfg.scaling)
 
     # ---- the frozen base of adapters, released while an engine generates (policy.lora_cfg) ------------
     def release_frozen_base(self) -> int:
