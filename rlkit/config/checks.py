@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from rlkit.config.engines import ENGINES
 from rlkit.errors import ModelError
 from rlkit.models import PRESETS
-from rlkit.models.factory import VLLM_CPU_HEAD_DIMS, head_dim_of, head_dim_refusal, preset_config
+from rlkit.models.factory import preset_config, vllm_attention_size
 from rlkit.models.families import DENSE_FAMILIES, MOE_FAMILIES
 from rlkit.models.folder import check_weight_files, num_experts_of, read_json_object
 from rlkit.models.pretrained import PRETRAINED
@@ -48,13 +48,15 @@ def generation_fallback(sections: dict[str, Any], notice: bool = True) -> dict[s
     policy = sections.get("policy")
     if policy is None or _fallback_blockers(policy):
         return sections
-    head_dim = _cpu_refused_head_dim(policy, _model_config_of(policy))
-    if head_dim is None:
+    refused = _cpu_refused_head_size(policy, _model_config_of(policy))
+    if refused is None:
         return sections
     if notice:
+        name, size, sizes = refused
+        what = "head size" if name == "head_dim" else f"head size {name} ="
         warnings.warn(f"policy.generation.backend={policy.generation.backend}: {policy.generation.engine.words}'s CPU "
-                      f"attention kernels have no head size {head_dim} (this model's; they take "
-                      f"{', '.join(map(str, VLLM_CPU_HEAD_DIMS))}), so this run "
+                      f"attention kernels have no {what} {size} (this model's; they take "
+                      f"{', '.join(map(str, sizes))}), so this run "
                       f"generates with {ENGINES[FALLBACK_ENGINE].words} (policy.generation.backend={FALLBACK_ENGINE}); "
                       f"to choose the engine yourself and silence this, set policy.generation.backend="
                       f"{FALLBACK_ENGINE} (or megatron: the policy's own weights)", EngineFallbackWarning, stacklevel=4)
@@ -257,23 +259,27 @@ def _head_dim_problems(policy: Any, model_config: Mapping[str, Any]) -> list[str
     """vLLM's CPU attention kernels take a few head sizes only; other sizes fail at the first generate, after
     the policy is built. Validation switches such a run to the transformers generator (:func:`generation_fallback`),
     so this is a problem only where the config sets what that engine cannot honour."""
-    head_dim = _cpu_refused_head_dim(policy, model_config)
-    if head_dim is None:
+    refused = _cpu_refused_head_size(policy, model_config)
+    if refused is None:
         return []
+    name, size, sizes = refused
     why = "; ".join(_fallback_blockers(policy))
-    return [f"policy.model_name={policy.model_name!r}: {head_dim_refusal(head_dim)} (rlkit switches to backend={FALLBACK_ENGINE} by "
+    return [f"policy.model_name={policy.model_name!r}: {name}={size} is not supported by vLLM's CPU attention kernels "
+            f"(supported: {', '.join(map(str, sizes))}). Fix: a model whose size is one of those, or set "
+            f"policy.generation.backend=hf (rlkit switches to backend={FALLBACK_ENGINE} by "
             f"itself, but not with {why}: drop that to let it)"]
 
 
-def _cpu_refused_head_dim(policy: Any, model_config: Mapping[str, Any] | None) -> int | None:
-    """The model's head size where the config's engine would run on this machine's CPU and its CPU attention kernels
-    lack it, else None. The engine runs on this machine's CPU when there is no GPU here and no Ray cluster
+def _cpu_refused_head_size(policy: Any, model_config: Mapping[str, Any] | None) -> tuple[str, int, tuple] | None:
+    """The model's attention size (:func:`rlkit.models.factory.vllm_attention_size`: its name, value and the values
+    the kernels take) where the config's engine would run on this machine's CPU and its CPU attention kernels lack it,
+    else None. The engine runs on this machine's CPU when there is no GPU here and no Ray cluster
     (``policy.ray_address``) whose machines this check cannot see; torch is imported (to ask about CUDA) only for a
     head size the CPU kernels lack."""
     if model_config is None or not policy.generation.engine.cpu_head_dims_limited or policy.ray_address is not None:
         return None
-    head_dim = head_dim_of(model_config)
-    return None if head_dim in VLLM_CPU_HEAD_DIMS or cuda_here() else head_dim
+    name, size, sizes = vllm_attention_size(model_config)
+    return None if size in sizes or cuda_here() else (name, size, sizes)
 
 
 def _model_config_of(policy: Any) -> Mapping[str, Any] | None:

@@ -9,6 +9,7 @@ Slower than vLLM at scale, fine for tiny models. On the GPU where there is one (
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Iterable
 
@@ -74,10 +75,16 @@ class HFGenerator(KeepsItsMemory):
 
     @torch.no_grad()
     def update_weights(self, bucket: Iterable[tuple[str, torch.Tensor]]) -> None:
-        params = dict(self.model.named_parameters())
+        """Checkpoint-named tensors into the model: its parameters, the buffers a checkpoint holds (DeepSeek-V3's
+        score-correction bias), and one expert's projections into the experts' stacked tensors, where transformers
+        keeps them so (``experts.gate_up_proj`` [E, 2I, H] = [gate; up] per expert, ``experts.down_proj`` [E, H, I],
+        as its checkpoint conversion stacks them)."""
+        params = {**dict(self.model.named_buffers()), **dict(self.model.named_parameters())}
         for name, tensor in bucket:
             if name in params:
                 params[name].copy_(tensor)
+            elif (stacked := _stacked_expert_slot(params, name)) is not None:
+                stacked.copy_(tensor)
             elif not (name == "lm_head.weight" and self.model.config.tie_word_embeddings):  # tied: nothing to load
                 raise KeyError(f"generator model has no parameter {name!r}")
 
@@ -89,3 +96,23 @@ class HFGenerator(KeepsItsMemory):
 
     def __repr__(self) -> str:
         return f"HFGenerator({Path(self.model_path).name})"
+
+
+_EXPERT = re.compile(r"^(.*\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj|w1|w3|w2)\.weight$")
+
+
+def _stacked_expert_slot(params: dict[str, torch.Tensor], name: str) -> torch.Tensor | None:
+    """The view of the stacked experts' tensor that checkpoint tensor ``name`` (one expert's projection) fills, or
+    None where ``name`` is not one or the model keeps its experts apart."""
+    match = _EXPERT.match(name)
+    if match is None:
+        return None
+    prefix, expert, part = match.group(1), int(match.group(2)), match.group(3)
+    if part in ("down_proj", "w2"):
+        down = params.get(prefix + ".down_proj")
+        return None if down is None else down[expert]
+    gate_up = params.get(prefix + ".gate_up_proj")
+    if gate_up is None:
+        return None
+    half = gate_up.shape[1] // 2
+    return gate_up[expert, :half] if part in ("gate_proj", "w1") else gate_up[expert, half:]

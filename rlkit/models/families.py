@@ -24,7 +24,9 @@ class Family:
     fused_projections: bool = False  # Phi-3: qkv_proj and gate_up_proj stored fused in the checkpoint
     post_norms: bool = False  # OLMo 2: norms after attention and the MLP, none before; q/k norms over the projection
     gemma: bool = False  # Gemma 3: (1+w) RMSNorm, embeddings x sqrt(hidden), norms before and after attention and MLP
+    mla: bool = False  # DeepSeek-V3: multi-head latent attention; dense first layers, sigmoid group routing
     expert_prefix: str = "mlp."  # where a layer's experts live in the HF checkpoint
+    shared_expert: str = "shared_expert."  # its shared expert(s), under expert_prefix (Qwen2-MoE: gated)
     expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # an expert's gate, up, down
 
 
@@ -43,6 +45,8 @@ FAMILIES = (
            expert_names=("w1", "w3", "w2")),
     Family("qwen2-moe", "Qwen2MoeForCausalLM", "Qwen2MoeConfig", moe=True, qkv_bias=True),
     Family("qwen3-moe", "Qwen3MoeForCausalLM", "Qwen3MoeConfig", moe=True, qk_norm=True),
+    # MLA; the first first_k_dense_replace layers dense; sigmoid routing with a score-correction bias, group-limited
+    Family("deepseek-v3", "DeepseekV3ForCausalLM", "DeepseekV3Config", moe=True, mla=True, shared_expert="shared_experts."),
 )
 FAMILY_NAMES = tuple(f.name for f in FAMILIES)
 MOE_FAMILIES = tuple(f.name for f in FAMILIES if f.moe)

@@ -59,6 +59,7 @@ def check_weight_files(folder: str | Path) -> None:
 
 
 def num_experts_of(hf_config: dict) -> int:
-    """Routed experts per MoE layer of an HF config (Mixtral's ``num_local_experts``, Qwen's ``num_experts``);
-    0 for a dense model."""
-    return int(hf_config.get("num_local_experts") or hf_config.get("num_experts") or 0)
+    """Routed experts per MoE layer of an HF config (Mixtral's ``num_local_experts``, Qwen's ``num_experts``,
+    DeepSeek's ``n_routed_experts``); 0 for a dense model."""
+    return int(hf_config.get("num_local_experts") or hf_config.get("num_experts") or hf_config.get("n_routed_experts")
+               or 0)

@@ -6,7 +6,7 @@ RoPE scaling types other than llama3 (YaRN, linear, dynamic), llama3 scaling wit
 factors or original context than Megatron-Core applies (1, 4, 8192: those of Llama 3.1 and 3.2),
 sliding-window attention where the window is shorter than the model's context (except Gemma 3's local layers,
 which rlkit's Megatron model computes), and Gemma 3 options it does not compute (logit soft-capping, bidirectional
-attention, RoPE scaling of its global layers).
+attention, RoPE scaling of its global layers), DeepSeek-V3 with YaRN or other options its Megatron mapping lacks.
 """
 
 from __future__ import annotations
@@ -58,6 +58,12 @@ class Architecture:
     sliding_window: int | None = None  # Gemma 3: how many positions a local layer's token sees (itself included)
     local_layers: tuple[int, ...] | None = None  # Gemma 3: 1 for each local (sliding-window) layer, 0 for a global one
     local_rope_theta: float | None = None  # Gemma 3: the local layers' RoPE base (rope_theta is the global layers')
+    # DeepSeek-V3's multi-head latent attention (rlkit.policy.megatron.mla); kv_lora_rank 0: none
+    kv_lora_rank: int = 0
+    q_lora_rank: int | None = None  # None: queries projected whole (no query latent)
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
     @classmethod
     def from_hf_folder(cls, folder: str | Path) -> "Architecture":
@@ -68,6 +74,8 @@ class Architecture:
         family = family_of(cfg["architectures"])
         if family.gemma:
             return _gemma3(cls, cfg)
+        if family.mla:
+            return _deepseek_v3(cls, cfg)
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         _refuse_a_binding_sliding_window(cfg)
         heads = cfg["num_attention_heads"]
@@ -131,6 +139,31 @@ def _gemma3(cls, cfg: dict) -> "Architecture":
                softmax_scale=float(cfg.get("query_pre_attn_scalar", head_dim)) ** -0.5,
                sliding_window=None if window is None else int(window), local_layers=local,
                local_rope_theta=thetas["sliding_attention"])
+
+
+def _deepseek_v3(cls, cfg: dict) -> "Architecture":
+    """DeepSeek-V3's attention and dense facts (its experts: :class:`rlkit.policy.megatron.moe.MoEArchitecture`).
+    ``head_dim`` is the query/key head size (no-RoPE + RoPE parts); ``ffn_hidden_size`` the dense layers' MLP."""
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if rope.get("rope_type", rope.get("type", "default")) not in ("default", None):
+        raise ModelError(f"DeepSeek-V3 with RoPE scaling {rope.get('rope_type', rope.get('type'))!r} is not supported "
+                         "yet (the released checkpoints use YaRN, which rlkit's Megatron MLA is not mapped to). Fix: a "
+                         "config whose rope_parameters are rope_type 'default'")
+    if not cfg.get("rope_interleave", True):
+        raise ModelError("DeepSeek-V3 with rope_interleave: false is not supported: Megatron's MLA reads the RoPE "
+                         "dims interleaved, as DeepSeek's checkpoints store them")
+    if cfg.get("attention_bias") or cfg.get("hidden_act", "silu") != "silu":
+        raise ModelError(f"DeepSeek-V3 with attention_bias={cfg.get('attention_bias')} / hidden_act="
+                         f"{cfg.get('hidden_act')!r} is not supported (no bias, SiLU: the released models')")
+    heads, nope, rope_dim = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"]
+    return cls(family=family_of(cfg["architectures"]).name, hidden_size=cfg["hidden_size"],
+               num_layers=cfg["num_hidden_layers"], num_attention_heads=heads, num_key_value_heads=heads,
+               head_dim=nope + rope_dim, ffn_hidden_size=cfg["intermediate_size"], vocab_size=cfg["vocab_size"],
+               max_position_embeddings=cfg["max_position_embeddings"],
+               rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 10000.0))),
+               rms_norm_eps=cfg["rms_norm_eps"], tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+               qkv_bias=False, kv_lora_rank=cfg["kv_lora_rank"], q_lora_rank=cfg.get("q_lora_rank"),
+               qk_nope_head_dim=nope, qk_rope_head_dim=rope_dim, v_head_dim=cfg["v_head_dim"])
 
 
 def _no_rope_layers(cfg: dict) -> tuple[int, ...] | None:

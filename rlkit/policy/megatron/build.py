@@ -8,7 +8,8 @@ frequency scaling with ``rope_scaling`` / ``rope_scaling_factor``; partial RoPE 
 without RoPE (``no_rope_layers``) with ``no_rope_freq``; OLMo 2's norms after attention and the MLP and its q/k
 norms over the whole projection with the layer spec of :mod:`.post_norm`; Gemma 3's block (four (1+w) norms, GELU-tanh,
 ``query_pre_attn_scalar`` as ``softmax_scale``, local layers' window as ``window_size`` / ``window_attn_skip_freq`` and
-their own RoPE base, embeddings scaled by sqrt(hidden)) with :mod:`.gemma`; GQA with
+their own RoPE base, embeddings scaled by sqrt(hidden)) with :mod:`.gemma`; DeepSeek-V3's latent attention with
+``MLATransformerConfig`` and the MLA layer spec (:mod:`.mla`), its dense first layers by ``moe_layer_freq``; GQA with
 ``num_query_groups = num_key_value_heads`` and ``kv_channels = head_dim`` (Qwen3's head_dim is its own
 setting, not hidden / heads); Qwen3's per-head q/k RMSNorm with ``qk_layernorm``; no linear biases except
 the QKV bias of Qwen2; tied or untied output layer.
@@ -47,9 +48,10 @@ def transformer_config(arch: Architecture, tensor_parallel_size: int = 1, sequen
     the policy's loss function normalised it (``calculate_per_token_loss``, see ``pipeline.run_schedule``).
     ``recompute``: Megatron's activation recompute settings (``recompute_granularity``, ``recompute_method``,
     ``recompute_num_layers``: ``MegatronConfig.recompute_settings()``); None: every activation is kept."""
-    from megatron.core.transformer.transformer_config import TransformerConfig
+    from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
-    return TransformerConfig(
+    make = MLATransformerConfig if arch.kv_lora_rank else TransformerConfig
+    return make(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
         num_attention_heads=arch.num_attention_heads,
@@ -84,8 +86,20 @@ def transformer_config(arch: Architecture, tensor_parallel_size: int = 1, sequen
         qk_layernorm=arch.qk_layernorm,
         no_rope_freq=list(arch.no_rope_layers) if arch.no_rope_layers else None,
         **gemma.window_settings(arch),
+        **_mla_settings(arch),
         **(recompute or {}),
     )
+
+
+def _mla_settings(arch: Architecture) -> dict:
+    """DeepSeek-V3's latent attention (:mod:`.mla`) as ``MLATransformerConfig`` options: plain RoPE (no YaRN, so no
+    softmax rescaling: ``mscale`` 1, ``mscale_all_dim`` 0) with the query/key head split and the latents' ranks."""
+    if not arch.kv_lora_rank:
+        return {}
+    return dict(multi_latent_attention=True, q_lora_rank=arch.q_lora_rank, kv_lora_rank=arch.kv_lora_rank,
+                qk_head_dim=arch.qk_nope_head_dim, qk_pos_emb_head_dim=arch.qk_rope_head_dim,
+                v_head_dim=arch.v_head_dim, rope_type="rope", rotary_base=arch.rope_theta, rotary_scaling_factor=1.0,
+                mscale=1.0, mscale_all_dim=0.0)
 
 
 def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:  # transformers' gelu_pytorch_tanh (Gemma's MLP)
@@ -98,29 +112,46 @@ _ACTIVATIONS = {"silu": F.silu, "gelu_tanh": _gelu_tanh}
 def block_spec(config, arch: Architecture, num_experts: int = 0):
     """The local (non-Transformer-Engine) layer spec, dense or MoE, with
     :class:`rlkit.policy.megatron.norms.RMSNorm` for every norm and the core attention of
-    :func:`rlkit.policy.megatron.attention.core_attention`, for the layers this pipeline stage builds; OLMo 2's and
-    Gemma 3's blocks where ``arch`` is one."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    :func:`rlkit.policy.megatron.attention.core_attention`, for the layers this pipeline stage builds; OLMo 2's,
+    Gemma 3's and DeepSeek-V3's (latent attention, dense first layers: ``config.moe_layer_freq`` as a list) blocks
+    where ``arch`` is one."""
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    pattern = config.moe_layer_freq if num_experts and isinstance(config.moe_layer_freq, list) else None
+    offset, count = get_transformer_layer_offset(config), get_num_layers_to_build(config)
+    moe, dense = _layer_spec(config, arch, num_experts), _layer_spec(config, arch, 0) if pattern else None
+    layers = [moe if pattern is None or pattern[i] else dense for i in range(offset, offset + count)]
+    return TransformerBlockSubmodules(layer_specs=layers, layer_norm=gemma.OffsetRMSNorm if arch.gemma else RMSNorm)
+
+
+def _layer_spec(config, arch: Architecture, num_experts: int):
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     from rlkit.policy.megatron.attention import core_attention
 
     layer = get_gpt_layer_local_spec(num_experts=num_experts or None, moe_grouped_gemm=False, normalization="RMSNorm",
-                                     qk_layernorm=config.qk_layernorm)
-    attention = layer.submodules.self_attention
-    norms = dict(q_layernorm=HeadRMSNorm, k_layernorm=HeadRMSNorm) if config.qk_layernorm else {}
-    attention = dataclasses.replace(attention, submodules=dataclasses.replace(
-        attention.submodules, core_attention=core_attention(), **norms))
+                                     qk_layernorm=config.qk_layernorm,
+                                     multi_latent_attention=bool(arch.kv_lora_rank))
+    if arch.kv_lora_rank:  # DeepSeek-V3
+        from rlkit.policy.megatron import mla
+
+        layer = mla.spec_with_mla(layer, RMSNorm)
+    else:
+        attention = layer.submodules.self_attention
+        norms = dict(q_layernorm=HeadRMSNorm, k_layernorm=HeadRMSNorm) if config.qk_layernorm else {}
+        attention = dataclasses.replace(attention, submodules=dataclasses.replace(
+            attention.submodules, core_attention=core_attention(), **norms))
+        layer = dataclasses.replace(layer, submodules=dataclasses.replace(layer.submodules, self_attention=attention))
     layer = dataclasses.replace(layer, submodules=dataclasses.replace(
-        layer.submodules, input_layernorm=RMSNorm, pre_mlp_layernorm=RMSNorm, self_attention=attention))
+        layer.submodules, input_layernorm=RMSNorm, pre_mlp_layernorm=RMSNorm))
     if arch.post_norms:  # OLMo 2's block
         from rlkit.policy.megatron.post_norm import post_norm_layer
 
         layer = post_norm_layer(layer, config)
     if arch.gemma:
         layer = gemma.gemma_layer(layer, arch)
-    return TransformerBlockSubmodules(layer_specs=[layer] * get_num_layers_to_build(config),
-                                      layer_norm=gemma.OffsetRMSNorm if arch.gemma else RMSNorm)
+    return layer
 
 
 def bf16_twin_of(master, arch: Architecture, config, num_experts: int = 0, lora=None, seed: int = 0):
@@ -169,6 +200,11 @@ def build_gpt_model(arch: Architecture, config, num_experts: int = 0):
     parallel state."""
     from megatron.core import parallel_state
     from megatron.core.models.gpt import GPTModel
+
+    if arch.kv_lora_rank:
+        from rlkit.policy.megatron.mla import apply_mla_fallbacks
+
+        apply_mla_fallbacks()
 
     with cuda_literals_on_cpu():  # a tied embedding's copy on the last pipeline stage is moved with .cuda()
         model = GPTModel(

@@ -61,6 +61,10 @@ def split_qkv(qkv: Tensor, arch: Architecture) -> tuple[Tensor, Tensor, Tensor]:
 def attention_to_megatron(hf: Mapping[str, Tensor], i: int, arch: Architecture) -> dict[str, Tensor]:
     """Full Megatron tensors of decoder layer ``i``'s norms and attention (everything but the MLP)."""
     h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
+    if arch.kv_lora_rank:  # DeepSeek-V3's latent attention
+        from rlkit.policy.megatron import mla
+
+        return {**mla.attention_to_megatron(hf, i, arch), **{m + mc: hf[h + x] for x, mc in _norm_names(arch)}}
     out = {
         m + "self_attention.linear_qkv.weight": fuse_qkv(*(hf[h + f"self_attn.{x}_proj.weight"] for x in "qkv"), arch),
         m + "self_attention.linear_proj.weight": hf[h + "self_attn.o_proj.weight"],
@@ -77,6 +81,10 @@ def attention_to_megatron(hf: Mapping[str, Tensor], i: int, arch: Architecture) 
 def attention_to_hf(mc: Mapping[str, Tensor], i: int, arch: Architecture) -> HFGroup:
     """HF tensors of decoder layer ``i``'s norms and attention (inverse of :func:`attention_to_megatron`)."""
     h, m = f"model.layers.{i}.", f"decoder.layers.{i}."
+    if arch.kv_lora_rank:
+        from rlkit.policy.megatron import mla
+
+        return mla.attention_to_hf(mc, i, arch) + [(h + x, mc[m + y]) for x, y in _norm_names(arch)]
     qkv = split_qkv(mc[m + "self_attention.linear_qkv.weight"], arch)
     out = [
         *((h + f"self_attn.{x}_proj.weight", t) for x, t in zip("qkv", qkv)),
@@ -109,6 +117,10 @@ def _norm_names(arch: Architecture) -> list[tuple[str, str]]:
 
 def attention_param_names(i: int, arch: Architecture) -> list[str]:
     m = f"decoder.layers.{i}."
+    if arch.kv_lora_rank:
+        from rlkit.policy.megatron import mla
+
+        return mla.attention_param_names(i, arch) + [m + y for _, y in _norm_names(arch)]
     names = [m + s for s in ("self_attention.linear_qkv.weight", "self_attention.linear_proj.weight")]
     names += [m + mc_norm for _, mc_norm in _norm_names(arch)]
     if arch.qkv_bias:

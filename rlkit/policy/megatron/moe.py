@@ -1,5 +1,5 @@
-"""Mixture-of-Experts for the Megatron policy: Mixtral, Qwen2-MoE and Qwen3-MoE HF models <-> Megatron-Core MoE
-layers.
+"""Mixture-of-Experts for the Megatron policy: Mixtral, Qwen2-MoE, Qwen3-MoE and DeepSeek-V3 HF models <-> Megatron-Core
+MoE layers.
 
 Each block is the dense block (attention, with Qwen3's q/k norms for Qwen3-MoE) with the MLP replaced by a
 router and SwiGLU experts, so everything but the MLP reuses :mod:`rlkit.policy.megatron.convert`. Every knob
@@ -10,7 +10,13 @@ is a native Megatron-Core option:
   Qwen2-MoE (``norm_topk_prob: false``) keeps the top k of the full softmax unrenormalised, which is
   ``moe_router_pre_softmax``;
 * Qwen2-MoE's shared expert, added to every token's routed output and scaled by a sigmoid gate, is
-  ``moe_shared_expert_intermediate_size`` with ``moe_shared_expert_gate``.
+  ``moe_shared_expert_intermediate_size`` with ``moe_shared_expert_gate``;
+* DeepSeek-V3 (attention: :mod:`.mla`): its first ``first_k_dense_replace`` layers dense (``moe_layer_freq`` as a
+  list, their width ``ffn_hidden_size``), ungated shared experts, sigmoid scores (``moe_router_score_function``) with the
+  score-correction bias for choosing only (``moe_router_enable_expert_bias``, a router buffer loaded and exported as
+  ``gate.e_score_correction_bias`` and kept fixed: ``moe_router_bias_update_rate=0``), groups chosen first
+  (``moe_router_num_groups`` / ``moe_router_group_topk``), the kept scores renormalised and scaled by
+  ``routed_scaling_factor`` (``moe_router_topk_scaling_factor``).
 
 Verified against transformers in fp32 (~1e-7).
 
@@ -75,6 +81,14 @@ class MoEArchitecture(Architecture):
     top_k: int = 2
     norm_topk_prob: bool = True  # renormalise the kept experts' probabilities (False: Qwen2-MoE's default)
     shared_expert_size: int = 0  # Qwen2-MoE: the width of the shared expert (gated by a sigmoid); 0: none
+    shared_expert_gated: bool = True  # Qwen2-MoE's sigmoid gate on the shared expert (DeepSeek-V3's has none)
+    first_dense_layers: int = 0  # DeepSeek-V3's first_k_dense_replace: layers 0..k-1 have a dense MLP
+    dense_ffn_hidden_size: int = 0  # their MLP's width (intermediate_size)
+    score_function: str = "softmax"  # DeepSeek-V3: "sigmoid", each expert's score on its own
+    expert_bias: bool = False  # DeepSeek-V3: e_score_correction_bias, added to the scores for choosing only
+    num_groups: int | None = None  # DeepSeek-V3's n_group: the experts in groups, topk_group of them chosen first
+    group_topk: int | None = None
+    routed_scaling_factor: float | None = None  # DeepSeek-V3: the kept experts' weights times this
 
     @property
     def hf_prefix(self) -> str:
@@ -89,6 +103,8 @@ class MoEArchitecture(Architecture):
     @classmethod
     def from_hf_config(cls, cfg: dict) -> "MoEArchitecture":
         dense = dataclasses.asdict(Architecture.from_hf_config(cfg))
+        if BY_NAME[dense["family"]].mla:
+            return cls._deepseek_v3(dense, cfg)
         if dense["family"] == "mixtral":
             return cls(**dense, num_experts=num_experts_of(cfg), top_k=cfg["num_experts_per_tok"])
         if cfg.get("decoder_sparse_step", 1) != 1 or cfg.get("mlp_only_layers"):
@@ -99,6 +115,36 @@ class MoEArchitecture(Architecture):
         return cls(**dense, num_experts=num_experts_of(cfg), top_k=cfg["num_experts_per_tok"],
                    norm_topk_prob=bool(cfg.get("norm_topk_prob", True)),
                    shared_expert_size=cfg.get("shared_expert_intermediate_size") or 0)
+
+
+    @classmethod
+    def _deepseek_v3(cls, dense: dict, cfg: dict) -> "MoEArchitecture":
+        """DeepSeek-V3's routing as Megatron's: sigmoid scores, the score-correction bias for choosing, groups chosen
+        by the sum of their top-2 scores (Megatron's sum of their top ``k / topk_group``: refused where that is not
+        2), the kept scores renormalised (Megatron does for sigmoid; ``norm_topk_prob: false`` refused) and scaled."""
+        top_k, groups, group_topk = cfg["num_experts_per_tok"], cfg.get("n_group") or 1, cfg.get("topk_group") or 1
+        if groups > 1 and top_k // group_topk != 2:
+            raise ModelError(f"DeepSeek-V3 with num_experts_per_tok={top_k}, topk_group={group_topk}: a group's score "
+                             "is the sum of its top 2 experts' in transformers and of its top num_experts_per_tok / "
+                             "topk_group in Megatron; rlkit maps configs where that is 2 (DeepSeek-V3's 8 / 4)")
+        if not cfg.get("norm_topk_prob", True):
+            raise ModelError("DeepSeek-V3 with norm_topk_prob: false is not supported: Megatron renormalises the kept "
+                             "sigmoid scores (DeepSeek-V3's own setting)")
+        layers = cfg["num_hidden_layers"]
+        first_dense = min(cfg.get("first_k_dense_replace") or 0, layers)
+        if first_dense == layers:
+            raise ModelError(f"DeepSeek-V3 with first_k_dense_replace={cfg['first_k_dense_replace']} >= its {layers} "
+                             "layers has no MoE layer; rlkit maps it as an MoE model")
+        dense = dict(dense, ffn_hidden_size=cfg["moe_intermediate_size"])
+        return cls(**dense, num_experts=num_experts_of(cfg), top_k=top_k, norm_topk_prob=True,
+                   shared_expert_size=(cfg.get("n_shared_experts") or 0) * cfg["moe_intermediate_size"],
+                   shared_expert_gated=False, first_dense_layers=first_dense,
+                   dense_ffn_hidden_size=cfg["intermediate_size"], score_function="sigmoid", expert_bias=True,
+                   num_groups=groups if groups > 1 else None, group_topk=group_topk if groups > 1 else None,
+                   routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0))
+
+    def is_moe_layer(self, i: int) -> bool:
+        return i >= self.first_dense_layers
 
 
 def apply_moe_fallbacks() -> None:
@@ -125,7 +171,8 @@ def build_moe_gpt_model(arch: MoEArchitecture, tensor_parallel_size: int, pipeli
         moe_token_dispatcher_type="allgather",
         moe_router_pre_softmax=not arch.norm_topk_prob,
         moe_shared_expert_intermediate_size=arch.shared_expert_size or None,
-        moe_shared_expert_gate=arch.shared_expert_size > 0,
+        moe_shared_expert_gate=arch.shared_expert_size > 0 and arch.shared_expert_gated,
+        **_deepseek_settings(arch),
         moe_grouped_gemm=False,
         expert_model_parallel_size=mc.expert_model_parallel_size,
         expert_tensor_parallel_size=mc.expert_tensor_parallel_size,
@@ -138,39 +185,66 @@ def build_moe_gpt_model(arch: MoEArchitecture, tensor_parallel_size: int, pipeli
     return model
 
 
+def _deepseek_settings(arch: MoEArchitecture) -> dict:
+    """DeepSeek-V3's layer pattern and routing as Megatron options (none for the other families). The score-correction
+    bias is loaded and kept: RL leaves it as the checkpoint has it (``moe_router_bias_update_rate=0``)."""
+    if arch.score_function == "softmax" and not arch.first_dense_layers:
+        return {}
+    return dict(moe_layer_freq=[int(arch.is_moe_layer(i)) for i in range(arch.num_layers)],
+                ffn_hidden_size=arch.dense_ffn_hidden_size or arch.ffn_hidden_size,
+                moe_router_score_function=arch.score_function, moe_router_enable_expert_bias=arch.expert_bias,
+                moe_router_bias_update_rate=0.0, moe_router_num_groups=arch.num_groups,
+                moe_router_group_topk=arch.group_topk, moe_router_topk_scaling_factor=arch.routed_scaling_factor)
+
+
 # ---- conversion (full tensors) ---------------------------------------------------------------------
 def hf_layer_to_megatron(hf: Mapping[str, Tensor], i: int, arch: MoEArchitecture) -> dict[str, Tensor]:
+    if not arch.is_moe_layer(i):  # DeepSeek-V3's first layers
+        return convert.hf_layer_to_megatron(hf, i, arch)
     h, m = f"model.layers.{i}.{arch.hf_prefix}", f"decoder.layers.{i}.mlp."
     out = convert.attention_to_megatron(hf, i, arch)
     out[m + "router.weight"] = hf[h + "gate.weight"]
+    if arch.expert_bias:
+        out[m + "router.expert_bias"] = hf[h + "gate.e_score_correction_bias"]
     for e in range(arch.num_experts):
         out.update(convert.gated_mlp_to_megatron(hf, f"{h}experts.{e}.", arch.hf_expert_names, f"{m}experts.local_experts.{e}."))
     if arch.shared_expert_size:
-        out.update(convert.gated_mlp_to_megatron(hf, h + "shared_expert.", arch.hf_expert_names, m + "shared_experts."))
-        out[m + "shared_experts.gate_weight"] = hf[h + "shared_expert_gate.weight"]
+        shared = h + BY_NAME[arch.family].shared_expert
+        out.update(convert.gated_mlp_to_megatron(hf, shared, arch.hf_expert_names, m + "shared_experts."))
+        if arch.shared_expert_gated:
+            out[m + "shared_experts.gate_weight"] = hf[h + "shared_expert_gate.weight"]
     return out
 
 
 def layer_param_names(i: int, arch: MoEArchitecture) -> list[str]:
+    if not arch.is_moe_layer(i):
+        return convert.layer_param_names(i, arch)
     m = f"decoder.layers.{i}.mlp."
     names = convert.attention_param_names(i, arch) + [m + "router.weight"]
+    names += [m + "router.expert_bias"] if arch.expert_bias else []
     for e in range(arch.num_experts):
         names += [f"{m}experts.local_experts.{e}.linear_fc1.weight", f"{m}experts.local_experts.{e}.linear_fc2.weight"]
     if arch.shared_expert_size:
-        names += [m + "shared_experts.linear_fc1.weight", m + "shared_experts.linear_fc2.weight",
-                  m + "shared_experts.gate_weight"]
+        names += [m + "shared_experts.linear_fc1.weight", m + "shared_experts.linear_fc2.weight"]
+        names += [m + "shared_experts.gate_weight"] if arch.shared_expert_gated else []
     return names
 
 
 def megatron_layer_to_hf(mc: Mapping[str, Tensor], i: int, arch: MoEArchitecture) -> HFGroup:
     """HF tensors of decoder layer ``i`` (attention, router, every expert, the shared expert: one group)."""
+    if not arch.is_moe_layer(i):
+        return convert.megatron_layer_to_hf(mc, i, arch)
     h, m = f"model.layers.{i}.{arch.hf_prefix}", f"decoder.layers.{i}.mlp."
     out = convert.attention_to_hf(mc, i, arch) + [(h + "gate.weight", mc[m + "router.weight"])]
+    if arch.expert_bias:
+        out.append((h + "gate.e_score_correction_bias", mc[m + "router.expert_bias"]))
     for e in range(arch.num_experts):
         out += convert.gated_mlp_to_hf(mc, f"{m}experts.local_experts.{e}.", f"{h}experts.{e}.", arch.hf_expert_names)
     if arch.shared_expert_size:
-        out += convert.gated_mlp_to_hf(mc, m + "shared_experts.", h + "shared_expert.", arch.hf_expert_names)
-        out.append((h + "shared_expert_gate.weight", mc[m + "shared_experts.gate_weight"]))
+        shared = h + BY_NAME[arch.family].shared_expert
+        out += convert.gated_mlp_to_hf(mc, m + "shared_experts.", shared, arch.hf_expert_names)
+        if arch.shared_expert_gated:
+            out.append((h + "shared_expert_gate.weight", mc[m + "shared_experts.gate_weight"]))
     return out
 
 
@@ -186,10 +260,19 @@ class MegatronMoEAdapter(MegatronAdapter):
     architecture = MoEArchitecture
 
     def _build_model(self):
+        if self.arch.kv_lora_rank and self.tp_size > 1:
+            raise ModelError(f"DeepSeek-V3's latent attention under tensor parallelism (TP={self.tp_size}) is not mapped "
+                             "yet (its down/up projections' shards). Fix: policy.megatron_cfg.tensor_model_parallel_size=1")
         self.ep_rank, self.ep_size = ps.get_expert_model_parallel_rank(), ps.get_expert_model_parallel_world_size()
         self.experts_per_rank = self.arch.num_experts // self.ep_size
         self._gathered_experts: dict[str, Tensor] = {}  # experts of the layer being exported, from other ranks
         return build_moe_gpt_model(self.arch, self.tp_size, self.pp_size, self.cfg.megatron_cfg)
+
+    def _params_by_global_name(self) -> dict[str, Tensor]:
+        """The parameters, and DeepSeek-V3's score-correction biases (buffers of the router, loaded and exported
+        with the weights; no gradient reaches them)."""
+        biases = {self._global_name(n): b for n, b in self.model.named_buffers() if n.endswith("router.expert_bias")}
+        return {**super()._params_by_global_name(), **biases}
 
     def _global_name(self, local_name: str) -> str:
         """Layers numbered across pipeline stages, and ``...local_experts.j...`` -> the global expert index."""
