@@ -5,7 +5,8 @@ the score-correction bias, group-limited top-k, the kept scores renormalised and
 Against independent references (fp32): the policy's logits and token logprobs vs transformers' own eager model over
 400 positions (bound 1e-4), the export exact, and the transformers generator (the fallback validation chooses: vLLM's
 MLA kernels lack the preset's size) after a train step + refit within 1e-3 of the policy. Each routing knob has a
-negative control that misses by > 100x the bound, and what the mapping lacks is refused with the reason.
+negative control that misses by > 100x the bound (so has MLA's interleaved RoPE order), and what the mapping lacks is
+refused with the reason. Slow suite: EP=2 against one process within 1e-5.
 """
 
 import dataclasses
@@ -83,17 +84,41 @@ def _bias_zeroed(monkeypatch):
     monkeypatch.setattr(moe.MegatronMoEAdapter, "copy_hf_state", load_then_zero)
 
 
-CONTROLS = {  # each routing knob ignored
+def _rope_dims_read_in_halves(monkeypatch):
+    """The RoPE parts of the query and the shared key permuted from DeepSeek's interleaved order to halves, so the
+    rotation pairs other dims: what a mapping that ignored rope_interleave would compute."""
+    from rlkit.policy.megatron import mla
+
+    real = mla.attention_to_megatron
+
+    def halves(hf, i, arch):
+        out = real(hf, i, arch)
+        n, dn, dr, kr = arch.num_attention_heads, arch.qk_nope_head_dim, arch.qk_rope_head_dim, arch.kv_lora_rank
+        order = torch.cat([torch.arange(0, dr, 2), torch.arange(1, dr, 2)])
+        q_name, kv_name = (f"decoder.layers.{i}.self_attention.{x}.weight" for x in ("linear_q_up_proj",
+                                                                                     "linear_kv_down_proj"))
+        q = out[q_name].reshape(n, dn + dr, -1).clone()
+        q[:, dn:] = q[:, dn:][:, order]
+        kv = out[kv_name].clone()
+        kv[kr:] = kv[kr:][order]
+        out[q_name], out[kv_name] = q.reshape(n * (dn + dr), -1), kv
+        return out
+
+    monkeypatch.setattr(mla, "attention_to_megatron", halves)
+
+
+CONTROLS = {  # each routing knob ignored, and MLA's RoPE dims read in the wrong order
     "softmax_scores": lambda mp: _arch_changed(mp, score_function="softmax", expert_bias=False),
     "groups_ignored": lambda mp: _arch_changed(mp, num_groups=None, group_topk=None),
     "scaling_ignored": lambda mp: _arch_changed(mp, routed_scaling_factor=1.0),
     "shared_expert_dropped": lambda mp: _arch_changed(mp, shared_expert_size=0),
     "score_correction_bias_zeroed": _bias_zeroed,
+    "rope_dims_read_in_halves": _rope_dims_read_in_halves,
 }
 
 
 @pytest.mark.parametrize("control", CONTROLS)
-def test_each_routing_knob_has_a_negative_control(path, monkeypatch, control):
+def test_each_knob_has_a_negative_control(path, monkeypatch, control):
     CONTROLS[control](monkeypatch)
     agreement, _ = agreement_with_transformers(path)
     assert not agreement.ok and agreement.max_abs_diff > 100 * TOL, agreement
@@ -180,3 +205,32 @@ def test_rlkit_train_runs_a_step_on_a_deepseek_v3_model_from_the_command_line(tm
     assert json.loads((out / "config.json").read_text())["architectures"] == ["DeepseekV3ForCausalLM"]
     exported = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
     assert exported.model.layers[1].mlp.gate.e_score_correction_bias.abs().min() > 0  # the bias travelled
+
+
+@pytest.mark.slow
+def test_expert_parallel_matches_one_process(path, ray_cluster):
+    """EP=2 (two experts a rank; the dense first layer, the shared expert, the router and its bias on both) against
+    one process: logprobs, the gradient norm and the weights after a step within 1e-5."""
+    from rlkit.config.backends import MegatronConfig
+    from rlkit.policy.workers import RayPolicyGroup
+    from tests.helpers import pg_token_mean_loss, random_batch
+
+    cfg = PolicyConfig(model_name=str(path), train_micro_batch_size=4, optimizer=OptimizerConfig(lr=1e-3, eps=1e-6))
+    batch = random_batch(b=8, t=24)
+    solo = in_process_policy(cfg)
+    try:
+        logprobs = solo.logprobs(batch.input_ids, batch.attention_mask).logprobs
+        step = solo.train_step(batch, pg_token_mean_loss)
+        after = solo.hf_state_dict()
+    finally:
+        solo.close()
+    group = RayPolicyGroup(cfg.model_copy(update={"megatron_cfg": MegatronConfig(expert_model_parallel_size=2)}),
+                           world_size=2)
+    try:
+        assert (group.logprobs(batch.input_ids, batch.attention_mask).logprobs - logprobs).abs().max() < 1e-5
+        got = group.train_step(batch, pg_token_mean_loss)
+        assert abs(got.grad_norm - step.grad_norm) < 1e-5 * step.grad_norm
+        weights = group.hf_state_dict()
+        assert set(weights) == set(after) and max((weights[k] - after[k]).abs().max().item() for k in after) < 1e-5
+    finally:
+        group.close()
