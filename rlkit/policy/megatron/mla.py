@@ -30,8 +30,11 @@ self_attention.linear_kv_up_proj   [n*(dn+dv), kr]  kv_b_proj.weight (per head [
 self_attention.linear_proj         [H, n*dv]   o_proj.weight
 =============================================  ================================================================
 
-Deliberate simplifications: tensor parallelism of MLA is not mapped yet (refused by the MoE adapter above TP=1),
-no YaRN (refused by :class:`rlkit.policy.architecture.Architecture`).
+Refused: tensor parallelism (by the MoE adapter). Split by rows, the down and up projections give the one-process
+logprobs under TP=2 with sequence parallelism, but megatron-core 0.16.1's MLA on the local spec (column-parallel down
+projections, gathered back whole) leaves the gradient of the shared RoPE key partial on each rank: after one step
+``kv_a_proj_with_mqa``'s RoPE rows were 2e-3 off one process. (Transformer Engine's spec replicates the down
+projections instead.) Not mapped yet: YaRN (refused by :class:`rlkit.policy.architecture.Architecture`).
 """
 
 from __future__ import annotations

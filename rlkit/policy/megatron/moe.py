@@ -261,8 +261,11 @@ class MegatronMoEAdapter(MegatronAdapter):
 
     def _build_model(self):
         if self.arch.kv_lora_rank and self.tp_size > 1:
-            raise ModelError(f"DeepSeek-V3's latent attention under tensor parallelism (TP={self.tp_size}) is not mapped "
-                             "yet (its down/up projections' shards). Fix: policy.megatron_cfg.tensor_model_parallel_size=1")
+            raise ModelError(f"DeepSeek-V3's latent attention under tensor parallelism (TP={self.tp_size}) is not "
+                             "supported: megatron-core 0.16.1's MLA on the local layer spec (column-parallel down "
+                             "projections) leaves the shared RoPE key's gradient partial on each rank (measured: "
+                             "kv_a_proj_with_mqa's RoPE rows 2e-3 off one process after a step, logprobs equal). "
+                             "Fix: policy.megatron_cfg.tensor_model_parallel_size=1 (expert parallelism works)")
         self.ep_rank, self.ep_size = ps.get_expert_model_parallel_rank(), ps.get_expert_model_parallel_world_size()
         self.experts_per_rank = self.arch.num_experts // self.ep_size
         self._gathered_experts: dict[str, Tensor] = {}  # experts of the layer being exported, from other ranks
