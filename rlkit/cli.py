@@ -30,6 +30,7 @@ from rlkit.errors import RLKitError
 from rlkit.models import make_model
 from rlkit.models.factory import count_parameters
 from rlkit.models.families import FAMILY_NAMES as MODEL_FAMILIES  # the one table of families
+from rlkit.models.families import MOE_FAMILIES
 
 
 def _offline_defaults() -> None:
@@ -223,7 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("folder")
     p.add_argument("--preset", default="tiny",
                    help="nano | tiny | small | medium (dense); nano-moe | tiny-moe "
-                        "(Mixture-of-Experts: --family mixtral, qwen2-moe or qwen3-moe)")
+                        f"(Mixture-of-Experts: --family {', '.join(MOE_FAMILIES)})")
     p.add_argument("--family", default="llama", choices=MODEL_FAMILIES)
     p.add_argument("--tie", action="store_true", help="tie input and output embeddings")
     p.add_argument("--tokenizer", default="char", choices=("char", "bpe"),
