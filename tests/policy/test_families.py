@@ -260,6 +260,8 @@ def test_unsupported_rope_scalings_are_refused_with_the_reason():
 # summed over TP are what no other layout test covers); Llama 3 (TP=2 as test_parallel.py's Llama) and the MoE
 # families (EP=2 as test_parallel.py's Mixtral) run in the slow target (`make test-slow`).
 LAYOUT_FAMILIES = [fp if fp[0] == "qwen3" else pytest.param(*fp, marks=pytest.mark.slow) for fp in FAMILIES]
+# DeepSeek-V3 (test_families_deepseek_v3.py: its own checks, no vLLM on the CPU) under EP=2 here too (TP refused for MLA)
+LAYOUT_FAMILIES.append(pytest.param("deepseek-v3", "nano-moe", marks=pytest.mark.slow))
 # Adam's first step is lr * g / (|g| + eps): for an element whose gradient is ~eps it amplifies the gradient's rounding
 # by up to lr / eps. At eps=1e-8 that moved one element by 1.8e-5 (Mistral's gate_proj) and 4.8e-5 (SmolLM3's
 # embedding) more under TP=2 while logprobs and the gradient norm agreed within 1e-5; at 1e-6 a mis-sharded
@@ -292,6 +294,7 @@ def test_one_parallel_layout_matches_one_process(folder, ray_cluster, family, pr
         got = group.train_step(batch, pg_token_mean_loss)
         assert abs(got.grad_norm - step.grad_norm) < 1e-5 * step.grad_norm
         weights = group.hf_state_dict()
+        assert set(weights) == set(after)  # (DeepSeek-V3's router bias buffers included)
         assert max((weights[k] - after[k]).abs().max().item() for k in after) < 1e-5
         assert max((after[k] - before[k]).abs().max().item() for k in after) > 5e-4  # moved by ~lr, 50x the bound
         if family.startswith("qwen3") or family in ("olmo2", "gemma3"):  # the q/k norms moved too, equally in both

@@ -6,7 +6,7 @@ Against independent references (fp32): the policy's logits and token logprobs vs
 400 positions (bound 1e-4), the export exact, and the transformers generator (the fallback validation chooses: vLLM's
 MLA kernels lack the preset's size) after a train step + refit within 1e-3 of the policy. Each routing knob has a
 negative control that misses by > 100x the bound (so has MLA's interleaved RoPE order), and what the mapping lacks is
-refused with the reason. Slow suite: EP=2 against one process within 1e-5.
+refused with the reason. Slow suite: EP=2 against one process within 1e-5 (test_families.py's layout test).
 """
 
 import dataclasses
@@ -205,35 +205,3 @@ def test_rlkit_train_runs_a_step_on_a_deepseek_v3_model_from_the_command_line(tm
     assert json.loads((out / "config.json").read_text())["architectures"] == ["DeepseekV3ForCausalLM"]
     exported = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
     assert exported.model.layers[1].mlp.gate.e_score_correction_bias.abs().min() > 0  # the bias travelled
-
-
-@pytest.mark.slow
-def test_expert_parallel_matches_one_process(path, ray_cluster):
-    """EP=2 (two experts a rank; the dense first layer, the shared expert, the router and its bias on both) against one
-    process (TP is refused for MLA: rlkit.policy.megatron.mla):
-    logprobs, the gradient norm and the weights after a step within 1e-5."""
-    from rlkit.config.backends import MegatronConfig
-    from rlkit.policy.workers import RayPolicyGroup
-    from tests.helpers import pg_token_mean_loss, random_batch
-
-    cfg = PolicyConfig(model_name=str(path), train_micro_batch_size=4, optimizer=OptimizerConfig(lr=1e-3, eps=1e-6))
-    batch = random_batch(b=8, t=24)
-    solo = in_process_policy(cfg)
-    try:
-        logprobs = solo.logprobs(batch.input_ids, batch.attention_mask).logprobs
-        step = solo.train_step(batch, pg_token_mean_loss)
-        after = solo.hf_state_dict()
-    finally:
-        solo.close()
-    group = RayPolicyGroup(cfg.model_copy(update={"megatron_cfg": MegatronConfig(expert_model_parallel_size=2)}),
-                           world_size=2)
-    try:
-        assert (group.logprobs(batch.input_ids, batch.attention_mask).logprobs - logprobs).abs().max() < 1e-5
-        got = group.train_step(batch, pg_token_mean_loss)
-        assert abs(got.grad_norm - step.grad_norm) < 1e-5 * step.grad_norm
-        weights = group.hf_state_dict()
-        assert set(weights) == set(after)
-        worst = max(after, key=lambda k: (weights[k] - after[k]).abs().max().item())
-        assert (weights[worst] - after[worst]).abs().max() < 1e-5, worst
-    finally:
-        group.close()
