@@ -46,7 +46,7 @@ import torch
 
 from rlkit.config.components import GenerationConfig
 from rlkit.config.engines import engine_handoff
-from rlkit.errors import defer_keyboard_interrupt
+from rlkit.errors import ModelError, defer_keyboard_interrupt
 from rlkit.generation.base import Generation, SamplingSettings, request_seed
 from rlkit.generation.vllm_cpu_kernels import (drop_unused_cpu_embedding_kernels, moe_layers_with_experts_in,
                                                prepack_cpu_moe_experts, reallocate_cpu_embeddings,
@@ -54,7 +54,7 @@ from rlkit.generation.vllm_cpu_kernels import (drop_unused_cpu_embedding_kernels
                                                released_cpu_layers)
 from rlkit.host_memory import release_freed_heap_pages
 from rlkit.memory.plan import GIB, auto_kv_cache_bytes
-from rlkit.models.factory import check_head_dim, head_dim_of, read_hf_config
+from rlkit.models.factory import read_hf_config, vllm_cpu_refusal
 from rlkit.quiet import quieted
 
 
@@ -128,7 +128,9 @@ class VllmGenerator:
         on_cpu = not torch.cuda.is_available()
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine core in this process (module docstring)
         if on_cpu:
-            check_head_dim(head_dim_of(config))  # fail here, not at the first generate call deep inside vLLM
+            refusal = vllm_cpu_refusal(config)  # fail here, not at the first generate call deep inside vLLM
+            if refusal is not None:
+                raise ModelError(refusal)
             _cpu_engine_environment()
         from vllm import LLM
 

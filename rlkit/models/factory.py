@@ -104,6 +104,18 @@ def head_dim_refusal(head_dim: int) -> str | None:
             "(hidden_size / num_attention_heads) is one of those, or set policy.generation.backend=hf")
 
 
+def vllm_cpu_refusal(model_config: Mapping[str, Any]) -> str | None:
+    """Why vLLM's CPU attention cannot run the model of ``model_config`` (an HF config's dict), with the fix; None
+    where it can (its size by :func:`vllm_attention_size`: the head size, or MLA's latent plus RoPE key)."""
+    name, size, sizes = vllm_attention_size(model_config)
+    if name == "head_dim":
+        return head_dim_refusal(size)
+    if size in sizes:
+        return None
+    return (f"{name}={size} is not supported by vLLM's CPU attention kernels (supported: "
+            f"{', '.join(map(str, sizes))}). Fix: set policy.generation.backend=hf (or megatron)")
+
+
 def hf_config(spec: TinyModelSpec, family: ModelFamily):
     """A transformers config object for ``spec`` in ``family`` (MoE families route without a load-balancing
     loss, the setting recommended for RL; Qwen2-MoE's shared expert is twice an expert's width)."""

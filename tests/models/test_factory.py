@@ -43,6 +43,18 @@ def test_bad_head_dim_is_rejected_with_the_fix(tmp_path):
         make_model(tmp_path / "m", "nano", num_attention_heads=4)
 
 
+def test_the_engine_start_check_sizes_mla_by_its_latent_and_rope_key():
+    """vLLM's CPU engine refuses at start what its kernels lack: the head size, or for MLA (a kv_lora_rank) the
+    latent plus the RoPE key, whatever head_dim says (DeepSeek-V3's 512 + 64 runs; the tiny preset's 32 + 16 not)."""
+    from rlkit.models.factory import vllm_cpu_refusal
+
+    mla = {"num_attention_heads": 4, "hidden_size": 64, "head_dim": 64, "kv_lora_rank": 32, "qk_rope_head_dim": 16}
+    assert "kv_lora_rank + qk_rope_head_dim=48" in vllm_cpu_refusal(mla) and "backend=hf" in vllm_cpu_refusal(mla)
+    assert vllm_cpu_refusal({**mla, "kv_lora_rank": 512, "qk_rope_head_dim": 64, "head_dim": 24}) is None
+    assert vllm_cpu_refusal({"num_attention_heads": 4, "hidden_size": 64}) is not None  # head_dim 16
+    assert vllm_cpu_refusal({"num_attention_heads": 2, "hidden_size": 64}) is None  # head_dim 32
+
+
 def test_missing_folder_and_unsupported_architecture(tmp_path):
     with pytest.raises(ModelError, match="does not exist.*rlkit make-model"):
         read_hf_config(tmp_path / "nowhere")
