@@ -73,3 +73,24 @@ def agree_then_step(policy, mismatch) -> None:
     adv = torch.randn(batch.batch_size, 1, generator=torch.Generator().manual_seed(0)) * batch.loss_mask
     policy.train_step(batch.with_(advantages=adv), pg_token_mean_loss)
     assert mismatch(2)[0].max() > 1e-2  # the generator still holds the old weights
+
+
+def train_one_step_from_the_cli(tmp_path, architecture: str, **overrides):
+    """``rlkit train quickstart_nano`` on a model made from the preset with ``overrides`` (e.g. its family): two SFT
+    steps, one GRPO step, the export read back; asserts the run and the exported architecture, returns the export's
+    folder."""
+    import json
+
+    from rlkit.cli import main
+
+    values = {"policy.model_name": str(tmp_path / "model"), "sft.num_steps": 2, "sft.batch_size": 8,
+              "sft.warmup_steps": 0, "grpo.max_num_steps": 1, "grpo.num_prompts_per_step": 4,
+              "grpo.num_generations_per_prompt": 4, "eval.num_prompts": 4, "logger.log_dir": str(tmp_path / "runs"),
+              **overrides}
+    out = tmp_path / "export"
+    assert main(["train", "quickstart_nano", *(f"{k}={v}" for k, v in values.items()), "--export", str(out),
+                 "--quiet"]) == 0
+    summary = json.loads((tmp_path / "runs" / "quickstart_nano" / "summary.json").read_text())
+    assert summary["rl_steps"] == 1
+    assert json.loads((out / "config.json").read_text())["architectures"] == [architecture]
+    return out

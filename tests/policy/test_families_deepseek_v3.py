@@ -23,7 +23,8 @@ from rlkit.models.compare import logits_agreement
 from rlkit.policy.architecture import load_hf_state
 from rlkit.policy.backends import in_process_policy
 from rlkit.policy.megatron import moe
-from tests.helpers import agree_then_step, arithmetic_prompts, generator_policy_mismatch
+from tests.helpers import (agree_then_step, arithmetic_prompts, generator_policy_mismatch,
+                           train_one_step_from_the_cli)
 
 TOL = 1e-4
 
@@ -191,17 +192,7 @@ def test_a_session_from_the_preset_samples_what_the_policy_scores_after_a_step(t
 def test_rlkit_train_runs_a_step_on_a_deepseek_v3_model_from_the_command_line(tmp_path):
     """quickstart_nano with the nano-moe preset in family deepseek-v3: SFT, one GRPO step (generating with transformers,
     the fallback), refit, export that transformers reads back as DeepSeek-V3."""
-    from rlkit.cli import main
-
-    values = {"policy.model_name": str(tmp_path / "model"), "policy.model_preset": "nano-moe",
-              "policy.model_family": "deepseek-v3", "sft.num_steps": 2, "sft.batch_size": 8, "sft.warmup_steps": 0,
-              "grpo.max_num_steps": 1, "grpo.num_prompts_per_step": 4, "grpo.num_generations_per_prompt": 4,
-              "eval.num_prompts": 4, "logger.log_dir": str(tmp_path / "runs")}
-    out = tmp_path / "export"
-    assert main(["train", "quickstart_nano", *(f"{k}={v}" for k, v in values.items()), "--export", str(out),
-                 "--quiet"]) == 0
-    summary = json.loads((tmp_path / "runs" / "quickstart_nano" / "summary.json").read_text())
-    assert summary["rl_steps"] == 1
-    assert json.loads((out / "config.json").read_text())["architectures"] == ["DeepseekV3ForCausalLM"]
+    out = train_one_step_from_the_cli(tmp_path, "DeepseekV3ForCausalLM", **{"policy.model_preset": "nano-moe",
+                                                                             "policy.model_family": "deepseek-v3"})
     exported = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
     assert exported.model.layers[1].mlp.gate.e_score_correction_bias.abs().min() > 0  # the bias travelled

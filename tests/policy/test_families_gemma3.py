@@ -14,6 +14,7 @@ from rlkit.generation.base import SamplingSettings
 from rlkit.models.factory import GEMMA3_PRESET_WINDOW
 from rlkit.policy.architecture import Architecture
 from rlkit.policy.backends import in_process_policy
+from tests.helpers import train_one_step_from_the_cli
 
 
 @pytest.fixture(scope="module")
@@ -239,15 +240,6 @@ def test_sampling_stops_at_both_eos_ids(eos_heavy, engine):
 def test_rlkit_train_runs_a_step_on_a_gemma3_model_from_the_command_line(tmp_path):
     """quickstart_nano with policy.model_family=gemma3 (the model made from the preset) and room for sequences longer
     than the window: SFT, one GRPO step, vLLM refit, export."""
-    from rlkit.cli import main
-
-    values = {"policy.model_name": str(tmp_path / "model"), "policy.model_family": "gemma3", "sft.num_steps": 2,
-              "sft.batch_size": 8, "sft.warmup_steps": 0, "grpo.max_num_steps": 1, "grpo.num_prompts_per_step": 4,
-              "grpo.num_generations_per_prompt": 4, "eval.num_prompts": 4, "logger.log_dir": str(tmp_path / "runs"),
-              "policy.max_total_sequence_length": 56, "policy.generation.max_new_tokens": 36}
-    out = tmp_path / "export"
-    assert main(["train", "quickstart_nano", *(f"{k}={v}" for k, v in values.items()), "--export", str(out),
-                 "--quiet"]) == 0
-    summary = json.loads((tmp_path / "runs" / "quickstart_nano" / "summary.json").read_text())
-    assert summary["rl_steps"] == 1
-    assert json.loads((out / "config.json").read_text())["architectures"] == ["Gemma3ForCausalLM"]
+    train_one_step_from_the_cli(tmp_path, "Gemma3ForCausalLM", **{"policy.model_family": "gemma3",
+                                                                   "policy.max_total_sequence_length": 56,
+                                                                   "policy.generation.max_new_tokens": 36})
