@@ -40,12 +40,17 @@ from rlkit.weights import HFGroup
 
 
 # ---- full-tensor layout ----------------------------------------------------------------------------
+def interleave(parts: list[Tensor], groups: int, dim: int) -> Tensor:
+    """Projections' tensors -> the fused layout along ``dim``: each split into ``groups`` equal blocks, block g of
+    every part side by side (the QKV's KV groups: ``[q_g, k_g, v_g]`` per group; ``groups=1``: concatenation)."""
+    dim = dim % parts[0].dim()
+    blocks = [p.unflatten(dim, (groups, -1)) for p in parts]
+    return torch.cat(blocks, dim=dim + 1).flatten(dim, dim + 1)
+
+
 def fuse_qkv(q: Tensor, k: Tensor, v: Tensor, arch: Architecture) -> Tensor:
     """[nh*d, ...], [ng*d, ...], [ng*d, ...] -> [ng*(nh/ng + 2)*d, ...] interleaved per KV group."""
-    ng, d = arch.num_key_value_heads, arch.head_dim
-    rest = q.shape[1:]
-    parts = (q.reshape(ng, -1, *rest), k.reshape(ng, d, *rest), v.reshape(ng, d, *rest))
-    return torch.cat(parts, dim=1).reshape(-1, *rest)
+    return interleave([q, k, v], arch.num_key_value_heads, dim=0)
 
 
 def split_qkv(qkv: Tensor, arch: Architecture) -> tuple[Tensor, Tensor, Tensor]:

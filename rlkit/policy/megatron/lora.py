@@ -110,15 +110,7 @@ class Adapter(torch.nn.Module):
                 h = (tp.reduce_scatter_to_sequence_parallel_region(h) if self.sequence_parallel
                      else tp.reduce_from_tensor_model_parallel_region(h))
             updates.append(torch.nn.functional.linear(h, b) * self.scaling)
-        return updates[0] if len(updates) == 1 else interleave(updates, self.groups, dim=-1)
-
-
-def interleave(parts: list[Tensor], groups: int, dim: int) -> Tensor:
-    """Projections' tensors -> the fused layout along ``dim``: each split into ``groups`` equal blocks, block g of
-    every part side by side (the QKV's KV groups: ``[q_g, k_g, v_g]`` per group; ``groups=1``: concatenation)."""
-    dim = dim % parts[0].dim()
-    blocks = [p.unflatten(dim, (groups, -1)) for p in parts]
-    return torch.cat(blocks, dim=dim + 1).flatten(dim, dim + 1)
+        return updates[0] if len(updates) == 1 else convert.interleave(updates, self.groups, dim=-1)
 
 
 def _add_update(linear, args, output):
@@ -315,7 +307,7 @@ def full_update(linear: str, factors: dict[str, tuple[Tensor, Tensor]], arch, ou
     fan_in = next(iter(factors.values()))[0].shape[1]
     updates = [factors[p][1].float() @ factors[p][0].float() if p in factors else torch.zeros(w, fan_in)
                for p, w in zip(parts, widths)]
-    return updates[0] if len(updates) == 1 else interleave(updates, groups, dim=0)
+    return updates[0] if len(updates) == 1 else convert.interleave(updates, groups, dim=0)
 
 
 def merged_weight(name: str, full: Tensor, params, gather, arch, scaling: float) -> Tensor:
