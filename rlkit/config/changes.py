@@ -51,6 +51,7 @@ CHANGES: tuple[tuple[str, Change], ...] = (
     ("critic", Change.LIVE),  # lr, value_clip, micro batch, grad norm: read by each critic call (Critic.use)
     ("critic.enabled", Change.MODELS),  # PPO's critic built (or released) in place
     ("critic.model_name", Change.MODELS),
+    ("critic.backend", Change.MODELS),
     ("distillation", Change.LIVE),  # the advantages read it per call (its teacher: below)
     ("distillation.enabled", Change.MODELS),
     ("distillation.teacher_model_name", Change.MODELS),

@@ -155,13 +155,19 @@ class DPOConfig(Section):
         return self
 
 
+# where a value model (PPO's critic, a reward model in training) runs (rlkit.policy.value_model): transformers' model
+# in this process, or the policy's training backend in its layout (Megatron: tensor and sequence parallel)
+ValueBackendName = Literal["transformers", "policy"]
+
+
 class CriticConfig(Section):
-    """PPO's learned value model (rlkit.policy.critic), for ``grpo.advantage_estimator: gae``: transformers' model on
+    """PPO's learned value model (rlkit.policy.critic), for ``grpo.advantage_estimator: gae``: the decoder of
     ``model_name`` (default: the policy's folder) with a new one-output head per token, its own AdamW, trained on
-    the GAE returns with the clipped value loss after each policy update."""
+    the GAE returns with the clipped value loss after each policy update, on ``backend``."""
 
     enabled: bool = False
     model_name: Optional[str] = None  # a causal-LM folder; null: policy.model_name
+    backend: ValueBackendName = "transformers"  # policy: the policy's backend and layout (megatron, hf)
     lr: float = Field(1e-5, gt=0)
     value_clip: float = Field(0.5, gt=0)  # verl's cliprange_value
     micro_batch_size: int = Field(16, ge=1)
@@ -194,7 +200,9 @@ class DistillationConfig(Section):
 
 class RewardModelConfig(Section):
     """Training a reward model on preference pairs (``Session.train_reward_model``; rlkit.stages.reward_model):
-    Bradley-Terry, AdamW, one batch of pairs a step, in transformers in this process."""
+    Bradley-Terry, AdamW, one batch of pairs a step, on ``backend`` (a value model, rlkit.policy.value_model)."""
+
+    backend: ValueBackendName = "transformers"  # policy: the policy's backend and layout (megatron, hf)
 
     num_steps: int = Field(200, ge=0)
     batch_size: int = Field(16, ge=1)  # pairs per step

@@ -1,30 +1,35 @@
 """PPO's critic: a learned value of each state, for GAE (``grpo.advantage_estimator: gae``).
 
-transformers' token-classification model with one output on a causal-LM folder (its transformer, a new linear head),
-in this process, fp32, with its own AdamW. The value of the state *before* token ``t`` is the head's output at
-position ``t - 1`` (the same alignment as a token's logprob, which the logits at ``t - 1`` give), so
-``values[:, t]`` pairs with ``logprobs[:, t]``; position 0 has none.
+A value model (:mod:`rlkit.policy.value_model`: a causal-LM folder's decoder with a new one-output head per position)
+on the backend ``critic.backend`` names: transformers' token-classification model in this process (``transformers``,
+the default), or the policy's training backend in its layout (``policy``: Megatron-Core with tensor and sequence
+parallelism, :mod:`rlkit.policy.megatron.value_head`). fp32, its own AdamW. The value of the state *before* token
+``t`` is the head's output at position ``t - 1`` (the same alignment as a token's logprob, which the logits at
+``t - 1`` give), so ``values[:, t]`` pairs with ``logprobs[:, t]``; position 0 has none.
 
 One update per RL step (:meth:`Critic.train_step`): the clipped value loss (:func:`rlkit.algorithms.returns.
 clipped_value_loss`, verl's) against the GAE returns, over microbatches of rows, normalised by the batch's valid
-tokens, then one optimizer step.
+tokens, then one optimizer step (gradients clipped by their global norm over the ranks, torch's rule).
 
-Deliberate simplifications: transformers in this process (not on the policy's Megatron/DTensor backend, no
-parallel layout), every parameter trained, fp32. A checkpoint holds its weights, its Adam state and its step count
-(:meth:`Critic.save_state`, safetensors: no pickle); a fork's parked branch holds its own copy
-(:meth:`Critic.capture`), so each branch's critic learns from its own batches.
+Deliberate simplifications: every parameter trained, fp32, no dropout. A checkpoint holds its weights, its Adam state
+and its step count (:meth:`Critic.save_state`, safetensors: no pickle; under tensor parallelism each rank's shards
+under its own names); a fork's parked branch holds its own copy (:meth:`Critic.capture`), so each branch's critic
+learns from its own batches.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 from torch import Tensor
 
 from rlkit.algorithms.returns import clipped_value_loss
+from rlkit.config.components import PolicyConfig
 from rlkit.config.run import CriticConfig
+from rlkit.policy.value_model import ValueModel, build_value_model, clip_gradients
 
 
 @dataclass
@@ -42,27 +47,27 @@ class CriticState:
 class Critic:
     """A value model over token ids [B, T] (see the module docstring)."""
 
-    def __init__(self, folder: str | Path, cfg: CriticConfig, seed: int = 0):
-        from transformers import AutoModelForTokenClassification
-        from transformers.utils import logging as hf_logging
-
-        torch.manual_seed(seed)
-        verbosity = hf_logging.get_verbosity()
-        hf_logging.set_verbosity_error()  # "some weights were newly initialized": the value head, as intended
-        try:
-            self.model = AutoModelForTokenClassification.from_pretrained(str(folder), num_labels=1,
-                                                                         dtype=torch.float32)
-        finally:
-            hf_logging.set_verbosity(verbosity)
+    def __init__(self, folder: str | Path, cfg: CriticConfig, seed: int = 0, policy: Optional[PolicyConfig] = None):
+        """The critic on ``folder`` (a causal-LM folder); ``policy``: the policy's config, read with
+        ``critic.backend=policy`` (its backend and layout)."""
+        self.value_model: ValueModel = build_value_model(cfg.backend, folder, bias=True, seed=seed, policy=policy)
         self.cfg = cfg
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0)
+        self.optimizer = torch.optim.AdamW([p for _, p in self._named_parameters()], lr=cfg.lr, weight_decay=0.0)
         self.version = 0  # optimizer steps taken
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The value model's module (train/eval, parameters)."""
+        return self.value_model.module
+
+    def _named_parameters(self) -> list[tuple[str, Tensor]]:
+        return self.value_model.named_trained_parameters()
 
     def capture(self) -> CriticState:
         """A copy of the weights, AdamW's per-parameter state and the step count (a fork's parked branch, a
         checkpoint)."""
-        names = {param: name for name, param in self.model.named_parameters()}
-        tensors = {f"model/{name}": param.detach().clone() for name, param in self.model.named_parameters()}
+        names = {param: name for name, param in self._named_parameters()}
+        tensors = {f"model/{name}": param.detach().clone() for name, param in self._named_parameters()}
         for param, state in self.optimizer.state.items():
             for key, value in state.items():
                 tensors[f"adam/{key}/{names[param]}"] = torch.as_tensor(value).detach().clone()
@@ -70,7 +75,7 @@ class Critic:
 
     def restore(self, state: CriticState) -> None:
         """:meth:`capture`'s copy back into this critic (built on the same model folder): strict on names."""
-        params = dict(self.model.named_parameters())
+        params = dict(self._named_parameters())
         saved = {k.split("/", 1)[1] for k in state.tensors if k.startswith("model/")}
         if saved != set(params):
             raise ValueError(f"the saved critic has other parameters than this one ({len(saved)} vs "
@@ -110,7 +115,7 @@ class Critic:
             group["lr"] = cfg.lr
 
     def _values(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:  # [b, t] -> [b, t], with grad
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask.long()).logits[..., 0]
+        out = self.value_model.head_values(input_ids, attention_mask)
         return torch.nn.functional.pad(out[:, :-1], (1, 0))
 
     @torch.no_grad()
@@ -131,15 +136,18 @@ class Critic:
         self.optimizer.zero_grad(set_to_none=True)
         tokens = int(scored.sum())
         loss_sum, clipped = 0.0, 0
-        for i in range(0, input_ids.shape[0], self.cfg.micro_batch_size):
+        starts = range(0, input_ids.shape[0], self.cfg.micro_batch_size)
+        for index, i in enumerate(starts):
+            self.value_model.microbatch_starting(index, len(starts))
             rows = slice(i, i + self.cfg.micro_batch_size)
             predicted = self._values(input_ids[rows], attention_mask[rows])
             loss, n_clipped = clipped_value_loss(predicted, old_values[rows], returns[rows], scored[rows].float(),
                                                  self.cfg.value_clip, tokens)
             loss.backward()
             loss_sum, clipped = loss_sum + float(loss.detach()), clipped + int(n_clipped)
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
-                                                         self.cfg.max_grad_norm or float("inf")))
+        self.value_model.reduce_grads()
+        grad_norm = self.value_model.grad_norm()
+        clip_gradients([p for _, p in self._named_parameters()], grad_norm, self.cfg.max_grad_norm)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.version += 1
@@ -149,5 +157,11 @@ class Critic:
         return {"critic/value_loss": loss_sum, "critic/clip_fraction": clipped / max(tokens, 1),
                 "critic/grad_norm": grad_norm, "critic/explained_variance": explained}
 
+    def export_hf_state(self) -> dict[str, Tensor]:
+        """The critic's weights as full tensors under transformers' token-classification names (every rank calls)."""
+        return self.value_model.export_hf_state()
+
     def close(self) -> None:
-        self.model = self.optimizer = None
+        if self.value_model is not None:
+            self.value_model.close()
+        self.value_model = self.optimizer = None

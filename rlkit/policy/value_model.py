@@ -1,0 +1,153 @@
+"""A value model: a decoder with one scalar per position instead of a vocabulary, on the backend a config chooses.
+
+PPO's critic (:mod:`rlkit.policy.critic`) and reward-model training (:mod:`rlkit.stages.reward_model`) both train one:
+the decoder of a causal-LM folder, its LM head replaced by a linear ``[1, hidden]`` head (with a bias for the critic,
+as transformers' token-classification head; without for a reward model, as its sequence-classification head) after
+the final norm. Both read the head's output per position and differ only in which positions they use (the critic:
+every state; a reward model: each row's last real token) and in their loss.
+
+Where it runs is one key, ``critic.backend`` / ``reward_model.backend`` (:data:`ValueBackendName`):
+
+- ``transformers``: transformers' own classification model in this process (one process, every parameter trained);
+- ``policy``: the policy's training backend with its layout, through :data:`POLICY_BACKEND_VALUE_MODELS` (this
+  module's registry, keyed by ``policy.backend``): Megatron-Core's ``GPTModel`` with a scalar head
+  (:mod:`rlkit.policy.megatron.value_head`: tensor and sequence parallel, the policy's HF conversion), and for the
+  ``hf`` backend transformers' model as above. The DTensor backend has none yet (its FSDP2 wrapping is built around a
+  causal-LM class): it is refused with the fix.
+
+Every implementation is fp32 and holds the whole model trained (no adapters, no bf16 copy). One interface,
+:class:`ValueModel`; the training loops (the critic's step, the reward model's) are written against it once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterator, Optional, Protocol
+
+import torch
+from torch import Tensor
+
+from rlkit.config.components import PolicyConfig
+from rlkit.config.run import ValueBackendName
+from rlkit.errors import ConfigError
+
+
+class ValueModel(Protocol):
+    """A decoder with a scalar head, built and loaded (see the module docstring)."""
+
+    module: torch.nn.Module  # train()/eval() switch it; what the optimizer's parameters belong to
+
+    def head_values(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """input_ids, attention_mask [b, t] (right-padded) -> the head's output [b, t] (fp32, on the ids' device,
+        differentiable) at each position, reading that position and the ones before it."""
+
+    def named_trained_parameters(self) -> list[tuple[str, Tensor]]:
+        """This rank's trained parameters under names unique on it (what AdamW steps and a capture saves)."""
+
+    def microbatch_starting(self, index: int, count: int) -> None:
+        """Called before the backward of microbatch ``index`` of ``count``."""
+
+    def reduce_grads(self) -> None:
+        """Gradients complete in each parameter's ``.grad`` (summed over ranks that hold the same weights)."""
+
+    def grad_norm(self) -> float:
+        """The global gradient norm over every rank's (sharded) gradients."""
+
+    def export_hf_state(self) -> dict[str, Tensor]:
+        """Full tensors under transformers' classification-model names (``model.*``, ``score.weight`` and with a bias
+        ``score.bias``); every rank calls (gathers)."""
+
+    def close(self) -> None:
+        """Release the model (and a hold on Megatron's parallel state)."""
+
+
+class TransformersValueModel:
+    """transformers' classification model with one output on a causal-LM folder, in this process, fp32: the
+    token-classification model (a ``score`` head with a bias) or with ``bias=False`` the sequence-classification one
+    (``score`` without). Dropout is off (transformers puts 0.1 before a token-classification head by default): the
+    value loss compares the values it trains with values computed in eval mode, as verl's critic does."""
+
+    def __init__(self, folder: str | Path, bias: bool = True, seed: int = 0):
+        from transformers import AutoConfig, AutoModelForSequenceClassification, AutoModelForTokenClassification
+        from transformers.utils import logging as hf_logging
+
+        torch.manual_seed(seed)
+        kind = AutoModelForTokenClassification if bias else AutoModelForSequenceClassification
+        verbosity = hf_logging.get_verbosity()
+        hf_logging.set_verbosity_error()  # "some weights were newly initialized": the head, as intended
+        try:
+            config = AutoConfig.from_pretrained(str(folder), num_labels=1)
+            if bias:
+                config.classifier_dropout = 0.0
+            self.model = kind.from_pretrained(str(folder), config=config, dtype=torch.float32)
+        finally:
+            hf_logging.set_verbosity(verbosity)
+        self.module = self.model
+
+    def head_values(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        hidden = self.model.model(input_ids=input_ids, attention_mask=attention_mask.long()).last_hidden_state
+        return self.model.score(hidden)[..., 0].float()
+
+    def named_trained_parameters(self) -> list[tuple[str, Tensor]]:
+        return list(self.model.named_parameters())
+
+    def microbatch_starting(self, index: int, count: int) -> None:
+        pass
+
+    def reduce_grads(self) -> None:
+        pass  # one process: the gradients are whole
+
+    def grad_norm(self) -> float:
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
+
+    def export_hf_state(self) -> dict[str, Tensor]:
+        return {name: t.detach() for name, t in self.model.state_dict().items()}
+
+    def close(self) -> None:
+        self.model = self.module = None
+
+
+ValueModelBuilder = Callable[[PolicyConfig, str, bool, int], ValueModel]
+
+
+def _megatron(policy: PolicyConfig, folder: str, bias: bool, seed: int) -> ValueModel:
+    from rlkit.policy.megatron.value_head import MegatronValueModel
+
+    return MegatronValueModel(policy, folder, bias, seed)
+
+
+def _hf(policy: PolicyConfig, folder: str, bias: bool, seed: int) -> ValueModel:
+    return TransformersValueModel(folder, bias, seed)
+
+
+# the value model of each training backend (policy.backend) that has one
+POLICY_BACKEND_VALUE_MODELS: dict[str, ValueModelBuilder] = {"megatron": _megatron, "hf": _hf}
+
+
+def build_value_model(backend: ValueBackendName, folder: str | Path, *, bias: bool, seed: int = 0,
+                      policy: Optional[PolicyConfig] = None, key: str = "critic.backend") -> ValueModel:
+    """The value model on ``folder`` (a causal-LM folder) for ``backend`` (``policy``: ``policy``'s backend and
+    layout). ``key`` names the setting in errors."""
+    if backend == "transformers":
+        return TransformersValueModel(folder, bias, seed)
+    if policy is None:
+        raise ValueError(f"{key}=policy needs the policy's config (the backend and layout the value model takes)")
+    builder = POLICY_BACKEND_VALUE_MODELS.get(policy.backend)
+    if builder is None:
+        raise ConfigError([f"{key}=policy: the {policy.backend} backend has no value model yet (built: "
+                           f"{', '.join(sorted(POLICY_BACKEND_VALUE_MODELS))}). Fix: {key}=transformers, or "
+                           f"policy.backend=megatron"])
+    return builder(policy, str(folder), bias, seed)
+
+
+def clip_gradients(params: Iterator[Tensor] | list[Tensor], norm: float, max_norm: Optional[float]) -> None:
+    """Scale the gradients of ``params`` by ``max_norm / (norm + 1e-6)`` when that is below 1 (torch's
+    ``clip_grad_norm_`` rule, with the global ``norm`` every rank agrees on)."""
+    if max_norm is None:
+        return
+    coef = max_norm / (norm + 1e-6)
+    if coef < 1.0:
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(coef)
