@@ -2,7 +2,7 @@
 
 No model hub is reachable from our machines, so rlkit makes its own models: random-init decoders of every
 family the policy supports (Llama, Llama 3.x with its RoPE scaling, Qwen2 with QKV bias, Qwen3 with q/k norms,
-Mistral, Phi-3 with fused projections and Phi-4-mini's partial RoPE, SmolLM3 with layers without RoPE, OLMo 2 with
+Mistral with a sliding window in every layer, Phi-3 with fused projections, Phi-4-mini's partial RoPE and a window, SmolLM3 with layers without RoPE, OLMo 2 with
 its norms after attention and MLP, Gemma 3 (text) with its local sliding-window layers, and the Mixture-of-Experts
 families Mixtral, Qwen2-MoE with its gated shared expert, Qwen3-MoE, DeepSeek-V3 with its latent attention), saved the way transformers saves a real
 checkpoint, with the character tokenizer of :mod:`rlkit.models.tokenizer`. A folder holds ``config.json``,
@@ -158,16 +158,16 @@ def config_fields(spec: TinyModelSpec, family: ModelFamily) -> dict:
     if family in ("llama", "llama3"):
         return dict(**common, attention_bias=False, mlp_bias=False)
     if family == "phi3":  # Phi-4-mini's partial RoPE (Phi-3's is whole): the knob that full-RoPE families lack
-        common["rope_parameters"]["partial_rotary_factor"] = 0.75
-        return dict(**common)
+        common["rope_parameters"]["partial_rotary_factor"] = 0.75  # and Phi-3-mini-4k's binding window (2047 of 4096)
+        return dict(**common, sliding_window=PRESET_WINDOW)
     if family == "smollm3":  # NoPE every 4th layer, as SmolLM3-3B; every 2nd in a 2- or 3-layer preset, so it has one
         return dict(**common, use_sliding_window=False, no_rope_layer_interval=min(4, spec.num_hidden_layers))
     if family == "olmo2":
         return dict(**common, attention_bias=False)
     if family == "gemma3":
         return dict(**gemma3_fields(spec, common))
-    if family == "mistral":  # no window, as Mistral 7B v0.2+ (MistralConfig's default is 4096)
-        return dict(**common, sliding_window=None)
+    if family == "mistral":  # a window in every layer, as Mistral 7B v0.1 (4096 of 32k positions)
+        return dict(**common, sliding_window=PRESET_WINDOW)
     return dict(**common, use_sliding_window=False)
 
 
@@ -186,7 +186,8 @@ def deepseek_v3_fields(spec: TinyModelSpec, common: dict, experts: int, top_k: i
                 qk_rope_head_dim=spec.head_dim // 2, v_head_dim=spec.head_dim, rope_interleave=True)
 
 
-GEMMA3_PRESET_WINDOW = 32  # shorter than the tests' sequences, so the local layers' window binds
+PRESET_WINDOW = 32  # the sliding window of the windowed presets: shorter than the tests' sequences, so it binds
+GEMMA3_PRESET_WINDOW = PRESET_WINDOW
 
 
 def gemma3_fields(spec: TinyModelSpec, common: dict) -> dict:

@@ -35,7 +35,7 @@ FAMILIES = (
     Family("llama3", "LlamaForCausalLM", "LlamaConfig"),  # Llama 3.x's RoPE scaling
     Family("qwen2", "Qwen2ForCausalLM", "Qwen2Config", qkv_bias=True),
     Family("qwen3", "Qwen3ForCausalLM", "Qwen3Config", qk_norm=True),
-    Family("mistral", "MistralForCausalLM", "MistralConfig"),  # Llama's layout; a sliding window that never binds
+    Family("mistral", "MistralForCausalLM", "MistralConfig"),  # Llama's layout; its sliding_window in every layer
     Family("phi3", "Phi3ForCausalLM", "Phi3Config", fused_projections=True),  # Phi-3, Phi-4-mini
     Family("smollm3", "SmolLM3ForCausalLM", "SmolLM3Config"),  # Llama's layout; no_rope_layers read from its config
     Family("olmo2", "Olmo2ForCausalLM", "Olmo2Config", qk_norm=True, post_norms=True),

@@ -4,9 +4,12 @@ Backend-neutral: the Megatron model and weight conversion, the DTensor and trans
 Ray worker group's description all read the same facts. Refused with the reason (never silently ignored):
 RoPE scaling types other than llama3 (YaRN, linear, dynamic), llama3 scaling with other low/high frequency
 factors or original context than Megatron-Core applies (1, 4, 8192: those of Llama 3.1 and 3.2),
-sliding-window attention where the window is shorter than the model's context (except Gemma 3's local layers,
-which rlkit's Megatron model computes), and Gemma 3 options it does not compute (logit soft-capping, bidirectional
+Qwen-style ``use_sliding_window: true``, and Gemma 3 options it does not compute (logit soft-capping, bidirectional
 attention, RoPE scaling of its global layers), DeepSeek-V3 with YaRN or other options its Megatron mapping lacks.
+
+Sliding windows are computed (:mod:`rlkit.policy.megatron.sliding_window`): Gemma 3's local layers, and Mistral's and
+Phi-3's ``sliding_window``, which transformers applies in every layer whenever it is set (a window covering the whole
+context is dropped: it never binds).
 """
 
 from __future__ import annotations
@@ -55,8 +58,9 @@ class Architecture:
     gemma: bool = False  # Gemma 3: (1+w) RMSNorms, embeddings x sqrt(hidden), norms before and after attention and MLP
     activation: str = "silu"  # the gated MLP's activation: "silu" (SwiGLU) or "gelu_tanh" (Gemma's GeGLU)
     softmax_scale: float | None = None  # Gemma 3: query_pre_attn_scalar ** -0.5 (None: head_dim ** -0.5)
-    sliding_window: int | None = None  # Gemma 3: how many positions a local layer's token sees (itself included)
-    local_layers: tuple[int, ...] | None = None  # Gemma 3: 1 for each local (sliding-window) layer, 0 for a global one
+    sliding_window: int | None = None  # how many positions a local layer's token sees (itself included)
+    local_layers: tuple[int, ...] | None = None  # 1 for each local (sliding-window) layer, 0 for a global one (Mistral,
+    # Phi-3: every layer local)
     local_rope_theta: float | None = None  # Gemma 3: the local layers' RoPE base (rope_theta is the global layers')
     # DeepSeek-V3's multi-head latent attention (rlkit.policy.megatron.mla); kv_lora_rank 0: none
     kv_lora_rank: int = 0
@@ -77,7 +81,7 @@ class Architecture:
         if family.mla:
             return _deepseek_v3(cls, cfg)
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-        _refuse_a_binding_sliding_window(cfg)
+        window = _binding_sliding_window(cfg)
         heads = cfg["num_attention_heads"]
         return cls(
             family=family.name,
@@ -99,6 +103,8 @@ class Architecture:
             fused_projections=family.fused_projections,
             post_norms=family.post_norms,
             no_rope_layers=_no_rope_layers(cfg),
+            sliding_window=window,
+            local_layers=None if window is None else (1,) * cfg["num_hidden_layers"],
         )
 
 
@@ -177,19 +183,23 @@ def _no_rope_layers(cfg: dict) -> tuple[int, ...] | None:
     return tuple(0 if rope else 1 for rope in uses_rope)
 
 
-def _refuse_a_binding_sliding_window(cfg: dict) -> None:
-    """rlkit's Megatron model attends to the whole sequence. A window is harmless where it never binds: Qwen's
-    ``use_sliding_window: false``, or a window (Mistral's, Phi-3's ``sliding_window``, applied by transformers
-    whenever set) at least as long as the model's context."""
+def _binding_sliding_window(cfg: dict) -> int | None:
+    """The window every layer applies (Mistral's, Phi-3's ``sliding_window``: transformers applies it whenever set), or
+    None where it never binds: none set, Qwen's ``use_sliding_window: false``, or a window at least as long as the
+    model's context. Qwen-style ``use_sliding_window: true`` (a window on the layers past ``max_window_layers``) is
+    refused."""
     if cfg.get("use_sliding_window"):
         raise ModelError("sliding-window attention (use_sliding_window: true) is not supported; rlkit's Megatron "
-                         "model attends to the whole sequence")
+                         "model applies a window to every layer (Mistral's, Phi-3's) or to the layers a config's "
+                         "layer_types name (Gemma 3's), not to the layers past Qwen's max_window_layers. Fix: "
+                         "use_sliding_window: false")
     # Qwen-style configs carry a window that applies only with use_sliding_window
     window = None if "use_sliding_window" in cfg else cfg.get("sliding_window")
-    if window is not None and window < cfg["max_position_embeddings"]:
-        raise ModelError(f"sliding-window attention (sliding_window: {window}, shorter than max_position_embeddings: "
-                         f"{cfg['max_position_embeddings']}) is not supported; rlkit's Megatron model attends to the "
-                         "whole sequence. Fix: a model whose sliding_window is null or covers its whole context")
+    if window is None or window >= cfg["max_position_embeddings"]:
+        return None
+    if window < 1:
+        raise ModelError(f"sliding_window: {window} is not a window (at least 1 position). Fix: null for none")
+    return int(window)
 
 
 def _llama3_rope_factor(rope: dict) -> float | None:

@@ -1,7 +1,8 @@
 """The model families added for real checkpoints: Llama 3.x (llama3 RoPE scaling), Qwen3 (q/k norms), Qwen3-MoE
 and Qwen2-MoE (Qwen expert names, unrenormalised top-k, the gated shared expert), Mistral (Llama's layout; its
-``sliding_window`` accepted where it never binds), Phi-3 (fused ``qkv_proj`` and ``gate_up_proj`` in the checkpoint;
-the preset has Phi-4-mini's partial RoPE), SmolLM3 (no RoPE in every 4th layer; every 2nd in the 2-layer preset), OLMo 2 (norms after attention and the MLP,
+preset's 32-position ``sliding_window`` in every layer, which the 400-position logits and the vLLM check run past:
+tests/policy/test_families_windows.py), Phi-3 (fused ``qkv_proj`` and ``gate_up_proj`` in the checkpoint;
+the preset has Phi-4-mini's partial RoPE and Phi-3-mini-4k's kind of window), SmolLM3 (no RoPE in every 4th layer; every 2nd in the 2-layer preset), OLMo 2 (norms after attention and the MLP,
 q/k norms over the whole projection).
 
 Per family, against independent references (fp32): HF -> Megatron logits vs transformers' own model (max abs
@@ -250,10 +251,13 @@ def test_unsupported_rope_scalings_are_refused_with_the_reason():
     with pytest.raises(ModelError, match="sliding-window"):
         architecture.Architecture.from_hf_config(dict(base, use_sliding_window=True))
     mistral = dict(base, architectures=["MistralForCausalLM"], max_position_embeddings=512)
-    with pytest.raises(ModelError, match="sliding_window: 256, shorter than max_position_embeddings: 512"):
-        architecture.Architecture.from_hf_config(dict(mistral, sliding_window=256))
+    windowed = architecture.Architecture.from_hf_config(dict(mistral, sliding_window=256))  # binds: every layer local
+    assert windowed.sliding_window == 256 and windowed.local_layers == (1, 1)
     for window in (None, 512):  # no window, or one that covers the whole context: attention is the full causal one
-        assert architecture.Architecture.from_hf_config(dict(mistral, sliding_window=window)).family == "mistral"
+        arch = architecture.Architecture.from_hf_config(dict(mistral, sliding_window=window))
+        assert arch.family == "mistral" and arch.sliding_window is None and arch.local_layers is None
+    with pytest.raises(ModelError, match="sliding_window: 0 is not a window"):
+        architecture.Architecture.from_hf_config(dict(mistral, sliding_window=0))
 
 
 # A two-rank Ray group per family takes ~2 min on 2 cores: the default suite keeps Qwen3 (its q/k norms' gradients

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from rlkit.policy.architecture import Architecture
-from rlkit.policy.megatron import gemma
+from rlkit.policy.megatron import gemma, sliding_window
 from rlkit.policy.megatron.cpu import cuda_literals_on_cpu
 from rlkit.policy.megatron.norms import HeadRMSNorm, RMSNorm
 
@@ -85,7 +85,7 @@ def transformer_config(arch: Architecture, tensor_parallel_size: int = 1, sequen
         attention_softmax_in_fp32=True,
         qk_layernorm=arch.qk_layernorm,
         no_rope_freq=list(arch.no_rope_layers) if arch.no_rope_layers else None,
-        **gemma.window_settings(arch),
+        **sliding_window.window_settings(arch),
         **_mla_settings(arch),
         **(recompute or {}),
     )

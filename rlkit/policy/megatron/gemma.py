@@ -13,9 +13,8 @@ Where each piece lives:
   branches' last linears (:class:`GemmaPostNormLinear`, OLMo 2's :class:`.post_norm.PostNormRowParallelLinear` with
   Gemma's norm), the final norm is the block's; all are :class:`OffsetRMSNorm`;
 - GELU-tanh, the softmax scale and the window are Megatron's own options (``activation_func``, ``softmax_scale``,
-  ``window_size`` with ``window_attn_skip_freq`` marking the local layers, :func:`.build.transformer_config`); on the
-  CPU Megatron's unfused attention builds the window's mask (its mask helper is stood in on the CPU, :mod:`.cpu`),
-  on CUDA :class:`.attention.SDPAttention` passes the same mask;
+  ``window_size`` with ``window_attn_skip_freq`` marking the local layers, :func:`.build.transformer_config`); the
+  window is every windowed family's (:mod:`.sliding_window`: Mistral's, Phi-3's, GPT-OSS's too);
 - the local layers' RoPE base: Megatron's ``GPTModel`` computes one table of angles for all layers (the global
   base). :class:`GemmaSelfAttention` turns it into the local one in each local layer: with no interpolation the
   table's first frequency is 1 (``base ** 0``), so its first column is each token's position, exactly, whatever the
@@ -138,12 +137,4 @@ def scale_embeddings(model, hidden_size: int) -> None:
         return output * torch.tensor(scale, dtype=output.dtype, device=output.device)
 
     embedding.register_forward_hook(scaled)
-
-
-def window_settings(arch) -> dict:
-    """Megatron's window options for ``arch``: a local layer's query attends to itself and ``sliding_window - 1``
-    positions before it (transformers' ``q - kv < sliding_window``), a global layer to every earlier position."""
-    if not arch.sliding_window or not arch.local_layers or not any(arch.local_layers):
-        return {}
-    return dict(window_size=(arch.sliding_window - 1, 0), window_attn_skip_freq=list(arch.local_layers))
 
