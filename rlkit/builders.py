@@ -245,12 +245,10 @@ def build_critic(config: RunConfig) -> Any:
         return None
     from rlkit.policy.critic import Critic
 
-    policy = config.policy  # critic.backend=policy: beside Ray workers, in one process's layout (as the teacher)
-    if policy.num_workers > 1:
-        section = policy.backend_section
-        policy = policy.model_copy(update={"num_workers": 1, "ray_address": None,
-                                           f"{section.name}_cfg": section.single_process()})
-    return Critic(config.critic.model_name or config.policy.model_name, config.critic, config.seed, policy)
+    from rlkit.policy.value_model import beside_the_policy
+
+    return Critic(config.critic.model_name or config.policy.model_name, config.critic, config.seed,
+                  beside_the_policy(config.policy))
 
 
 # the models a MODELS change builds: the component, the config section that asks for it, its builder

@@ -141,6 +141,16 @@ def build_value_model(backend: ValueBackendName, folder: str | Path, *, bias: bo
     return builder(policy, str(folder), bias, seed)
 
 
+def beside_the_policy(policy: PolicyConfig) -> PolicyConfig:
+    """``policy``'s settings for a value model in this (the driver's) process: its layout when the policy is in this
+    process too; one process's (no model parallelism) when the policy runs in Ray workers, as the teacher's."""
+    if policy.num_workers == 1:
+        return policy
+    section = policy.backend_section
+    return policy.model_copy(update={"num_workers": 1, "ray_address": None,
+                                     f"{section.name}_cfg": section.single_process()})
+
+
 def clip_gradients(params: Iterator[Tensor] | list[Tensor], norm: float, max_norm: Optional[float]) -> None:
     """Scale the gradients of ``params`` by ``max_norm / (norm + 1e-6)`` when that is below 1 (torch's
     ``clip_grad_norm_`` rule, with the global ``norm`` every rank agrees on)."""

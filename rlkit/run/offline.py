@@ -15,6 +15,7 @@ from rlkit.config.run import RunConfig
 from rlkit.data import PromptSampler
 from rlkit.data.preference import pairs_from_answers, read_preference_file
 from rlkit.policy.base import Policy
+from rlkit.policy.value_model import beside_the_policy
 from rlkit.run.components import Components
 from rlkit.run.state import RunState
 from rlkit.tracking.checkpoint import export_hf
@@ -77,7 +78,8 @@ def train_reward_model(policy: Policy, components: Components, config: RunConfig
         if base is None:  # the policy as it is now (merged with its adapters)
             base = export_hf(policy, config.policy, Path(scratch) / "base")
         return stages.train_reward_model(base, pairs, output, config.reward_model, eval_pairs=eval_pairs or (),
-                                         system_prompt=config.data.system_prompt, seed=seed, progress=progress)
+                                         system_prompt=config.data.system_prompt, seed=seed, progress=progress,
+                                         policy=beside_the_policy(config.policy))
 
 
 def hand_back(policy: Policy, state: RunState, settings: stages.SFTSettings) -> None:
