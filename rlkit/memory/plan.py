@@ -31,9 +31,10 @@ The parts, for the busiest device (rank 0, which also hosts a colocated engine):
   second copy of its table, and while it loads the input embedding's a third (dropped after the load); with ``vllm_cfg.release_weights_for_training`` only what exceeds the train step's
   activations, logits, optimizer temporaries and gradients, which never coexist with the engine's weights, and with
   ``lora_cfg.release_base_while_generating`` beyond the frozen base too);
-- critic: PPO's value model (``critic.enabled``, :mod:`rlkit.policy.critic`): the policy's parameters in fp32 with
-  their gradients, AdamW's two moments and its step temporaries (20 B a parameter, unsharded: it runs in this
-  process), and its activations at ``critic.micro_batch_size`` rows;
+- critic: PPO's value model (``critic.enabled``, :mod:`rlkit.policy.critic`): its parameters (the LM's with a scalar
+  head for the LM head, :mod:`rlkit.memory.value_models`) in fp32 with their gradients, AdamW's two moments and its
+  step temporaries (20 B a parameter; unsharded on transformers, a TP shard with ``critic.backend=policy`` beside an
+  in-process policy), and its activations at ``critic.micro_batch_size`` rows;
 - teacher: on-policy distillation's frozen teacher (``distillation.enabled``): its weights as the policy holds its
   own (no gradients, no optimizer state);
 - runtime: what the libraries themselves hold (torch, vLLM, Megatron, transformers: measured on the CPU, see
@@ -55,6 +56,7 @@ from rlkit.config.backends import CHECKPOINT_FUSED_MODULES, LORA_FUSED_MODULES
 from rlkit.config.engines import BYTES_PER_PARAMETER, engine_handoff
 from rlkit.config.run import RunConfig
 from rlkit.errors import ConfigError
+from rlkit.memory.value_models import value_model_bytes, value_model_parameters
 from rlkit.models.factory import head_dim_of
 from rlkit.units import bytes_text, count_text
 
@@ -247,7 +249,7 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
         parts["bf16 twin"] = weights // 2 if backend.keeps_bf16_twin else shape.largest_layer * 2
     rows = p.train_global_batch_size or config.grpo.num_prompts_per_step * config.grpo.num_generations_per_prompt
     micro = min(p.train_micro_batch_size, max(1, -(-rows // dp)))
-    parts["activations"] = _activation_bytes(shape, config, micro, layers_here, tp, 2 if bf16 else 4, device)
+    parts["activations"] = activation_bytes(shape, config, micro, layers_here, tp, 2 if bf16 else 4, device)
     t = p.max_total_sequence_length
     logprob_rows = min(p.logprob_batch_size, max(1, -(-rows // dp)))
     logits = max(micro, logprob_rows) * t * (shape.vocab // tp) * 4  # the fp32 logits of the larger pass
@@ -300,17 +302,34 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
     kv_words = f"kv_cache_space_gib={p.generation.vllm_cfg.kv_cache_space_gib}" if device.name == "cpu" \
         else "gpu_memory_utilization less its weights"
     reasons["KV cache"] = kv_words if engine.reads_vllm_cfg else f"({engine.words}: per call)"
-    critic = config.critic
-    critic_activations = (_activation_bytes(shape, config, critic.micro_batch_size, shape.layers, 1, 4, device)
-                          if critic.enabled else 0)
-    parts["critic"] = 20 * shape.parameters + critic_activations if critic.enabled else 0
-    reasons["critic"] = (f"{count_text(shape.parameters)} parameters x 20 B (fp32 weights, gradients, AdamW's "
-                         f"moments and temporaries) + activations of {critic.micro_batch_size} rows"
-                         if critic.enabled else "(no critic: critic.enabled=false)")
+    parts["critic"], reasons["critic"] = _critic_bytes(config, shape, device)
     parts["teacher"], reasons["teacher"] = _teacher_bytes(config, shape, item, shard)
     parts["runtime"] = RUNTIME_CPU_BYTES if device.name == "cpu" else RUNTIME_CUDA_BYTES
     reasons["runtime"] = "libraries and engines' own state (measured)" if device.name == "cpu" else "CUDA context"
     return MemoryPlan(parts, reasons, device, n)
+
+
+def value_model_shard(config: RunConfig, backend: str) -> int:
+    """The ways a value model on ``backend`` (``critic.backend``, ``reward_model.backend``) is split: the policy's
+    tensor parallelism when it runs on the policy's backend beside an in-process policy, else whole."""
+    p = config.policy
+    return p.backend_section.tensor_parallel_size() if backend == "policy" and p.num_workers == 1 else 1
+
+
+def _critic_bytes(config: RunConfig, shape: ModelShape, device: Device) -> tuple[int, str]:
+    """PPO's critic (``critic.enabled``): :func:`rlkit.memory.value_models.value_model_bytes` of its parameters, and
+    its activations at ``critic.micro_batch_size`` rows (the policy's counting; critic.model_name's folder is
+    counted at the policy's shape)."""
+    critic = config.critic
+    if not critic.enabled:
+        return 0, "(no critic: critic.enabled=false)"
+    shard = value_model_shard(config, critic.backend)
+    n = value_model_parameters(shape.parameters, shape.vocab, shape.hidden, shape.tied, bias=True)
+    activations = activation_bytes(shape, config, critic.micro_batch_size, shape.layers, shard, 4, device)
+    parts = value_model_bytes(n, shard, activations)
+    return parts.total, (f"{count_text(n)} parameters x 20 B (fp32 weights, gradients, AdamW's moments and "
+                         f"temporaries){f' / {shard}' if shard > 1 else ''} + activations of "
+                         f"{critic.micro_batch_size} rows")
 
 
 def _teacher_bytes(config: RunConfig, student: ModelShape, item: int, shard: int) -> tuple[int, str]:
@@ -333,7 +352,7 @@ def _teacher_bytes(config: RunConfig, student: ModelShape, item: int, shard: int
             f"{count_text(shape.parameters)} parameters x {item + twin} B, frozen{whose}")
 
 
-def _activation_bytes(shape: ModelShape, config: RunConfig, micro: int, layers: int, tp: int, item: int,
+def activation_bytes(shape: ModelShape, config: RunConfig, micro: int, layers: int, tp: int, item: int,
                       device: Device) -> int:
     """Activations kept for backward by ``layers`` dense decoder layers for ``micro`` rows of the configured length:
     per token of a layer the norms' inputs and outputs (4h), q/k/v after projection, norm and RoPE (3 (q + 2kv)), the
