@@ -59,6 +59,8 @@ class BackendSection(Section):
     trains_in_bf16: ClassVar[bool] = True  # policy.precision=bfloat16 (and pure bf16) is open to it
     # offers a generator on its own weights (policy.generation.backend=megatron: rlkit.policy.megatron.generator)
     generates_on_own_weights: ClassVar[bool] = False
+    # a value model on it (critic.backend=policy, reward_model.backend=policy: rlkit.policy.value_model's registry)
+    has_value_model: ClassVar[bool] = False
 
     def weight_shards(self, num_workers: int) -> int:
         """Ranks one copy of the weights (and their gradients and optimizer state) is split over."""
@@ -129,6 +131,7 @@ class BackendSection(Section):
 class MegatronConfig(BackendSection):
     name, title, start_words = "megatron", "Megatron-Core", "Megatron-Core"
     keeps_bf16_twin = unfused_attention_on_cpu = releases_frozen_base = generates_on_own_weights = True
+    has_value_model = True
     tensor_model_parallel_size: int = Field(1, ge=1)
     pipeline_model_parallel_size: int = Field(1, ge=1)
     context_parallel_size: int = Field(1, ge=1)
@@ -264,6 +267,7 @@ class HFPolicyConfig(BackendSection):
 
     name, title, start_words = "hf", "transformers (one process)", "transformers, one process"
     trains_in_bf16 = False
+    has_value_model = True
     activation_checkpointing: bool = False  # recompute each decoder layer in backward (as policy.dtensor_cfg)
 
     def layout_words(self, num_workers: int) -> str:

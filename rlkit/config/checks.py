@@ -79,6 +79,16 @@ def _fallback_blockers(policy: Any) -> list[str]:
     return out
 
 
+def _value_model_backend_problems(policy: Any, critic: Any, reward_model: Any) -> list[str]:
+    """``critic.backend=policy`` / ``reward_model.backend=policy`` on a training backend without a value model."""
+    if policy is None or policy.backend_section.has_value_model:
+        return []
+    used = [f"{key}.backend=policy" for key, section in (("critic", critic), ("reward_model", reward_model))
+            if section is not None and section.on_policy_backend and (key != "critic" or section.enabled)]
+    return [f"{u}: the {policy.backend} backend has no value model yet. Fix: {u.split('=')[0]}=transformers (one "
+            "process), or policy.backend=megatron" for u in used]
+
+
 def cross_section_problems(sections: Mapping[str, Any]) -> list[str]:
     """Problems across ``sections`` (section name -> validated section); checks needing a missing section
     are skipped."""
@@ -87,6 +97,7 @@ def cross_section_problems(sections: Mapping[str, Any]) -> list[str]:
     if grpo is not None and critic is not None and (grpo.advantage_estimator == "gae") != critic.enabled:
         out.append("grpo.advantage_estimator=gae and critic.enabled go together: GAE reads a learned critic's values, "
                    "and a critic is trained only for GAE; set both (PPO: the `ppo` preset) or neither")
+    out += _value_model_backend_problems(policy, critic, sections.get("reward_model"))
     distillation = sections.get("distillation")
     if distillation is not None and distillation.enabled and critic is not None and critic.enabled:
         out.append("distillation.enabled with critic.enabled: the teacher's per-token advantages replace GAE's; "

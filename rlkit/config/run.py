@@ -155,9 +155,11 @@ class DPOConfig(Section):
         return self
 
 
-# where a value model (PPO's critic, a reward model in training) runs (rlkit.policy.value_model): transformers' model
-# in this process, or the policy's training backend in its layout (Megatron: tensor and sequence parallel)
-ValueBackendName = Literal["transformers", "policy"]
+# where a value model (PPO's critic, a reward model in training) runs (rlkit.policy.value_model builds each), and
+# whether that is the policy's training backend in its layout (Megatron: tensor and sequence parallel): transformers'
+# model in this process, or the policy's backend
+VALUE_BACKEND_ON_POLICY: dict[str, bool] = {"transformers": False, "policy": True}
+ValueBackendName = Literal[tuple(VALUE_BACKEND_ON_POLICY)]  # type: ignore[valid-type]
 
 
 class CriticConfig(Section):
@@ -172,6 +174,11 @@ class CriticConfig(Section):
     value_clip: float = Field(0.5, gt=0)  # verl's cliprange_value
     micro_batch_size: int = Field(16, ge=1)
     max_grad_norm: Optional[float] = Field(1.0, gt=0)
+
+    @property
+    def on_policy_backend(self) -> bool:
+        """Whether the value model runs on the policy's training backend, in its layout."""
+        return VALUE_BACKEND_ON_POLICY[self.backend]
 
 
 class DistillationConfig(Section):
@@ -210,6 +217,11 @@ class RewardModelConfig(Section):
     max_grad_norm: Optional[float] = Field(1.0, gt=0)
     center_rewards_coefficient: Optional[float] = Field(None, ge=0)  # TRL's: + coef * mean((s_c + s_r)^2)
     max_length: Optional[int] = Field(None, ge=1)  # tokens per text, cut from the left; null: whole texts
+
+    @property
+    def on_policy_backend(self) -> bool:
+        """Whether the value model runs on the policy's training backend, in its layout."""
+        return VALUE_BACKEND_ON_POLICY[self.backend]
 
 
 class EvalConfig(Section):

@@ -53,7 +53,7 @@ def plan_offline_stage(config: RunConfig, stage: OfflineStage, hf_config: Option
                                 "none: DPO's reference is the base with adapters off")
     elif stage == "reward_model":
         rm = config.reward_model
-        shard = value_model_shard(config, rm.backend)
+        shard = value_model_shard(config, rm.on_policy_backend)
         n = value_model_parameters(shape.parameters, shape.vocab, shape.hidden, shape.tied, bias=False)
         length = rm.max_length or config.policy.max_total_sequence_length
         sized = config.model_copy(update={"policy": config.policy.model_copy(

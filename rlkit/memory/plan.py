@@ -309,11 +309,11 @@ def plan_memory(config: RunConfig, hf_config: Optional[Mapping[str, Any]] = None
     return MemoryPlan(parts, reasons, device, n)
 
 
-def value_model_shard(config: RunConfig, backend: str) -> int:
-    """The ways a value model on ``backend`` (``critic.backend``, ``reward_model.backend``) is split: the policy's
-    tensor parallelism when it runs on the policy's backend beside an in-process policy, else whole."""
+def value_model_shard(config: RunConfig, on_policy_backend: bool) -> int:
+    """The ways a value model is split: the policy's tensor parallelism when it runs on the policy's backend
+    (``critic.on_policy_backend``) beside an in-process policy, else whole."""
     p = config.policy
-    return p.backend_section.tensor_parallel_size() if backend == "policy" and p.num_workers == 1 else 1
+    return p.backend_section.tensor_parallel_size() if on_policy_backend and p.num_workers == 1 else 1
 
 
 def _critic_bytes(config: RunConfig, shape: ModelShape, device: Device) -> tuple[int, str]:
@@ -323,7 +323,7 @@ def _critic_bytes(config: RunConfig, shape: ModelShape, device: Device) -> tuple
     critic = config.critic
     if not critic.enabled:
         return 0, "(no critic: critic.enabled=false)"
-    shard = value_model_shard(config, critic.backend)
+    shard = value_model_shard(config, critic.on_policy_backend)
     n = value_model_parameters(shape.parameters, shape.vocab, shape.hidden, shape.tied, bias=True)
     activations = activation_bytes(shape, config, critic.micro_batch_size, shape.layers, shard, 4, device)
     parts = value_model_bytes(n, shard, activations)

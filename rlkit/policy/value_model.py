@@ -125,12 +125,12 @@ def _hf(policy: PolicyConfig, folder: str, bias: bool, seed: int) -> ValueModel:
 POLICY_BACKEND_VALUE_MODELS: dict[str, ValueModelBuilder] = {"megatron": _megatron, "hf": _hf}
 
 
-def build_value_model(backend: ValueBackendName, folder: str | Path, *, bias: bool, seed: int = 0,
-                      policy: Optional[PolicyConfig] = None, key: str = "critic.backend") -> ValueModel:
-    """The value model on ``folder`` (a causal-LM folder) for ``backend`` (``policy``: ``policy``'s backend and
-    layout). ``key`` names the setting in errors."""
-    if backend == "transformers":
-        return TransformersValueModel(folder, bias, seed)
+def _transformers(folder: str | Path, bias: bool, seed: int, policy: Optional[PolicyConfig], key: str) -> ValueModel:
+    return TransformersValueModel(folder, bias, seed)
+
+
+def _on_the_policys_backend(folder: str | Path, bias: bool, seed: int, policy: Optional[PolicyConfig],
+                            key: str) -> ValueModel:
     if policy is None:
         raise ValueError(f"{key}=policy needs the policy's config (the backend and layout the value model takes)")
     builder = POLICY_BACKEND_VALUE_MODELS.get(policy.backend)
@@ -139,6 +139,18 @@ def build_value_model(backend: ValueBackendName, folder: str | Path, *, bias: bo
                            f"{', '.join(sorted(POLICY_BACKEND_VALUE_MODELS))}). Fix: {key}=transformers, or "
                            f"policy.backend=megatron"])
     return builder(policy, str(folder), bias, seed)
+
+
+# each value ``critic.backend`` / ``reward_model.backend`` takes (rlkit.config.run.VALUE_BACKEND_ON_POLICY's keys)
+VALUE_BACKENDS: dict[str, Callable[..., ValueModel]] = {"transformers": _transformers,
+                                                        "policy": _on_the_policys_backend}
+
+
+def build_value_model(backend: ValueBackendName, folder: str | Path, *, bias: bool, seed: int = 0,
+                      policy: Optional[PolicyConfig] = None, key: str = "critic.backend") -> ValueModel:
+    """The value model on ``folder`` (a causal-LM folder) for ``backend`` (``policy``: ``policy``'s backend and
+    layout). ``key`` names the setting in errors."""
+    return VALUE_BACKENDS[backend](folder, bias, seed, policy, key)
 
 
 def beside_the_policy(policy: PolicyConfig) -> PolicyConfig:

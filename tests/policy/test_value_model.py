@@ -121,3 +121,36 @@ def test_a_backend_without_a_value_model_is_refused_with_the_fix(model_factory):
     with pytest.raises(ConfigError, match=r"critic.backend=policy: the dtensor backend has no value model yet.*"
                                           r"Fix: critic.backend=transformers"):
         build_value_model("policy", policy.model_name, bias=True, policy=policy)
+
+
+def test_the_config_refuses_a_value_model_on_a_backend_without_one_and_the_flags_match_the_registry():
+    from rlkit.config.backends import BACKEND_SECTIONS
+    from rlkit.config.loading import load_config
+    from rlkit.config.run import VALUE_BACKEND_ON_POLICY
+    from rlkit.policy.value_model import POLICY_BACKEND_VALUE_MODELS, VALUE_BACKENDS
+
+    assert {s.name for s in BACKEND_SECTIONS if s.has_value_model} == set(POLICY_BACKEND_VALUE_MODELS)
+    assert set(VALUE_BACKENDS) == set(VALUE_BACKEND_ON_POLICY)
+    with pytest.raises(ConfigError) as refused:
+        load_config("ppo", {"critic.backend": "policy", "reward_model.backend": "policy", "policy.backend": "dtensor"})
+    assert "critic.backend=policy: the dtensor backend has no value model yet. Fix: critic.backend=transformers" in str(
+        refused.value) and "reward_model.backend=policy: the dtensor backend" in str(refused.value)
+    assert load_config("ppo", {"critic.backend": "policy"}).critic.backend == "policy"
+
+
+def test_a_ppo_session_trains_its_critic_on_megatron_beside_the_megatron_policy(tmp_path):
+    import rlkit
+    from rlkit.policy.megatron.value_head import MegatronValueModel
+    from tests.stages.test_ppo import NANO
+
+    overrides = {**NANO, "sft.num_steps": 10, "policy.model_name": str(tmp_path / "model"),
+                 "logger.log_dir": str(tmp_path / "runs"), "critic.backend": "policy"}
+    with rlkit.Session.from_config("ppo", overrides) as s:
+        critic = s.components.critic
+        assert isinstance(critic.value_model, MegatronValueModel)
+        s.sft(progress=False)
+        batch = s.values(s.logprobs(s.score(s.rollout())))
+        assert batch.values[batch.loss_mask].abs().sum() > 0 and not batch.values[~batch.loss_mask].any()
+        metrics = s.train(s.advantages(batch))
+        assert metrics.values["critic/value_loss"] > 0 and critic.version == 1
+        assert "critic/value_loss" in s.step().values and critic.version == 2
