@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from rlkit.config.engines import ENGINES
 from rlkit.errors import ModelError
 from rlkit.models import PRESETS
-from rlkit.models.factory import preset_config, vllm_attention_size
+from rlkit.models.factory import preset_config, vllm_attention_size, vllm_cpu_family_refusal
 from rlkit.models.families import DENSE_FAMILIES, MOE_FAMILIES
 from rlkit.models.folder import check_weight_files, num_experts_of, read_json_object
 from rlkit.models.pretrained import PRETRAINED
@@ -42,16 +42,24 @@ class EngineFallbackWarning(UserWarning):
 def generation_fallback(sections: dict[str, Any], notice: bool = True) -> dict[str, Any]:
     """``sections`` with ``policy.generation.backend`` switched to the transformers generator where the config's
     engine would run on this machine's CPU and its CPU attention kernels lack the model's head size (vLLM's take a
-    few sizes only), with a one-line :class:`EngineFallbackWarning` saying why and how to choose (``notice``).
+    few sizes only) or its family's row says the engine there does not sample as the policy computes (GPT-OSS), with
+    a one-line :class:`EngineFallbackWarning` saying why and how to choose (``notice``).
     Unchanged where the engine can run the model, runs elsewhere (CUDA here, a Ray cluster), or the config sets what
     only the config's engine does (:func:`_fallback_blockers`): :func:`_head_dim_problems` then reports it."""
     policy = sections.get("policy")
     if policy is None or _fallback_blockers(policy):
         return sections
-    refused = _cpu_refused_head_size(policy, _model_config_of(policy))
-    if refused is None:
+    model_config = _model_config_of(policy)
+    refused = _cpu_refused_head_size(policy, model_config)
+    family_refused = _cpu_refused_family(policy, model_config)
+    if refused is None and family_refused is None:
         return sections
-    if notice:
+    if notice and refused is None:  # vLLM runs the family on this CPU, but not as the policy computes it
+        warnings.warn(f"policy.generation.backend={policy.generation.backend}: {family_refused}, so this run generates "
+                      f"with {ENGINES[FALLBACK_ENGINE].words} (policy.generation.backend={FALLBACK_ENGINE}); to choose "
+                      f"the engine yourself and silence this, set policy.generation.backend={FALLBACK_ENGINE} (or "
+                      "megatron: the policy's own weights)", EngineFallbackWarning, stacklevel=4)
+    elif notice:
         name, size, sizes = refused
         what = "head size" if name == "head_dim" else f"head size {name} ="
         warnings.warn(f"policy.generation.backend={policy.generation.backend}: {policy.generation.engine.words}'s CPU "
@@ -271,10 +279,13 @@ def _head_dim_problems(policy: Any, model_config: Mapping[str, Any]) -> list[str
     the policy is built. Validation switches such a run to the transformers generator (:func:`generation_fallback`),
     so this is a problem only where the config sets what that engine cannot honour."""
     refused = _cpu_refused_head_size(policy, model_config)
+    why = "; ".join(_fallback_blockers(policy))
+    if refused is None and (family_refused := _cpu_refused_family(policy, model_config)) is not None:
+        return [f"policy.model_name={policy.model_name!r}: {family_refused}. Fix: set policy.generation.backend=hf "
+                f"(rlkit switches to backend={FALLBACK_ENGINE} by itself, but not with {why}: drop that to let it)"]
     if refused is None:
         return []
     name, size, sizes = refused
-    why = "; ".join(_fallback_blockers(policy))
     return [f"policy.model_name={policy.model_name!r}: {name}={size} is not supported by vLLM's CPU attention kernels "
             f"(supported: {', '.join(map(str, sizes))}). Fix: a model whose size is one of those, or set "
             f"policy.generation.backend=hf (rlkit switches to backend={FALLBACK_ENGINE} by "
@@ -291,6 +302,15 @@ def _cpu_refused_head_size(policy: Any, model_config: Mapping[str, Any] | None) 
         return None
     name, size, sizes = vllm_attention_size(model_config)
     return None if size in sizes or cuda_here() else (name, size, sizes)
+
+
+def _cpu_refused_family(policy: Any, model_config: Mapping[str, Any] | None) -> str | None:
+    """Why the config's engine, run on this machine's CPU (as :func:`_cpu_refused_head_size` decides), does not sample
+    the model's family as the policy computes it (:func:`rlkit.models.factory.vllm_cpu_family_refusal`), else None."""
+    if model_config is None or not policy.generation.engine.cpu_head_dims_limited or policy.ray_address is not None:
+        return None
+    reason = vllm_cpu_family_refusal(model_config)
+    return None if reason is None or cuda_here() else reason
 
 
 def _model_config_of(policy: Any) -> Mapping[str, Any] | None:

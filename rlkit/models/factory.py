@@ -4,7 +4,7 @@ No model hub is reachable from our machines, so rlkit makes its own models: rand
 family the policy supports (Llama, Llama 3.x with its RoPE scaling, Qwen2 with QKV bias, Qwen3 with q/k norms,
 Mistral with a sliding window in every layer, Phi-3 with fused projections, Phi-4-mini's partial RoPE and a window, SmolLM3 with layers without RoPE, OLMo 2 with
 its norms after attention and MLP, Gemma 3 (text) with its local sliding-window layers, and the Mixture-of-Experts
-families Mixtral, Qwen2-MoE with its gated shared expert, Qwen3-MoE, DeepSeek-V3 with its latent attention), saved the way transformers saves a real
+families Mixtral, Qwen2-MoE with its gated shared expert, Qwen3-MoE, DeepSeek-V3 with its latent attention, GPT-OSS with its sinks and YaRN), saved the way transformers saves a real
 checkpoint, with the character tokenizer of :mod:`rlkit.models.tokenizer`. A folder holds ``config.json``,
 ``model.safetensors`` and the tokenizer files with a chat template.
 
@@ -104,9 +104,19 @@ def head_dim_refusal(head_dim: int) -> str | None:
             "(hidden_size / num_attention_heads) is one of those, or set policy.generation.backend=hf")
 
 
+def vllm_cpu_family_refusal(model_config: Mapping[str, Any]) -> str | None:
+    """Why vLLM on the CPU does not sample the model of ``model_config`` as the policy computes it, from its family's
+    row (:attr:`rlkit.models.families.Family.vllm_cpu`: GPT-OSS); None where the family runs there."""
+    family = family_of(model_config.get("architectures") or ())
+    return None if family is None else family.vllm_cpu
+
+
 def vllm_cpu_refusal(model_config: Mapping[str, Any]) -> str | None:
-    """Why vLLM's CPU attention cannot run the model of ``model_config`` (an HF config's dict), with the fix; None
-    where it can (its size by :func:`vllm_attention_size`: the head size, or MLA's latent plus RoPE key)."""
+    """Why vLLM on the CPU cannot run the model of ``model_config`` (an HF config's dict), with the fix; None where it
+    can: its family (:func:`vllm_cpu_family_refusal`), then its attention size by :func:`vllm_attention_size` (the head
+    size, or MLA's latent plus RoPE key)."""
+    if (reason := vllm_cpu_family_refusal(model_config)) is not None:
+        return f"{reason}. Fix: set policy.generation.backend=hf (or megatron)"
     name, size, sizes = vllm_attention_size(model_config)
     if name == "head_dim":
         return head_dim_refusal(size)
@@ -148,6 +158,8 @@ def config_fields(spec: TinyModelSpec, family: ModelFamily) -> dict:
         return dict(**common, **router, num_local_experts=experts)
     if family == "deepseek-v3":
         return deepseek_v3_fields(spec, common, experts, top_k)
+    if family == "gpt-oss":
+        return gpt_oss_fields(spec, common, experts, top_k)
     if family == "qwen2-moe":
         return dict(**common, **qwen_moe, norm_topk_prob=False,
                     shared_expert_intermediate_size=2 * spec.intermediate_size)
@@ -184,6 +196,19 @@ def deepseek_v3_fields(spec: TinyModelSpec, common: dict, experts: int, top_k: i
                 routed_scaling_factor=2.5, norm_topk_prob=True, q_lora_rank=3 * spec.hidden_size // 4,
                 kv_lora_rank=spec.hidden_size // 2, qk_nope_head_dim=spec.head_dim,
                 qk_rope_head_dim=spec.head_dim // 2, v_head_dim=spec.head_dim, rope_interleave=True)
+
+
+def gpt_oss_fields(spec: TinyModelSpec, common: dict, experts: int, top_k: int) -> dict:
+    """GPT-OSS as gpt-oss-20b is laid out, shrunk: sliding-window and full layers alternating (window
+    :data:`PRESET_WINDOW`), YaRN RoPE with its released settings (beta 32 / 1, no truncation) at factor 8 over an original
+    context of 64 positions, biases on attention, router and experts, learnable sinks, the clamped SwiGLU (limit 7,
+    alpha 1.702), softmax over the top-k router logits."""
+    rope = {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0, "beta_fast": 32.0, "beta_slow": 1.0,
+            "truncate": False, "original_max_position_embeddings": 64}
+    layer_types = ["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(spec.num_hidden_layers)]
+    return dict(common, rope_parameters=rope, num_local_experts=experts, num_experts_per_tok=top_k,
+                router_aux_loss_coef=0.0, output_router_logits=False, sliding_window=PRESET_WINDOW,
+                layer_types=layer_types, attention_bias=True, swiglu_limit=7.0)
 
 
 PRESET_WINDOW = 32  # the sliding window of the windowed presets: shorter than the tests' sequences, so it binds
@@ -247,7 +272,7 @@ def _jitter_constant_tensors(model: torch.nn.Module, scale: float = 0.05) -> Non
 
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith("norm.weight") or name.endswith(".bias"):
+            if name.endswith(("norm.weight", ".bias", "_bias", ".sinks")):  # GPT-OSS: experts' *_proj_bias, sinks
                 param.add_(torch.randn_like(param) * scale)
         for name, buffer in model.named_buffers():  # DeepSeek-V3's score-correction bias (a buffer, zero at init)
             if name.endswith("e_score_correction_bias"):

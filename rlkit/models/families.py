@@ -25,10 +25,17 @@ class Family:
     post_norms: bool = False  # OLMo 2: norms after attention and the MLP, none before; q/k norms over the projection
     gemma: bool = False  # Gemma 3: (1+w) RMSNorm, embeddings x sqrt(hidden), norms before and after attention and MLP
     mla: bool = False  # DeepSeek-V3: multi-head latent attention; dense first layers, sigmoid group routing
+    gpt_oss: bool = False  # GPT-OSS: attention sinks, biased router and experts (stored stacked), clamped SwiGLU, YaRN
+    vllm_cpu: str | None = None  # why vLLM on the CPU does not sample as the policy computes (measured); None: it does
     expert_prefix: str = "mlp."  # where a layer's experts live in the HF checkpoint
     shared_expert: str = "shared_expert."  # its shared expert(s), under expert_prefix (Qwen2-MoE: gated)
     expert_names: tuple[str, str, str] = ("gate_proj", "up_proj", "down_proj")  # an expert's gate, up, down
 
+
+# measured with vllm-cpu 0.32.0 on the nano-moe preset's shape (fp32, an 80-token prompt's logprobs)
+GPT_OSS_ON_VLLM_CPU = ("vLLM's GPT-OSS model on the CPU gives logprobs 5e-3 to 1.3e-2 off transformers' fp32 forward "
+                       "(measured with vllm-cpu 0.32.0, also with the sinks, the window, YaRN and every bias turned off), "
+                       "above the 1e-3 a refit generator must agree with the policy")
 
 FAMILIES = (
     Family("llama", "LlamaForCausalLM", "LlamaConfig"),
@@ -47,6 +54,9 @@ FAMILIES = (
     Family("qwen3-moe", "Qwen3MoeForCausalLM", "Qwen3MoeConfig", moe=True, qk_norm=True),
     # MLA; the first first_k_dense_replace layers dense; sigmoid routing with a score-correction bias, group-limited
     Family("deepseek-v3", "DeepseekV3ForCausalLM", "DeepseekV3Config", moe=True, mla=True, shared_expert="shared_experts."),
+    # learnable attention sinks, sliding-window and full layers alternating, YaRN, biases on attention, router and experts
+    Family("gpt-oss", "GptOssForCausalLM", "GptOssConfig", moe=True, qkv_bias=True, gpt_oss=True,
+           vllm_cpu=GPT_OSS_ON_VLLM_CPU),
 )
 FAMILY_NAMES = tuple(f.name for f in FAMILIES)
 MOE_FAMILIES = tuple(f.name for f in FAMILIES if f.moe)

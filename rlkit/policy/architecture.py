@@ -2,14 +2,15 @@
 
 Backend-neutral: the Megatron model and weight conversion, the DTensor and transformers backends, and the
 Ray worker group's description all read the same facts. Refused with the reason (never silently ignored):
-RoPE scaling types other than llama3 (YaRN, linear, dynamic), llama3 scaling with other low/high frequency
+RoPE scaling types other than llama3 (YaRN except GPT-OSS's, linear, dynamic), llama3 scaling with other low/high frequency
 factors or original context than Megatron-Core applies (1, 4, 8192: those of Llama 3.1 and 3.2),
 Qwen-style ``use_sliding_window: true``, and Gemma 3 options it does not compute (logit soft-capping, bidirectional
-attention, RoPE scaling of its global layers), DeepSeek-V3 with YaRN or other options its Megatron mapping lacks.
+attention, RoPE scaling of its global layers), DeepSeek-V3 with YaRN or other options its Megatron mapping lacks,
+GPT-OSS with other activations, unbiased attention or YaRN's own mscale settings.
 
 Sliding windows are computed (:mod:`rlkit.policy.megatron.sliding_window`): Gemma 3's local layers, and Mistral's and
 Phi-3's ``sliding_window``, which transformers applies in every layer whenever it is set (a window covering the whole
-context is dropped: it never binds).
+context is dropped: it never binds), GPT-OSS's alternating sliding-window and full layers.
 """
 
 from __future__ import annotations
@@ -68,6 +69,12 @@ class Architecture:
     qk_nope_head_dim: int = 0
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
+    # GPT-OSS (rlkit.policy.megatron.gpt_oss): biases on o_proj, the router and the experts; a learnable sink per head
+    linear_bias: bool = False
+    attention_sinks: bool = False
+    yarn: tuple[float, int, float, float, bool] | None = None  # factor, original context, beta_fast, beta_slow, truncate
+    swiglu_limit: float | None = None  # the clamped SwiGLU: gate <= limit, |up| <= limit, gate * sigmoid(alpha gate) (up + 1)
+    swiglu_alpha: float = 1.702
 
     @classmethod
     def from_hf_folder(cls, folder: str | Path) -> "Architecture":
@@ -80,6 +87,8 @@ class Architecture:
             return _gemma3(cls, cfg)
         if family.mla:
             return _deepseek_v3(cls, cfg)
+        if family.gpt_oss:
+            return _gpt_oss(cls, cfg)
         rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
         window = _binding_sliding_window(cfg)
         heads = cfg["num_attention_heads"]
@@ -170,6 +179,46 @@ def _deepseek_v3(cls, cfg: dict) -> "Architecture":
                rms_norm_eps=cfg["rms_norm_eps"], tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                qkv_bias=False, kv_lora_rank=cfg["kv_lora_rank"], q_lora_rank=cfg.get("q_lora_rank"),
                qk_nope_head_dim=nope, qk_rope_head_dim=rope_dim, v_head_dim=cfg["v_head_dim"])
+
+
+def _gpt_oss(cls, cfg: dict) -> "Architecture":
+    """GPT-OSS's attention and norms (its experts: :class:`rlkit.policy.megatron.moe.MoEArchitecture`): biases on every
+    attention projection, a learnable sink logit per head, ``layer_types`` alternating sliding-window and full layers,
+    YaRN RoPE (or plain), the experts' clamped SwiGLU. ``ffn_hidden_size`` is one expert's width."""
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type not in ("default", "yarn"):
+        raise ModelError(f"GPT-OSS with RoPE scaling {rope_type!r} is not supported (YaRN, the released models', and "
+                         "plain RoPE are). Fix: rope_type 'yarn' or 'default'")
+    if rope_type == "yarn" and (rope.get("mscale") or rope.get("mscale_all_dim") or rope.get("attention_factor")):
+        raise ModelError("GPT-OSS with YaRN's mscale / mscale_all_dim / attention_factor set is not supported: rlkit "
+                         "applies YaRN's default attention factor 0.1 ln(factor) + 1 (the released models'). Fix: "
+                         "leave them unset")
+    if cfg.get("hidden_act", "silu") != "silu" or not cfg.get("attention_bias", True):
+        raise ModelError(f"GPT-OSS with hidden_act={cfg.get('hidden_act')!r} / attention_bias="
+                         f"{cfg.get('attention_bias')} is not supported (the clamped SwiGLU and biased attention of the "
+                         "released models are)")
+    types = cfg.get("layer_types") or []
+    if len(types) != cfg["num_hidden_layers"] or set(types) - {"full_attention", "sliding_attention"}:
+        raise ModelError(f"GPT-OSS's layer_types {types} must name full_attention or sliding_attention for each of "
+                         f"its {cfg['num_hidden_layers']} layers")
+    window = cfg.get("sliding_window")
+    local = tuple(int(t == "sliding_attention") for t in types) if window else None
+    yarn = None
+    if rope_type == "yarn":
+        yarn = (float(rope["factor"]), int(rope["original_max_position_embeddings"]),
+                float(rope.get("beta_fast") or 32.0), float(rope.get("beta_slow") or 1.0), bool(rope.get("truncate", True)))
+    heads = cfg["num_attention_heads"]
+    return cls(family=family_of(cfg["architectures"]).name, hidden_size=cfg["hidden_size"],
+               num_layers=cfg["num_hidden_layers"], num_attention_heads=heads,
+               num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+               head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads, ffn_hidden_size=cfg["intermediate_size"],
+               vocab_size=cfg["vocab_size"], max_position_embeddings=cfg["max_position_embeddings"],
+               rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 150000.0))),
+               rms_norm_eps=cfg["rms_norm_eps"], tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+               qkv_bias=True, linear_bias=True, attention_sinks=True, activation="swiglu_clamped",
+               sliding_window=int(window) if local and any(local) else None, local_layers=local, yarn=yarn,
+               swiglu_limit=float(cfg.get("swiglu_limit", 7.0)), swiglu_alpha=float(cfg.get("swiglu_alpha", 1.702)))
 
 
 def _no_rope_layers(cfg: dict) -> tuple[int, ...] | None:

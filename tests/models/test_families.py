@@ -18,5 +18,6 @@ def test_every_family_is_made_with_its_table_row_and_read_back_as_itself():
         # one spelling: the Llama 3.x folder reads back as the llama family (its scaling comes from its config)
         assert arch.family == ("llama" if family.name == "llama3" else family.name)
         assert arch.qkv_bias == family.qkv_bias and arch.qk_layernorm == family.qk_norm
-    assert MOE_FAMILIES == ("mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3") and BY_NAME["qwen2-moe"].qkv_bias
+    assert MOE_FAMILIES == ("mixtral", "qwen2-moe", "qwen3-moe", "deepseek-v3", "gpt-oss")
+    assert BY_NAME["qwen2-moe"].qkv_bias
     assert family_of(["GPT2LMHeadModel"]) is None

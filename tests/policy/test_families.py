@@ -266,6 +266,8 @@ def test_unsupported_rope_scalings_are_refused_with_the_reason():
 LAYOUT_FAMILIES = [fp if fp[0] == "qwen3" else pytest.param(*fp, marks=pytest.mark.slow) for fp in FAMILIES]
 # DeepSeek-V3 (test_families_deepseek_v3.py: its own checks, no vLLM on the CPU) under EP=2 here too (TP refused for MLA)
 LAYOUT_FAMILIES.append(pytest.param("deepseek-v3", "nano-moe", marks=pytest.mark.slow))
+# GPT-OSS (test_families_gpt_oss.py: the HF generator on the CPU) under EP=2: its sinks and biases (TP refused)
+LAYOUT_FAMILIES.append(pytest.param("gpt-oss", "nano-moe", marks=pytest.mark.slow))
 # Adam's first step is lr * g / (|g| + eps): for an element whose gradient is ~eps it amplifies the gradient's rounding
 # by up to lr / eps. At eps=1e-8 that moved one element by 1.8e-5 (Mistral's gate_proj) and 4.8e-5 (SmolLM3's
 # embedding) more under TP=2 while logprobs and the gradient norm agreed within 1e-5; at 1e-6 a mis-sharded

@@ -126,9 +126,11 @@ class SDPAttention(DotProductAttention):
         return context.permute(2, 0, 1, 3).reshape(sq, b, self.hidden_size_per_partition)
 
 
-def core_attention() -> type:
+def core_attention(sinks: bool = False) -> type:
     """The core attention module of the layer spec: :class:`SDPAttention` on CUDA, Megatron's
-    ``DotProductAttention`` on the CPU (with packed sequences segment by segment; see the module docstring)."""
-    if torch.cuda.is_available():
+    ``DotProductAttention`` on the CPU (with packed sequences segment by segment; see the module docstring), and
+    everywhere for attention with ``sinks`` (GPT-OSS's learnable sink logits: Megatron's ``softmax_type="learnable"``,
+    which its unfused softmax computes and SDPA does not)."""
+    if torch.cuda.is_available() and not sinks:
         return SDPAttention
     return PackedDotProductAttention

@@ -9,7 +9,8 @@ without RoPE (``no_rope_layers``) with ``no_rope_freq``; OLMo 2's norms after at
 norms over the whole projection with the layer spec of :mod:`.post_norm`; Gemma 3's block (four (1+w) norms, GELU-tanh,
 ``query_pre_attn_scalar`` as ``softmax_scale``, local layers' window as ``window_size`` / ``window_attn_skip_freq`` and
 their own RoPE base, embeddings scaled by sqrt(hidden)) with :mod:`.gemma`; DeepSeek-V3's latent attention with
-``MLATransformerConfig`` and the MLA layer spec (:mod:`.mla`), its dense first layers by ``moe_layer_freq``; GQA with
+``MLATransformerConfig`` and the MLA layer spec (:mod:`.mla`), its dense first layers by ``moe_layer_freq``; GPT-OSS's
+sinks (``softmax_type="learnable"``), biases (``add_bias_linear``), clamped SwiGLU and YaRN with :mod:`.gpt_oss`; GQA with
 ``num_query_groups = num_key_value_heads`` and ``kv_channels = head_dim`` (Qwen3's head_dim is its own
 setting, not hidden / heads); Qwen3's per-head q/k RMSNorm with ``qk_layernorm``; no linear biases except
 the QKV bias of Qwen2; tied or untied output layer.
@@ -34,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from rlkit.policy.architecture import Architecture
-from rlkit.policy.megatron import gemma, sliding_window
+from rlkit.policy.megatron import gemma, gpt_oss, sliding_window
 from rlkit.policy.megatron.cpu import cuda_literals_on_cpu
 from rlkit.policy.megatron.norms import HeadRMSNorm, RMSNorm
 
@@ -67,9 +68,12 @@ def transformer_config(arch: Architecture, tensor_parallel_size: int = 1, sequen
         normalization="RMSNorm",
         layernorm_epsilon=arch.rms_norm_eps,
         gated_linear_unit=True,
-        activation_func=_ACTIVATIONS[arch.activation],
-        softmax_scale=arch.softmax_scale,
-        add_bias_linear=False,
+        activation_func=gpt_oss.activation(arch) if arch.swiglu_limit else _ACTIVATIONS[arch.activation],
+        activation_func_clamp_value=arch.swiglu_limit,  # GPT-OSS's clamped SwiGLU: (up + 1) * gate(gate)
+        glu_linear_offset=1.0 if arch.swiglu_limit else 0.0,
+        softmax_type="learnable" if arch.attention_sinks else "vanilla",  # GPT-OSS's sinks
+        softmax_scale=gpt_oss.softmax_scale(arch),
+        add_bias_linear=arch.linear_bias,
         add_qkv_bias=arch.qkv_bias,
         hidden_dropout=0.0,
         attention_dropout=0.0,
@@ -141,10 +145,12 @@ def _layer_spec(config, arch: Architecture, num_experts: int):
         attention = layer.submodules.self_attention
         norms = dict(q_layernorm=HeadRMSNorm, k_layernorm=HeadRMSNorm) if config.qk_layernorm else {}
         attention = dataclasses.replace(attention, submodules=dataclasses.replace(
-            attention.submodules, core_attention=core_attention(), **norms))
+            attention.submodules, core_attention=core_attention(sinks=arch.attention_sinks), **norms))
         layer = dataclasses.replace(layer, submodules=dataclasses.replace(layer.submodules, self_attention=attention))
     layer = dataclasses.replace(layer, submodules=dataclasses.replace(
         layer.submodules, input_layernorm=RMSNorm, pre_mlp_layernorm=RMSNorm))
+    if arch.linear_bias and num_experts:  # GPT-OSS's biased experts
+        layer = gpt_oss.spec_with_expert_biases(layer)
     if arch.post_norms:  # OLMo 2's block
         from rlkit.policy.megatron.post_norm import post_norm_layer
 
@@ -224,6 +230,7 @@ def build_gpt_model(arch: Architecture, config, num_experts: int = 0):
         )
     if arch.gemma:
         gemma.scale_embeddings(model, arch.hidden_size)
+    gpt_oss.use_yarn(model, arch)
     if torch.cuda.is_available():
         model = model.cuda()
     return model

@@ -1,5 +1,5 @@
-"""Mixture-of-Experts for the Megatron policy: Mixtral, Qwen2-MoE, Qwen3-MoE and DeepSeek-V3 HF models <-> Megatron-Core
-MoE layers.
+"""Mixture-of-Experts for the Megatron policy: Mixtral, Qwen2-MoE, Qwen3-MoE, DeepSeek-V3 and GPT-OSS HF models <->
+Megatron-Core MoE layers (GPT-OSS's stacked, biased experts and its router bias: :mod:`.gpt_oss`).
 
 Each block is the dense block (attention, with Qwen3's q/k norms for Qwen3-MoE) with the MLP replaced by a
 router and SwiGLU experts, so everything but the MLP reuses :mod:`rlkit.policy.megatron.convert`. Every knob
@@ -61,7 +61,7 @@ from rlkit.config.components import MegatronConfig
 from rlkit.errors import ModelError
 from rlkit.models.families import BY_NAME
 from rlkit.models.folder import num_experts_of
-from rlkit.policy.megatron import convert
+from rlkit.policy.megatron import convert, gpt_oss
 from rlkit.policy.architecture import Architecture
 from rlkit.policy.megatron.build import build_gpt_model, transformer_config
 from rlkit.policy.megatron.policy import MegatronAdapter
@@ -105,7 +105,7 @@ class MoEArchitecture(Architecture):
         dense = dataclasses.asdict(Architecture.from_hf_config(cfg))
         if BY_NAME[dense["family"]].mla:
             return cls._deepseek_v3(dense, cfg)
-        if dense["family"] == "mixtral":
+        if dense["family"] == "mixtral" or BY_NAME[dense["family"]].gpt_oss:  # GPT-OSS: top-k logits, softmax over k
             return cls(**dense, num_experts=num_experts_of(cfg), top_k=cfg["num_experts_per_tok"])
         if cfg.get("decoder_sparse_step", 1) != 1 or cfg.get("mlp_only_layers"):
             raise ModelError(f"a {dense['family']} model with dense layers between its MoE layers (decoder_sparse_step="
@@ -180,7 +180,7 @@ def build_moe_gpt_model(arch: MoEArchitecture, tensor_parallel_size: int, pipeli
     model = build_gpt_model(arch, config, arch.num_experts)
     if mc.freeze_moe_router:
         for name, param in model.named_parameters():
-            if name.endswith("mlp.router.weight"):
+            if name.endswith(("mlp.router.weight", "mlp.router.bias")):
                 param.requires_grad_(False)
     return model
 
@@ -199,6 +199,8 @@ def _deepseek_settings(arch: MoEArchitecture) -> dict:
 
 # ---- conversion (full tensors) ---------------------------------------------------------------------
 def hf_layer_to_megatron(hf: Mapping[str, Tensor], i: int, arch: MoEArchitecture) -> dict[str, Tensor]:
+    if arch.attention_sinks:  # GPT-OSS: stacked biased experts, router bias, sinks
+        return gpt_oss.layer_to_megatron(hf, i, arch)
     if not arch.is_moe_layer(i):  # DeepSeek-V3's first layers
         return convert.hf_layer_to_megatron(hf, i, arch)
     h, m = f"model.layers.{i}.{arch.hf_prefix}", f"decoder.layers.{i}.mlp."
@@ -217,6 +219,8 @@ def hf_layer_to_megatron(hf: Mapping[str, Tensor], i: int, arch: MoEArchitecture
 
 
 def layer_param_names(i: int, arch: MoEArchitecture) -> list[str]:
+    if arch.attention_sinks:
+        return gpt_oss.layer_param_names(i, arch)
     if not arch.is_moe_layer(i):
         return convert.layer_param_names(i, arch)
     m = f"decoder.layers.{i}.mlp."
@@ -232,6 +236,8 @@ def layer_param_names(i: int, arch: MoEArchitecture) -> list[str]:
 
 def megatron_layer_to_hf(mc: Mapping[str, Tensor], i: int, arch: MoEArchitecture) -> HFGroup:
     """HF tensors of decoder layer ``i`` (attention, router, every expert, the shared expert: one group)."""
+    if arch.attention_sinks:
+        return gpt_oss.layer_to_hf(mc, i, arch)
     if not arch.is_moe_layer(i):
         return convert.megatron_layer_to_hf(mc, i, arch)
     h, m = f"model.layers.{i}.{arch.hf_prefix}", f"decoder.layers.{i}.mlp."
@@ -266,6 +272,7 @@ class MegatronMoEAdapter(MegatronAdapter):
                              "projections) leaves the shared RoPE key's gradient partial on each rank (measured: "
                              "kv_a_proj_with_mqa's RoPE rows 2e-3 off one process after a step, logprobs equal). "
                              "Fix: policy.megatron_cfg.tensor_model_parallel_size=1 (expert parallelism works)")
+        gpt_oss.check_layout(self.arch, self.tp_size)
         self.ep_rank, self.ep_size = ps.get_expert_model_parallel_rank(), ps.get_expert_model_parallel_world_size()
         self.experts_per_rank = self.arch.num_experts // self.ep_size
         self._gathered_experts: dict[str, Tensor] = {}  # experts of the layer being exported, from other ranks
