@@ -318,3 +318,15 @@ def test_a_session_from_the_preset_falls_back_to_transformers_and_samples_what_t
         batch = s.logprobs(s.rollout())
         diff = (batch.generator_logprobs - batch.prev_logprobs)[batch.loss_mask].abs()
         assert diff.max() < 1e-3 and diff.mean() < 1e-4 and batch.loss_mask.sum() > 50, (diff.max(), diff.mean())
+
+
+def test_a_setting_only_vllm_honours_keeps_the_refusal_with_the_families_reason(path):
+    """With vllm_cfg.precision=bfloat16 (transformers generate samples in float32) the fallback is not taken: the
+    config is refused with the family's measured reason and the setting that blocks the switch."""
+    from rlkit.config.loading import load_config
+    from rlkit.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        load_config("quickstart", {"policy.model_preset": None, "policy.model_name": str(path),
+                                   "policy.generation.vllm_cfg.precision": "bfloat16"})
+    assert "vLLM's GPT-OSS model on the CPU" in str(info.value) and "vllm_cfg.precision=bfloat16" in str(info.value)
