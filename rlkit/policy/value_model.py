@@ -12,8 +12,10 @@ Where it runs is one key, ``critic.backend`` / ``reward_model.backend`` (:data:`
 - ``policy``: the policy's training backend with its layout, through :data:`POLICY_BACKEND_VALUE_MODELS` (this
   module's registry, keyed by ``policy.backend``): Megatron-Core's ``GPTModel`` with a scalar head
   (:mod:`rlkit.policy.megatron.value_head`: tensor and sequence parallel, the policy's HF conversion), and for the
-  ``hf`` backend transformers' model as above. The DTensor backend has none yet (its FSDP2 wrapping is built around a
-  causal-LM class): it is refused with the fix.
+  ``hf`` backend transformers' model as above. The DTensor backend has none yet, and is refused with the fix: it
+  shards over data parallelism only (no tensor parallelism), and a value model runs in the driver's process, one
+  rank, where FSDP2 over one rank computes what ``transformers`` does; sharding it pays once the critic runs in the
+  policy's Ray workers, which is not built.
 
 Every implementation is fp32 and holds the whole model trained (no adapters, no bf16 copy). One interface,
 :class:`ValueModel`; the training loops (the critic's step, the reward model's) are written against it once.
@@ -98,8 +100,8 @@ class TransformersValueModel:
         pass  # one process: the gradients are whole
 
     def grad_norm(self) -> float:
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        return float(torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))) if grads else 0.0
+        norms = [torch.linalg.vector_norm(p.grad) for p in self.model.parameters() if p.grad is not None]
+        return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
 
     def export_hf_state(self) -> dict[str, Tensor]:
         return {name: t.detach() for name, t in self.model.state_dict().items()}

@@ -23,7 +23,8 @@ def critics(path, **cfg):
 
     cfg = CriticConfig(enabled=True, lr=3e-3, micro_batch_size=3, **cfg)
     hf = Critic(path, cfg, seed=1)
-    megatron = Critic(path, cfg.model_copy(update={"backend": "policy"}), seed=1, policy=PolicyConfig(model_name=str(path)))
+    megatron = Critic(path, cfg.model_copy(update={"backend": "policy"}), seed=1,
+                      policy=PolicyConfig(model_name=str(path)))
     megatron.value_model.load_hf_state(hf.export_hf_state())
     return hf, megatron
 

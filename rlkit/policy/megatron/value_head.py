@@ -61,7 +61,9 @@ def value_model_policy_config(policy: PolicyConfig, folder: str) -> PolicyConfig
 class _ValueAdapter(MegatronAdapter):
     """MegatronAdapter whose model ends in a scalar head (see the module docstring)."""
 
-    bias = True  # set per instance before the build
+    def __init__(self, cfg: PolicyConfig, seed: int, bias: bool):
+        self.bias = bias  # (read by the build, which the base's constructor runs)
+        super().__init__(cfg, seed)
 
     def _build_model(self):
         gpt = super()._build_model()
@@ -95,8 +97,7 @@ class MegatronValueModel:
 
     def __init__(self, policy: PolicyConfig, folder: str, bias: bool = True, seed: int = 0):
         cfg = value_model_policy_config(policy, folder)
-        adapter_cls = type("MegatronValueAdapter", (_ValueAdapter,), {"bias": bias})
-        self.adapter = adapter_cls(cfg, seed)
+        self.adapter = _ValueAdapter(cfg, seed, bias)
         if self.adapter.dp_size > 1:
             dp = self.adapter.dp_size
             self.close()
