@@ -85,6 +85,8 @@ class _ValueAdapter(MegatronAdapter):
         return {n: p for n, p in super()._params_by_global_name().items() if not n.startswith(HEAD + ".")}
 
     def _megatron_to_hf_groups(self, full):
+        """The decoder's HF groups without ``lm_head.weight`` (there is no output layer to export; a classification
+        model has none): converted as a tied model's, whose last group holds the final norm alone."""
         import dataclasses
 
         from rlkit.policy.megatron import convert
