@@ -104,15 +104,26 @@ def get_model(name: str, folder: str | Path | None = None, dtype: Dtype = "float
     package the first time and checked against transformers' own load of the file; later calls return at once."""
     model = lookup(name)
     folder = Path(folder).expanduser() if folder is not None else pretrained_folder(name, dtype)
-    record = read_conversion(folder)
-    if record is not None and record.get("sha256") == model.sha256 and record.get("dtype") == dtype:
+    if _converted(folder, model, dtype):
         return folder
     if folder.exists():
-        what = "a conversion of another file or dtype" if record is not None else "no finished conversion"
+        what = "a conversion of another file or dtype" if read_conversion(folder) else "no finished conversion"
         raise ModelError(f"{str(folder)!r} exists and holds {what} of {name}. Fix: delete it, or choose another "
                          "folder")
-    convert_gguf(source_file(name, install=install), folder, dtype=dtype)
+    try:
+        convert_gguf(source_file(name, install=install), folder, dtype=dtype)
+    except (OSError, ModelError):
+        # another process (a second test worker, a second notebook) finished the same conversion first: its
+        # folder won the rename, this one's partial copy is gone
+        if not _converted(folder, model, dtype):
+            raise
     return folder
+
+
+def _converted(folder: Path, model: PretrainedModel, dtype: Dtype) -> bool:
+    """Whether ``folder`` holds a finished conversion of ``model``'s pinned file at ``dtype``."""
+    record = read_conversion(folder)
+    return record is not None and record.get("sha256") == model.sha256 and record.get("dtype") == dtype
 
 
 def _pip_install(requirement: str) -> None:

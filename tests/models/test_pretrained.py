@@ -121,3 +121,25 @@ def test_the_cache_follows_rlkit_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("RLKIT_CACHE", str(tmp_path))
     assert pretrained.pretrained_folder(NAME) == tmp_path / "models" / NAME
     assert pretrained.pretrained_folder(NAME, "bfloat16") == tmp_path / "models" / f"{NAME}-bfloat16"
+
+
+def test_a_conversion_finished_first_by_another_process_is_used(monkeypatch, tmp_path, smollm2_folder):
+    """Two processes converting into one cache (two test workers, two notebooks): the one whose rename loses
+    finds the winner's finished folder and uses it; a loss with nothing finished there still raises."""
+    import shutil
+
+    target = tmp_path / "models" / NAME
+
+    def the_other_process_wins(source, folder, dtype):
+        shutil.copytree(smollm2_folder, folder)  # the winner's rename landed first
+        raise OSError(39, "Directory not empty")  # this process's own rename then fails
+
+    monkeypatch.setattr(pretrained, "convert_gguf", the_other_process_wins)
+    assert get_model(NAME, folder=target) == target
+
+    def nothing_finished(source, folder, dtype):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(pretrained, "convert_gguf", nothing_finished)
+    with pytest.raises(OSError, match="No space"):
+        get_model(NAME, folder=tmp_path / "other")
