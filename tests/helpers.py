@@ -94,3 +94,32 @@ def train_one_step_from_the_cli(tmp_path, architecture: str, **overrides):
     assert summary["rl_steps"] == 1
     assert json.loads((out / "config.json").read_text())["architectures"] == [architecture]
     return out
+
+
+def own_generator_matches_a_full_forward(model_folder) -> list[int]:
+    """policy.generation.backend=megatron on ``model_folder``: two prompts x 2 samples of up to 40 new tokens from
+    the policy's own KV-cached decode; each sampled token's logprob equals a full forward's within 1e-5. Returns
+    each sample's total length (prompt + completion), for the caller's check that decoding went past a window."""
+    import torch
+
+    from rlkit.config.components import GenerationConfig, PolicyConfig
+    from rlkit.generation.base import SamplingSettings
+    from rlkit.policy.backends import in_process_policy
+
+    policy = in_process_policy(PolicyConfig(model_name=str(model_folder)))
+    try:
+        generator = policy.adapter.own_generator(GenerationConfig(), 128, 0)
+        prompts = [list(range(3, 43)), list(range(50, 80))]
+        out = generator.generate(prompts, 2, SamplingSettings(max_new_tokens=40, seed=0))
+        policy.model.eval()
+        lengths = []
+        for prompt, tokens, logprobs in zip([p for p in prompts for _ in range(2)], out.token_ids, out.logprobs):
+            ids = torch.tensor([prompt + list(tokens)])
+            with torch.no_grad():
+                logits = policy.adapter.logits(ids)[:, :-1].float()
+            scored = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[0, len(prompt) - 1:, 0]
+            assert (scored - torch.tensor(logprobs)).abs().max() < 1e-5
+            lengths.append(ids.shape[1])
+        return lengths
+    finally:
+        policy.close()

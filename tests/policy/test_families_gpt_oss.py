@@ -24,7 +24,7 @@ from rlkit.models.factory import PRESET_WINDOW
 from rlkit.policy.architecture import load_hf_state
 from rlkit.policy.backends import in_process_policy
 from rlkit.policy.megatron import gpt_oss, moe
-from tests.helpers import (agree_then_step, arithmetic_prompts, generator_policy_mismatch, pg_token_mean_loss,
+from tests.helpers import (own_generator_matches_a_full_forward, agree_then_step, arithmetic_prompts, generator_policy_mismatch, pg_token_mean_loss,
                            random_batch, train_one_step_from_the_cli)
 
 TOL = 1e-4
@@ -222,22 +222,8 @@ def test_the_transformers_generator_agrees_with_the_policy_after_a_step_and_refi
 def test_the_policys_own_generator_samples_what_it_scores_past_the_window(path):
     """policy.generation.backend=megatron: a KV-cached decode (sinks, the window's mask over the cache, YaRN's table at
     each new position) gives the logprobs a full forward gives (1e-5)."""
-    policy = in_process_policy(PolicyConfig(model_name=str(path)))
-    try:
-        generator = policy.adapter.own_generator(GenerationConfig(), 128, 0)
-        prompts = [list(range(3, 43)), list(range(50, 80))]
-        out = generator.generate(prompts, 2, SamplingSettings(max_new_tokens=40, seed=0))
-        policy.model.eval()
-        lengths = []
-        for prompt, tokens, logprobs in zip([p for p in prompts for _ in range(2)], out.token_ids, out.logprobs):
-            ids = torch.tensor([prompt + list(tokens)])
-            with torch.no_grad():
-                scored = token_logprobs(policy.adapter.logits(ids), ids)[0, len(prompt) - 1:]
-            assert (scored - torch.tensor(logprobs)).abs().max() < 1e-5
-            lengths.append(ids.shape[1])
-        assert max(lengths) > 2 * PRESET_WINDOW
-    finally:
-        policy.close()
+    lengths = own_generator_matches_a_full_forward(path)
+    assert max(lengths) > 2 * PRESET_WINDOW
 
 
 @pytest.fixture(scope="module")

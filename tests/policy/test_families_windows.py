@@ -20,7 +20,7 @@ from rlkit.generation.base import SamplingSettings
 from rlkit.models.factory import PRESET_WINDOW
 from rlkit.policy.architecture import Architecture
 from rlkit.policy.backends import in_process_policy
-from tests.helpers import pg_token_mean_loss, random_batch, train_one_step_from_the_cli
+from tests.helpers import own_generator_matches_a_full_forward, pg_token_mean_loss, random_batch, train_one_step_from_the_cli
 
 WINDOWED = ["mistral", "phi3"]
 TOL = 1e-4
@@ -100,22 +100,8 @@ def test_vllm_agrees_with_the_policy_past_the_window_after_a_step_and_refit(fold
 def test_the_policys_own_generator_samples_what_it_scores_past_the_window(folder):
     """policy.generation.backend=megatron on Mistral: a KV-cached decode (the window's mask for one query over the
     cache) gives the logprobs a full forward gives (1e-5)."""
-    policy = in_process_policy(PolicyConfig(model_name=str(folder("mistral"))))
-    try:
-        generator = policy.adapter.own_generator(GenerationConfig(), 128, 0)
-        prompts = [list(range(3, 43)), list(range(50, 80))]
-        out = generator.generate(prompts, 2, SamplingSettings(max_new_tokens=40, seed=0))
-        policy.model.eval()
-        lengths = []
-        for prompt, tokens, logprobs in zip([p for p in prompts for _ in range(2)], out.token_ids, out.logprobs):
-            ids = torch.tensor([prompt + list(tokens)])
-            with torch.no_grad():
-                scored = token_logprobs(policy.adapter.logits(ids), ids)[0, len(prompt) - 1:]
-            assert (scored - torch.tensor(logprobs)).abs().max() < 1e-5
-            lengths.append(ids.shape[1])
-        assert min(lengths) > PRESET_WINDOW and max(lengths) > 2 * PRESET_WINDOW  # decoded past the window
-    finally:
-        policy.close()
+    lengths = own_generator_matches_a_full_forward(folder("mistral"))
+    assert min(lengths) > PRESET_WINDOW and max(lengths) > 2 * PRESET_WINDOW  # decoded past the window
 
 
 @pytest.mark.parametrize("family", WINDOWED)
