@@ -14,6 +14,7 @@ from rlkit import stages
 from rlkit.config.run import RunConfig
 from rlkit.data import PromptSampler
 from rlkit.data.preference import pairs_from_answers, read_preference_file
+from rlkit.memory.offline import OfflineStage, plan_offline_stage
 from rlkit.policy.base import Policy
 from rlkit.policy.value_model import beside_the_policy
 from rlkit.run.components import Components
@@ -39,6 +40,7 @@ def dpo(policy: Policy, components: Components, state: RunState, config: RunConf
         progress: bool, pairs: Optional[Pairs], rl_needs_reference: bool) -> stages.DPOResult:
     """DPO on ``pairs``, ``dpo.train_file``'s or the task's answers' (see :meth:`rlkit.Session.dpo`); the reference
     is held while it runs, then as the RL loss needs it (``rl_needs_reference``)."""
+    refuse_unless_stage_fits(config, "dpo")
     settings = stages.DPOSettings.from_config(config, num_steps)
     cfg = config.dpo
     if pairs is not None:  # new pairs: the run's reference, optimizer and schedule carry on
@@ -68,6 +70,7 @@ def train_reward_model(policy: Policy, components: Components, config: RunConfig
                        progress: bool) -> stages.RewardModelResult:
     """A reward model on preference pairs, from ``base`` or the policy as it is now (see
     :meth:`rlkit.Session.train_reward_model`); the policy is not changed."""
+    refuse_unless_stage_fits(config, "reward_model")
     seed, key, dataset = config.seed + 3, config.sft.response_key, components.dataset
     if pairs is None and config.dpo.train_file:
         pairs = read_preference_file(config.dpo.train_file)
@@ -80,6 +83,14 @@ def train_reward_model(policy: Policy, components: Components, config: RunConfig
         return stages.train_reward_model(base, pairs, output, config.reward_model, eval_pairs=eval_pairs or (),
                                          system_prompt=config.data.system_prompt, seed=seed, progress=progress,
                                          policy=beside_the_policy(config.policy))
+
+
+def refuse_unless_stage_fits(config: RunConfig, stage: OfflineStage) -> None:
+    """Before ``stage`` holds its second model (DPO's reference, the reward model): the run's memory plan with the
+    stage's line (:func:`rlkit.memory.offline.plan_offline_stage`, at the policy's model shape), refused with the
+    table and the switches that would help when it does not fit this machine's device, as a session's start is
+    (``RLKIT_SKIP_MEMORY_PLAN=1`` runs it anyway). Nothing is loaded or changed before the refusal."""
+    plan_offline_stage(config, stage).refuse_if_over(config)
 
 
 def hand_back(policy: Policy, state: RunState, settings: stages.SFTSettings) -> None:
