@@ -30,8 +30,3 @@ def window_settings(arch) -> dict:
     if not arch.sliding_window or not arch.local_layers or not any(arch.local_layers):
         return {}
     return dict(window_size=(arch.sliding_window - 1, 0), window_attn_skip_freq=list(arch.local_layers))
-
-
-def every_layer_local(num_layers: int) -> tuple[int, ...]:
-    """``Architecture.local_layers`` of a model whose window applies in every layer (Mistral's, Phi-3's)."""
-    return (1,) * num_layers
