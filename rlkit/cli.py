@@ -24,6 +24,7 @@ import argparse
 import json
 import os
 import sys
+from functools import partial
 
 from rlkit.config.loading import load_config
 from rlkit.errors import RLKitError
@@ -50,14 +51,6 @@ def cmd_train(args: argparse.Namespace) -> int:
                                  allow_changes=allow, export=args.export)
     print(json.dumps(summary, indent=2))
     return 0
-
-
-def cmd_sft(args: argparse.Namespace) -> int:
-    return _train_then_export(args, "sft")
-
-
-def cmd_dpo(args: argparse.Namespace) -> int:
-    return _train_then_export(args, "dpo")
 
 
 def _train_then_export(args: argparse.Namespace, stage: str) -> int:
@@ -185,16 +178,16 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    for name, fn, text in (("train", cmd_train, "SFT warm start (if enabled), then GRPO"),
-                           ("sft", cmd_sft, "SFT warm start only; export the result as an HF folder"),
-                           ("dpo", cmd_dpo, "DPO on preference pairs (dpo.*) only; export the result as an HF "
-                                            "folder")):
+    for name, text in (("train", "SFT warm start (if enabled), then GRPO"),
+                       ("sft", "SFT warm start only; export the result as an HF folder"),
+                       ("dpo", "DPO on preference pairs (dpo.*) only; export the result as an HF folder")):
         p = sub.add_parser(name, help=text)
         p.add_argument("config", help="a shipped preset (e.g. quickstart) or a YAML file")
         p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. grpo.max_num_steps=50")
         p.add_argument("--quiet", action="store_true", help="no progress bars")
         if name in ("sft", "dpo"):
             p.add_argument("--output", required=True, help="folder for the fine-tuned HF model")
+            p.set_defaults(fn=partial(_train_then_export, stage=name))
         else:
             p.add_argument("--resume", action="store_true",
                            help="continue from the newest checkpoint of this run that reads whole "
@@ -210,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--export", metavar="DIR", default=None,
                            help="at the end, write the trained policy as an HF model folder here (with LoRA: "
                                 "merged, and the PEFT adapter in DIR/adapter); its path goes into summary.json")
-        p.set_defaults(fn=fn)
+            p.set_defaults(fn=cmd_train)
 
     p = sub.add_parser("sweep", help="run a grid of overrides (x seeds) and compare")
     p.add_argument("config")
