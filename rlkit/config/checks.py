@@ -49,25 +49,20 @@ def generation_fallback(sections: dict[str, Any], notice: bool = True) -> dict[s
     policy = sections.get("policy")
     if policy is None or _fallback_blockers(policy):
         return sections
-    model_config = _model_config_of(policy)
-    refused = _cpu_refused_head_size(policy, model_config)
-    family_refused = _cpu_refused_family(policy, model_config)
+    refused, family_refused = _cpu_refusals(policy, _model_config_of(policy))
     if refused is None and family_refused is None:
         return sections
-    if notice and refused is None:  # vLLM runs the family on this CPU, but not as the policy computes it
-        warnings.warn(f"policy.generation.backend={policy.generation.backend}: {family_refused}, so this run generates "
-                      f"with {ENGINES[FALLBACK_ENGINE].words} (policy.generation.backend={FALLBACK_ENGINE}); to choose "
-                      f"the engine yourself and silence this, set policy.generation.backend={FALLBACK_ENGINE} (or "
+    if notice:
+        why = family_refused  # (without a head size refused: vLLM runs the family here, not as the policy computes it)
+        if refused is not None:
+            name, size, sizes = refused
+            what = "head size" if name == "head_dim" else f"head size {name} ="
+            why = (f"{policy.generation.engine.words}'s CPU attention kernels have no {what} {size} (this model's; "
+                   f"they take {', '.join(map(str, sizes))})")
+        warnings.warn(f"policy.generation.backend={policy.generation.backend}: {why}, so this run generates with "
+                      f"{ENGINES[FALLBACK_ENGINE].words} (policy.generation.backend={FALLBACK_ENGINE}); to choose the "
+                      f"engine yourself and silence this, set policy.generation.backend={FALLBACK_ENGINE} (or "
                       "megatron: the policy's own weights)", EngineFallbackWarning, stacklevel=4)
-    elif notice:
-        name, size, sizes = refused
-        what = "head size" if name == "head_dim" else f"head size {name} ="
-        warnings.warn(f"policy.generation.backend={policy.generation.backend}: {policy.generation.engine.words}'s CPU "
-                      f"attention kernels have no {what} {size} (this model's; they take "
-                      f"{', '.join(map(str, sizes))}), so this run "
-                      f"generates with {ENGINES[FALLBACK_ENGINE].words} (policy.generation.backend={FALLBACK_ENGINE}); "
-                      f"to choose the engine yourself and silence this, set policy.generation.backend="
-                      f"{FALLBACK_ENGINE} (or megatron: the policy's own weights)", EngineFallbackWarning, stacklevel=4)
     generation = policy.generation.model_copy(update={"backend": FALLBACK_ENGINE})
     return dict(sections, policy=policy.model_copy(update={"generation": generation}))
 
@@ -278,9 +273,9 @@ def _head_dim_problems(policy: Any, model_config: Mapping[str, Any]) -> list[str
     """vLLM's CPU attention kernels take a few head sizes only; other sizes fail at the first generate, after
     the policy is built. Validation switches such a run to the transformers generator (:func:`generation_fallback`),
     so this is a problem only where the config sets what that engine cannot honour."""
-    refused = _cpu_refused_head_size(policy, model_config)
+    refused, family_refused = _cpu_refusals(policy, model_config)
     why = "; ".join(_fallback_blockers(policy))
-    if refused is None and (family_refused := _cpu_refused_family(policy, model_config)) is not None:
+    if refused is None and family_refused is not None:
         return [f"policy.model_name={policy.model_name!r}: {family_refused}. Fix: set policy.generation.backend=hf "
                 f"(rlkit switches to backend={FALLBACK_ENGINE} by itself, but not with {why}: drop that to let it)"]
     if refused is None:
@@ -292,25 +287,21 @@ def _head_dim_problems(policy: Any, model_config: Mapping[str, Any]) -> list[str
             f"itself, but not with {why}: drop that to let it)"]
 
 
-def _cpu_refused_head_size(policy: Any, model_config: Mapping[str, Any] | None) -> tuple[str, int, tuple] | None:
-    """The model's attention size (:func:`rlkit.models.factory.vllm_attention_size`: its name, value and the values
-    the kernels take) where the config's engine would run on this machine's CPU and its CPU attention kernels lack it,
-    else None. The engine runs on this machine's CPU when there is no GPU here and no Ray cluster
-    (``policy.ray_address``) whose machines this check cannot see; torch is imported (to ask about CUDA) only for a
-    head size the CPU kernels lack."""
+def _cpu_refusals(policy: Any, model_config: Mapping[str, Any] | None) -> tuple[tuple[str, int, tuple] | None,
+                                                                              str | None]:
+    """Where the config's engine would run on this machine's CPU: the model's attention size its CPU attention kernels
+    lack (:func:`rlkit.models.factory.vllm_attention_size`: its name, value and the values the kernels take), and why
+    it does not sample the model's family as the policy computes it
+    (:func:`rlkit.models.factory.vllm_cpu_family_refusal`); each None where there is no such refusal. The engine runs
+    on this machine's CPU when there is no GPU here and no Ray cluster (``policy.ray_address``) whose machines this
+    check cannot see; torch is imported (to ask about CUDA) only for a model the CPU engine refuses."""
     if model_config is None or not policy.generation.engine.cpu_head_dims_limited or policy.ray_address is not None:
-        return None
+        return None, None
     name, size, sizes = vllm_attention_size(model_config)
-    return None if size in sizes or cuda_here() else (name, size, sizes)
-
-
-def _cpu_refused_family(policy: Any, model_config: Mapping[str, Any] | None) -> str | None:
-    """Why the config's engine, run on this machine's CPU (as :func:`_cpu_refused_head_size` decides), does not sample
-    the model's family as the policy computes it (:func:`rlkit.models.factory.vllm_cpu_family_refusal`), else None."""
-    if model_config is None or not policy.generation.engine.cpu_head_dims_limited or policy.ray_address is not None:
-        return None
-    reason = vllm_cpu_family_refusal(model_config)
-    return None if reason is None or cuda_here() else reason
+    family = vllm_cpu_family_refusal(model_config)
+    if (size in sizes and family is None) or cuda_here():
+        return None, None
+    return (None if size in sizes else (name, size, sizes)), family
 
 
 def _model_config_of(policy: Any) -> Mapping[str, Any] | None:
