@@ -264,7 +264,6 @@ class Session:
         rejected). The policy as the first call starts is the reference; later calls continue the pairs (new
         ``pairs`` replace them), optimizer and schedule, and the first RL update hands the RL optimizer back. Ends
         with a refit, as ``sft()`` (:mod:`rlkit.stages.dpo`)."""
-        self.current.refuse_if_closed("dpo")
         return self.current.dpo(num_steps, progress, refit, pairs)
 
     def train_reward_model(self, output: str | Path, pairs: Optional[Sequence[Mapping[str, Any]]] = None,
@@ -275,7 +274,6 @@ class Session:
         Its base is ``base`` (a causal-LM folder), else the policy as it is now. Its pairs are ``pairs``, else
         ``dpo.train_file``'s, else the task's answers against near misses, with the held-out rows' likewise as
         ``eval_pairs`` (their pair accuracy is ``result.eval_accuracy``). The policy is not changed."""
-        self.current.refuse_if_closed("train_reward_model")
         return self.current.train_reward_model(output, pairs, eval_pairs, base, progress)
 
     def openai_endpoint(self) -> Any:
