@@ -204,7 +204,8 @@ class TinkerBackend:
     # ---- sampling -----------------------------------------------------------------------------------------
     def save_for_sampler(self, model_id: str, path: Optional[str], seq_id: Optional[int]) -> dict:
         self.check_model(model_id)
-        self.ensure_generator_current()
+        if self.session.stale:
+            self.session.refit()
         version = self.session.policy.version
         if path is not None:
             uri = f"tinker://{model_id}/sampler_weights/{path}"
@@ -212,10 +213,6 @@ class TinkerBackend:
             return {"type": "save_weights_for_sampler", "path": uri}
         sampler_id = self.new_sampler(self.base_model, None, version)
         return {"type": "save_weights_for_sampler", "sampling_session_id": sampler_id}
-
-    def ensure_generator_current(self) -> None:
-        if self.session.stale or self.session.generator_version != self.session.policy.version:
-            self.session.refit()
 
     def new_sampler(self, base_model: Optional[str], model_path: Optional[str], version: Optional[int]) -> str:
         if model_path is not None and model_path not in self.checkpoints:
