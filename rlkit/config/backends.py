@@ -249,6 +249,7 @@ class DTensorConfig(BackendSection):
     """PyTorch's FSDP2 over every rank (:mod:`rlkit.policy.dtensor`)."""
 
     name, title, start_words = "dtensor", "DTensor (FSDP2)", "DTensor, FSDP2"
+    has_value_model = True
     activation_checkpointing: bool = False  # recompute each decoder layer in backward (NeMo-RL's key)
 
     def layout_words(self, num_workers: int) -> str:

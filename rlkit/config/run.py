@@ -169,7 +169,7 @@ class CriticConfig(Section):
 
     enabled: bool = False
     model_name: Optional[str] = None  # a causal-LM folder; null: policy.model_name
-    backend: ValueBackendName = "transformers"  # policy: the policy's backend and layout (megatron, hf)
+    backend: ValueBackendName = "transformers"  # policy: the policy's backend and layout (megatron, dtensor, hf)
     lr: float = Field(1e-5, gt=0)
     value_clip: float = Field(0.5, gt=0)  # verl's cliprange_value
     micro_batch_size: int = Field(16, ge=1)
@@ -209,7 +209,7 @@ class RewardModelConfig(Section):
     """Training a reward model on preference pairs (``Session.train_reward_model``; rlkit.stages.reward_model):
     Bradley-Terry, AdamW, one batch of pairs a step, on ``backend`` (a value model, rlkit.policy.value_model)."""
 
-    backend: ValueBackendName = "transformers"  # policy: the policy's backend and layout (megatron, hf)
+    backend: ValueBackendName = "transformers"  # policy: the policy's backend and layout (megatron, dtensor, hf)
 
     num_steps: int = Field(200, ge=0)
     batch_size: int = Field(16, ge=1)  # pairs per step

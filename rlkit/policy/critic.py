@@ -3,7 +3,8 @@
 A value model (:mod:`rlkit.policy.value_model`: a causal-LM folder's decoder with a new one-output head per position)
 on the backend ``critic.backend`` names: transformers' token-classification model in this process (``transformers``,
 the default), or the policy's training backend in its layout (``policy``: Megatron-Core with tensor and sequence
-parallelism, :mod:`rlkit.policy.megatron.value_head`). fp32, its own AdamW. The value of the state *before* token
+parallelism, :mod:`rlkit.policy.megatron.value_head`; DTensor, FSDP2 over the ranks, :mod:`rlkit.policy.
+dtensor_value_model`). fp32, its own AdamW. The value of the state *before* token
 ``t`` is the head's output at position ``t - 1`` (the same alignment as a token's logprob, which the logits at
 ``t - 1`` give), so ``values[:, t]`` pairs with ``logprobs[:, t]``; position 0 has none.
 
@@ -13,7 +14,7 @@ tokens, then one optimizer step (gradients clipped by their global norm over the
 
 Deliberate simplifications: every parameter trained, fp32, no dropout. A checkpoint holds its weights, its Adam state
 and its step count (:meth:`Critic.save_state`, safetensors: no pickle; under tensor parallelism each rank's shards
-under its own names); a fork's parked branch holds its own copy (:meth:`Critic.capture`), so each branch's critic
+under its own names, under FSDP each rank's local shards); a fork's parked branch holds its own copy (:meth:`Critic.capture`), so each branch's critic
 learns from its own batches.
 """
 
@@ -83,11 +84,12 @@ class Critic:
         self.optimizer.state.clear()
         with torch.no_grad():
             for name, param in params.items():
-                param.copy_(state.tensors[f"model/{name}"])
+                param.copy_(_placed_like(state.tensors[f"model/{name}"], param))
         for key, value in state.tensors.items():
             if key.startswith("adam/"):
                 _, field, name = key.split("/", 2)
-                self.optimizer.state[params[name]][field] = value.clone()
+                param = params[name]
+                self.optimizer.state[param][field] = (value if field == "step" else _placed_like(value, param)).clone()
         self.version = state.version
 
     def save_state(self, folder: Path) -> None:
@@ -96,7 +98,7 @@ class Critic:
 
         folder.mkdir(parents=True, exist_ok=True)
         state = self.capture()
-        save_file({k: t.contiguous() for k, t in state.tensors.items()}, str(folder / "critic.safetensors"),
+        save_file({k: _local(t).contiguous() for k, t in state.tensors.items()}, str(folder / "critic.safetensors"),
                   metadata={"version": str(state.version)})
 
     def load_state(self, folder: Path) -> None:
@@ -165,3 +167,20 @@ class Critic:
         if self.value_model is not None:
             self.value_model.close()
         self.value_model = self.optimizer = None
+
+
+def _local(t: Tensor) -> Tensor:
+    """This rank's part of ``t``: a DTensor's local shard (the DTensor value model's parameters), else ``t``."""
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def _placed_like(t: Tensor, param: Tensor) -> Tensor:
+    """``t`` (a captured tensor, or a loaded local shard) as ``param`` holds it: a local shard of a DTensor parameter
+    wrapped in that parameter's mesh and placements."""
+    if hasattr(param, "device_mesh") and not hasattr(t, "device_mesh"):
+        from torch.distributed.tensor import DTensor
+
+        local = _local(param)
+        return DTensor.from_local(t.to(local.device, local.dtype), param.device_mesh, param.placements,
+                                  shape=param.shape, stride=param.stride())
+    return t

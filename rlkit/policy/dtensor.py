@@ -32,6 +32,23 @@ from rlkit.policy.precision import fsdp_mixed_precision
 from rlkit.policy.process_group import acquire_process_group
 
 
+def shard_summing_gradients(model: torch.nn.Module, layers, mesh, mp_policy=None) -> None:
+    """FSDP2 over ``mesh`` in place: each of ``layers`` (the decoder layers) one unit, ``model`` the root unit (its
+    other parameters), each unit's gradients *summed* over the ranks in one plain SUM reduce-scatter."""
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    mp_policy = mp_policy or MixedPrecisionPolicy()
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp_policy)
+    # The root too reshards after each forward: otherwise its parameters stay unsharded plain tensors after
+    # a no-grad pass, and the reference swap and checkpoints would meet them instead of DTensors.
+    fully_shard(model, mesh=mesh, reshard_after_forward=True, mp_policy=mp_policy)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):  # each FSDP unit keeps its own reduction settings
+            module.set_gradient_divide_factor(1.0)  # sum over ranks: the loss is already a global value
+            module.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no AVG / PREMUL_SUM)
+
+
 def DTensorPolicy(cfg: PolicyConfig, seed: int = 0) -> InProcessPolicy:  # the loop over a DTensorAdapter
     return InProcessPolicy(DTensorAdapter(cfg, seed))
 
@@ -41,7 +58,6 @@ class DTensorAdapter(HFAdapter):
 
     def __init__(self, cfg: PolicyConfig, seed: int = 0):
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import FSDPModule, fully_shard
 
         self._setup(cfg)
         acquire_process_group()
@@ -50,16 +66,8 @@ class DTensorAdapter(HFAdapter):
         self.mesh = init_device_mesh(self.device.type, (self.dp_size,), mesh_dim_names=("dp",))
         torch.manual_seed(seed)
         model = self._with_adapters(load_causal_lm(cfg, self.device, cfg.dtensor_cfg.activation_checkpointing))
-        mixed = fsdp_mixed_precision(cfg.precision, cfg.pure_bf16)
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=self.mesh, mp_policy=mixed)
-        # The root too reshards after each forward: otherwise its parameters stay unsharded plain tensors after
-        # a no-grad pass, and the reference swap and checkpoints would meet them instead of DTensors.
-        fully_shard(model, mesh=self.mesh, reshard_after_forward=True, mp_policy=mixed)
-        for module in model.modules():
-            if isinstance(module, FSDPModule):  # each FSDP unit keeps its own reduction settings
-                module.set_gradient_divide_factor(1.0)  # sum over ranks: the loss is already a global value
-                module.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no AVG / PREMUL_SUM)
+        shard_summing_gradients(model, model.model.layers, self.mesh, fsdp_mixed_precision(cfg.precision,
+                                                                                             cfg.pure_bf16))
         self.model = model
 
     def parallel_layout(self) -> dict[str, int | str]:

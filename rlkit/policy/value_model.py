@@ -11,11 +11,12 @@ Where it runs is one key, ``critic.backend`` / ``reward_model.backend`` (:data:`
 - ``transformers``: transformers' own classification model in this process (one process, every parameter trained);
 - ``policy``: the policy's training backend with its layout, through :data:`POLICY_BACKEND_VALUE_MODELS` (this
   module's registry, keyed by ``policy.backend``): Megatron-Core's ``GPTModel`` with a scalar head
-  (:mod:`rlkit.policy.megatron.value_head`: tensor and sequence parallel, the policy's HF conversion), and for the
-  ``hf`` backend transformers' model as above. The DTensor backend has none yet, and is refused with the fix: it
-  shards over data parallelism only (no tensor parallelism), and a value model runs in the driver's process, one
-  rank, where FSDP2 over one rank computes what ``transformers`` does; sharding it pays once the critic runs in the
-  policy's Ray workers, which is not built.
+  (:mod:`rlkit.policy.megatron.value_head`: tensor and sequence parallel, the policy's HF conversion), for the
+  ``dtensor`` backend transformers' model above sharded with FSDP2 over the ranks of the policy's process group
+  (:mod:`rlkit.policy.dtensor_value_model`: the ranks split each call's rows), and for the ``hf`` backend
+  transformers' model as above. A value model runs in the driver's process: beside an in-process policy in its
+  layout, beside a policy in Ray workers in one process's (:func:`beside_the_policy`), where FSDP2 over one rank
+  computes what ``transformers`` does.
 
 Every implementation is fp32 and holds the whole model trained (no adapters, no bf16 copy). One interface,
 :class:`ValueModel`; the training loops (the critic's step, the reward model's) are written against it once.
@@ -24,7 +25,7 @@ Every implementation is fp32 and holds the whole model trained (no adapters, no 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Callable, Iterator, Optional, Protocol
+from typing import Callable, Iterable, Iterator, Optional, Protocol
 
 import torch
 from torch import Tensor
@@ -87,8 +88,7 @@ class TransformersValueModel:
         self.module = self.model
 
     def head_values(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        hidden = self.model.model(input_ids=input_ids, attention_mask=attention_mask.long()).last_hidden_state
-        return self.model.score(hidden)[..., 0].float()
+        return values_at_every_position(self.model, input_ids, attention_mask)
 
     def named_trained_parameters(self) -> list[tuple[str, Tensor]]:
         return list(self.model.named_parameters())
@@ -100,14 +100,29 @@ class TransformersValueModel:
         pass  # one process: the gradients are whole
 
     def grad_norm(self) -> float:
-        norms = [torch.linalg.vector_norm(p.grad) for p in self.model.parameters() if p.grad is not None]
-        return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+        return global_grad_norm(self.model.parameters())
 
     def export_hf_state(self) -> dict[str, Tensor]:
         return {name: t.detach() for name, t in self.model.state_dict().items()}
 
     def close(self) -> None:
         self.model = self.module = None
+
+
+def values_at_every_position(classifier: torch.nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """A transformers classification model's (or a module with its ``model`` and ``score``) head output [b, t] (fp32)
+    at every position of ``input_ids`` [b, t]: its own forward pools a sequence classifier's at one position."""
+    hidden = classifier.model(input_ids=input_ids, attention_mask=attention_mask.long()).last_hidden_state
+    return classifier.score(hidden)[..., 0].float()
+
+
+def global_grad_norm(params: Iterable[Tensor]) -> float:
+    """The 2-norm of the gradients of ``params`` (plain tensors, or DTensor shards: then over every rank's)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return 0.0
+    norm = torch.nn.utils.get_total_norm(grads)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
 
 ValueModelBuilder = Callable[[PolicyConfig, str, bool, int], ValueModel]
@@ -123,8 +138,14 @@ def _hf(policy: PolicyConfig, folder: str, bias: bool, seed: int) -> ValueModel:
     return TransformersValueModel(folder, bias, seed)
 
 
+def _dtensor(policy: PolicyConfig, folder: str, bias: bool, seed: int) -> ValueModel:
+    from rlkit.policy.dtensor_value_model import DTensorValueModel
+
+    return DTensorValueModel(policy, folder, bias, seed)
+
+
 # the value model of each training backend (policy.backend) that has one
-POLICY_BACKEND_VALUE_MODELS: dict[str, ValueModelBuilder] = {"megatron": _megatron, "hf": _hf}
+POLICY_BACKEND_VALUE_MODELS: dict[str, ValueModelBuilder] = {"megatron": _megatron, "dtensor": _dtensor, "hf": _hf}
 
 
 def _transformers(folder: str | Path, bias: bool, seed: int, policy: Optional[PolicyConfig], key: str) -> ValueModel:

@@ -11,7 +11,8 @@ that is not the pad token).
 
 The model is a value model (:mod:`rlkit.policy.value_model`) on ``reward_model.backend``: transformers'
 sequence-classification model in this process (``transformers``), or the policy's backend in its layout (``policy``:
-Megatron-Core with tensor and sequence parallelism, its head a [1, hidden] linear without a bias). Either way the
+Megatron-Core with tensor and sequence parallelism, its head a [1, hidden] linear without a bias; DTensor, that
+transformers model sharded with FSDP2). Either way the
 folder written is transformers' sequence-classification model (``score.weight``), which the environment loads.
 
 Deliberate simplifications: fp32, one batch of pairs per step (no microbatching).
