@@ -80,14 +80,13 @@ def compute_advantages(
 def _check_shapes(rewards: Tensor, mask: Tensor, group_size: int) -> None:
     if rewards.ndim != 1 or mask.ndim != 2 or mask.shape[0] != rewards.shape[0]:
         raise ValueError(f"expected rewards [B] and mask [B, T]; got {tuple(rewards.shape)} and {tuple(mask.shape)}")
-    if group_size < 1 or rewards.shape[0] % group_size:
-        raise ValueError(f"batch of {rewards.shape[0]} rewards does not split into groups of {group_size}: "
-                         "B must be num_prompts * group_size with each prompt's samples contiguous")
+    _grouped(rewards, group_size)  # (every estimator's B, grouped or not, splits into groups of G)
 
 
 def _grouped(rewards: Tensor, group_size: int) -> Tensor:  # [N, G] float
     if group_size < 1 or rewards.shape[0] % group_size:
-        raise ValueError(f"{rewards.shape[0]} rewards do not split into groups of {group_size}")
+        raise ValueError(f"batch of {rewards.shape[0]} rewards does not split into groups of {group_size}: "
+                         "B must be num_prompts * group_size with each prompt's samples contiguous")
     r = rewards.detach()
     return (r if r.is_floating_point() else r.float()).view(-1, group_size)
 
