@@ -212,7 +212,6 @@ def gpt_oss_fields(spec: TinyModelSpec, common: dict, experts: int, top_k: int) 
 
 
 PRESET_WINDOW = 32  # the sliding window of the windowed presets: shorter than the tests' sequences, so it binds
-GEMMA3_PRESET_WINDOW = PRESET_WINDOW
 
 
 def gemma3_fields(spec: TinyModelSpec, common: dict) -> dict:
@@ -225,7 +224,7 @@ def gemma3_fields(spec: TinyModelSpec, common: dict) -> dict:
     layer_types = ["full_attention" if (i + 1) % every == 0 else "sliding_attention"
                    for i in range(spec.num_hidden_layers)]
     return dict(common, tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh", layer_types=layer_types,
-                sliding_window=GEMMA3_PRESET_WINDOW, query_pre_attn_scalar=2 * spec.head_dim,
+                sliding_window=PRESET_WINDOW, query_pre_attn_scalar=2 * spec.head_dim,
                 rope_parameters={"sliding_attention": local,
                                  "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0}})
 

@@ -11,7 +11,7 @@ import torch
 from rlkit.config.components import GenerationConfig, PolicyConfig
 from rlkit.errors import ModelError
 from rlkit.generation.base import SamplingSettings
-from rlkit.models.factory import GEMMA3_PRESET_WINDOW
+from rlkit.models.factory import PRESET_WINDOW
 from rlkit.policy.architecture import Architecture
 from rlkit.policy.backends import in_process_policy
 from tests.helpers import train_one_step_from_the_cli
@@ -33,7 +33,7 @@ def gemma3(model_factory):
 ])
 def test_what_rlkit_does_not_compute_is_refused_with_the_reason(gemma3, change, reason):
     config = json.loads((gemma3 / "config.json").read_text())
-    assert Architecture.from_hf_config(config).sliding_window == GEMMA3_PRESET_WINDOW  # the preset is accepted
+    assert Architecture.from_hf_config(config).sliding_window == PRESET_WINDOW  # the preset is accepted
     with pytest.raises(ModelError, match=reason):
         Architecture.from_hf_config(dict(config, **change))
 
@@ -100,7 +100,7 @@ def test_the_policys_own_generator_samples_what_it_scores_past_the_window(gemma3
             scored = full[len(prompt) - 1:].gather(-1, ids[0, len(prompt):, None])[:, 0]
             assert (scored - torch.tensor(logprobs)).abs().max() < 1e-5
             longest = max(longest, ids.shape[1])
-        assert longest > 2 * GEMMA3_PRESET_WINDOW
+        assert longest > 2 * PRESET_WINDOW
     finally:
         policy.close()
 
@@ -121,7 +121,7 @@ def test_vllm_agrees_with_the_policy_past_the_window_after_a_step_and_refit(gemm
         agree_then_step(policy, mismatch)
         ColocatedWeightSync().sync(policy, generator)
         diff, batch = mismatch(3)
-        assert batch.attention_mask.sum(1).max() >= 2 * GEMMA3_PRESET_WINDOW
+        assert batch.attention_mask.sum(1).max() >= 2 * PRESET_WINDOW
         assert diff.max() < 1e-3 and diff.mean() < 1e-4
     finally:
         generator.close()
