@@ -109,7 +109,7 @@ def one_process(model):
     def numbers(name: str) -> dict:
         backend = "dtensor" if name == "dtensor" else "megatron"
         if backend not in made:
-            made[backend] = run_both(layout(model, name, 1))
+            made[backend] = run_both(layout(model, backend, 1))
         return made[backend]
     return numbers
 
