@@ -49,6 +49,7 @@ from torch import Tensor
 
 from rlkit.config.components import PolicyConfig
 from rlkit.errors import ModelError
+from rlkit.host_memory import release_freed_heap_pages
 from rlkit.policy.adapter import ModelAdapter
 from rlkit.policy.in_process import InProcessPolicy
 from rlkit.policy.optimizer import sum_of_squares
@@ -450,6 +451,7 @@ class MegatronAdapter(ModelAdapter):
         last runs under DDP's ``no_sync`` so that, with ``overlap_grad_reduce``, each bucket's reduce starts
         during the last backward only (a context left open by an interrupted step is closed first)."""
         if index == 0:
+            release_freed_heap_pages()  # what the passes before left free in glibc's heap (docs/measurements.md)
             self._forward_module.zero_grad_buffer()
             self._end_no_sync()
             if count > 1:
