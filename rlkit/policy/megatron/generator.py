@@ -24,7 +24,7 @@ Memory: Megatron's static context computes the logits of the last position only,
 (``materialize_only_last_token_logits``), so no [B, prompt, V] tensor is made. On the CPU a call leaves its KV cache
 and its many small per-step tensors as free pages inside glibc's heap, which stay resident and grow the process
 between stages (at the Qwen3-0.6B shape, 2 x 4 x 128 tokens: +400 MB a rollout); they go back to the system when it
-returns, and a train step's before it starts (``malloc_trim``, :func:`rlkit.host_memory.release_freed_heap_pages`).
+returns (``malloc_trim``, :func:`rlkit.host_memory.release_freed_heap_pages`).
 """
 
 from __future__ import annotations
@@ -72,7 +72,6 @@ class MegatronGenerator(KeepsItsMemory):
         sampled: list[list[int]] = [[] for _ in rows]
         logprobs: list[list[float]] = [[] for _ in rows]
         finish: list[str | None] = [None] * len(rows)
-        release_freed_heap_pages()  # what the train step before left free, before the KV cache is made
         context = self.model.inference_context(len(rows), total)
         start = min(lengths)
         logits = self.model.inference_logits(tokens[:, :start], 0, context)  # prefill: [B, V] at position start - 1
