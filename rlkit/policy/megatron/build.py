@@ -42,17 +42,13 @@ from rlkit.policy.megatron.norms import HeadRMSNorm, RMSNorm
 
 def transformer_config(arch: Architecture, tensor_parallel_size: int = 1, sequence_parallel: bool = False,
                        pipeline_parallel_size: int = 1, params_dtype=torch.float32,
-                       recompute: Optional[Mapping[str, Any]] = None, initialize: bool = True):
+                       recompute: Optional[Mapping[str, Any]] = None):
     """Megatron's config for ``arch`` with parameters in ``params_dtype`` (bfloat16 also sets Megatron's ``bf16``
     flag, which ``Float16Module`` reads). Pipeline settings: activations travel in ``params_dtype``, point-to-point
     ops are batched only on GPUs (the batched path synchronises CUDA), and the schedule leaves the loss as
     the policy's loss function normalised it (``calculate_per_token_loss``, see ``pipeline.run_schedule``).
     ``recompute``: Megatron's activation recompute settings (``recompute_granularity``, ``recompute_method``,
-    ``recompute_num_layers``: ``MegatronConfig.recompute_settings()``); None: every activation is kept.
-    ``initialize=False`` (Megatron's ``perform_initialization``) leaves the weights as ``torch.empty`` made them, for
-    a model whose every weight is read from a checkpoint next: on the CPU Megatron's initialisation otherwise
-    writes every weight through an fp32 temporary of its full size, and those pages stay resident (at the
-    Qwen3-0.6B shape 1.4 GB of glibc heap left behind, and 0.9 GB more at the load's peak)."""
+    ``recompute_num_layers``: ``MegatronConfig.recompute_settings()``); None: every activation is kept."""
     from megatron.core.transformer.transformer_config import MLATransformerConfig, TransformerConfig
 
     make = MLATransformerConfig if arch.kv_lora_rank else TransformerConfig
@@ -84,7 +80,6 @@ def transformer_config(arch: Architecture, tensor_parallel_size: int = 1, sequen
         params_dtype=params_dtype,
         bf16=params_dtype == torch.bfloat16,
         use_cpu_initialization=not torch.cuda.is_available(),
-        perform_initialization=initialize,
         bias_activation_fusion=False,
         bias_dropout_fusion=False,
         masked_softmax_fusion=False,
