@@ -1,5 +1,5 @@
 """A value model on the DTensor backend (:class:`rlkit.policy.value_model.ValueModel`, for PPO's critic and
-reward-model training): transformers' classification model, built as :class:`rlkit.policy.value_model.
+reward-model training): transformers' classification model, built as :class:`rlkit.policy.transformers_value_model.
 TransformersValueModel` builds it, sharded with FSDP2 (``fully_shard``) per decoder layer and at the root over every
 rank of the default process group (rlkit's, :mod:`rlkit.policy.process_group`, as the DTensor policy's).
 
@@ -26,7 +26,7 @@ from torch import Tensor
 from rlkit.config.components import PolicyConfig
 from rlkit.policy.dtensor import shard_summing_gradients
 from rlkit.policy.process_group import acquire_process_group, release_process_group
-from rlkit.policy.value_model import TransformersValueModel, global_grad_norm, values_at_every_position
+from rlkit.policy.transformers_value_model import TransformersValueModel, global_grad_norm, values_at_every_position
 
 
 class _PerPosition(torch.nn.Module):
