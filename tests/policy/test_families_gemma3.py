@@ -86,23 +86,9 @@ def test_local_angles_are_the_local_bases_whatever_the_positions():
 def test_the_policys_own_generator_samples_what_it_scores_past_the_window(gemma3):
     """policy.generation.backend=megatron on Gemma 3: a KV-cached decode through local layers (the window's mask for
     one query over the cache, the local base at each new position) gives the logprobs a full forward gives."""
-    policy = in_process_policy(PolicyConfig(model_name=str(gemma3)))
-    try:
-        generator = policy.adapter.own_generator(GenerationConfig(), 128, 0)
-        prompts = [list(range(3, 43)), list(range(50, 80))]
-        out = generator.generate(prompts, 2, SamplingSettings(max_new_tokens=40, seed=0))
-        policy.model.eval()
-        longest = 0
-        for prompt, tokens, logprobs in zip([p for p in prompts for _ in range(2)], out.token_ids, out.logprobs):
-            ids = torch.tensor([prompt + list(tokens)])
-            with torch.no_grad():
-                full = torch.log_softmax(policy.adapter.logits(ids)[0, :-1].float(), -1)
-            scored = full[len(prompt) - 1:].gather(-1, ids[0, len(prompt):, None])[:, 0]
-            assert (scored - torch.tensor(logprobs)).abs().max() < 1e-5
-            longest = max(longest, ids.shape[1])
-        assert longest > 2 * PRESET_WINDOW
-    finally:
-        policy.close()
+    from tests.helpers import own_generator_matches_a_full_forward
+
+    assert max(own_generator_matches_a_full_forward(gemma3)) > 2 * PRESET_WINDOW
 
 
 def test_vllm_agrees_with_the_policy_past_the_window_after_a_step_and_refit(gemma3):
