@@ -156,12 +156,13 @@ def apply_moe_fallbacks() -> None:
 
 
 def build_moe_gpt_model(arch: MoEArchitecture, tensor_parallel_size: int, pipeline_parallel_size: int,
-                        mc: MegatronConfig):
-    """This pipeline stage's ``GPTModel`` with MoE MLPs in the layout of ``arch``, router settings from ``mc``."""
+                        mc: MegatronConfig, initialize: bool = True):
+    """This pipeline stage's ``GPTModel`` with MoE MLPs in the layout of ``arch``, router settings from ``mc``;
+    ``initialize=False`` for a model whose every weight is read next (:func:`.build.transformer_config`)."""
     apply_moe_fallbacks()
     config = dataclasses.replace(
         transformer_config(arch, tensor_parallel_size, mc.sequence_parallel, pipeline_parallel_size,
-                           recompute=mc.recompute_settings()),
+                           recompute=mc.recompute_settings(), initialize=initialize),
         num_moe_experts=arch.num_experts,
         moe_router_topk=arch.top_k,
         moe_ffn_hidden_size=arch.ffn_hidden_size,
@@ -276,7 +277,8 @@ class MegatronMoEAdapter(MegatronAdapter):
         self.ep_rank, self.ep_size = ps.get_expert_model_parallel_rank(), ps.get_expert_model_parallel_world_size()
         self.experts_per_rank = self.arch.num_experts // self.ep_size
         self._gathered_experts: dict[str, Tensor] = {}  # experts of the layer being exported, from other ranks
-        return build_moe_gpt_model(self.arch, self.tp_size, self.pp_size, self.cfg.megatron_cfg)
+        return build_moe_gpt_model(self.arch, self.tp_size, self.pp_size, self.cfg.megatron_cfg,
+                                   initialize=False)  # every weight is read from the folder next (strict)
 
     def _params_by_global_name(self) -> dict[str, Tensor]:
         """The parameters, and DeepSeek-V3's score-correction biases (buffers of the router, loaded and exported

@@ -127,7 +127,8 @@ class MegatronAdapter(ModelAdapter):
     def _build_model(self):
         config = transformer_config(self.arch, self.tp_size, self.layout.sequence_parallel, self.pp_size,
                                     torch.bfloat16 if self.cfg.pure_bf16 else torch.float32,
-                                    recompute=self.cfg.megatron_cfg.recompute_settings())
+                                    recompute=self.cfg.megatron_cfg.recompute_settings(),
+                                    initialize=False)  # every weight is read from the folder next (strict)
         model = build_gpt_model(self.arch, config)
         if self._lora_cfg() is not None:
             lora.add_adapters(model, self._lora_cfg(), self._seed)
