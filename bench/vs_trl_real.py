@@ -286,6 +286,22 @@ def mean(values: list[float]) -> float:
     return sum(values) / len(values)
 
 
+def paired_difference(pairs: list[dict]) -> dict:
+    """rlkit's held-out accuracy after minus TRL's, seed by seed (both start from the same base): the mean, its
+    standard error over the seeds (None with one seed), and one 200-prompt accuracy's own binomial standard error
+    at the two sides' mean accuracy, the noise of the evaluation alone. Printed, so that a gap is read against them."""
+    diffs = [p["rlkit"]["after"]["accuracy"] - p["trl"]["after"]["accuracy"] for p in pairs]
+    m = mean(diffs)
+    se = (sum((d - m) ** 2 for d in diffs) / (len(diffs) - 1) / len(diffs)) ** 0.5 if len(diffs) > 1 else None
+    n = pairs[0]["rlkit"]["after"]["n"]
+    acc = mean([p[side]["after"]["accuracy"] for p in pairs for side in ("rlkit", "trl")])
+    eval_se = (acc * (1 - acc) / n) ** 0.5
+    print(f"held-out rlkit - TRL by seed: {' '.join(f'{d:+.3f}' for d in diffs)}; mean {m:+.3f}"
+          + (f", standard error over seeds {se:.3f}" if se is not None else "")
+          + f"; one {n}-prompt accuracy's binomial standard error {eval_se:.3f}")
+    return {"by_seed": diffs, "mean": m, "standard_error": se, "eval_binomial_se": eval_se}
+
+
 def report(args, pairs: list[dict], before: dict | None, load: list[tuple[float, float, float]]) -> dict:
     """Prints the table; returns the figures written to bench/results."""
     mode = "cost (equal lengths)" if args.cost else "learn (free lengths)"
@@ -314,6 +330,8 @@ def report(args, pairs: list[dict], before: dict | None, load: list[tuple[float,
         print(f"{side:<7}{'mean':>5}{s['cpu_s_per_step']:>12.2f}{s['wall_s_per_step']:>13.2f}{s['peak_rss_mb']:>13.0f}"
               f"{s['completion_tokens_mean']:>8.1f}"
               + (f"{before['accuracy']:>9.3f}{s['heldout_after']:>8.3f}" if before else ""))
+    if before:
+        summary["heldout_difference"] = paired_difference(pairs)
     same = all(p["same_prompts_per_step"] for p in pairs)
     print(f"same prompts in every step on both sides: {'yes' if same else 'NO'}")
     ratios = {k: summary["rlkit"][k] / summary["trl"][k] for k in ("cpu_s_per_step", "wall_s_per_step", "peak_rss_mb")}
