@@ -147,3 +147,56 @@ def test_the_fused_head_computes_logits_only_where_scored(model_factory, monkeyp
     assert every.logprobs[prompt].abs().min() > 0  # the unscored pass fills the prompt
     assert scored_rows == int(mask.sum()) < all_rows / 2
     assert train_rows == scored_rows
+
+
+class PeakWorkingBytes(TorchDispatchMode):
+    """The most bytes held at once by the tensors of at least ``least`` bytes that ops make while the mode is on
+    (each counted until it is freed; a view or an op's result written into its input is not counted again)."""
+
+    def __init__(self, least: int):
+        super().__init__()
+        self.least, self.live, self.peak = least, 0, 0
+
+    def _freed(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        import weakref
+
+        from torch.utils._pytree import tree_flatten
+
+        out = func(*args, **(kwargs or {}))
+        inputs = {a.untyped_storage().data_ptr() for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)}
+        for t in out if isinstance(out, (tuple, list)) else [out]:
+            if (isinstance(t, torch.Tensor) and not t._is_view() and t.untyped_storage().data_ptr() not in inputs
+                    and t.untyped_storage().nbytes() >= self.least):
+                self.live += t.untyped_storage().nbytes()
+                self.peak = max(self.peak, self.live)
+                weakref.finalize(t, self._freed, t.untyped_storage().nbytes())
+        return out
+
+
+@pytest.mark.parametrize("with_entropy", [True, False])
+def test_the_fused_head_holds_at_most_two_chunks_at_once(with_entropy):
+    """The forward holds a chunk's logits and their exponentials (the entropy's product written into the latter),
+    backward one slice's softmax gradient: never the three chunk-sized tensors out-of-place arithmetic makes (at the
+    Qwen3-0.6B shape with 64 MiB chunks, 64 MB more at the train step's peak RSS; docs/measurements.md)."""
+    from rlkit.policy.megatron import parallel
+
+    parallel.init_parallel(parallel.ParallelLayout(), seed=0)
+    try:
+        n, h, vocab = 480, 16, 4000  # tokens, hidden, vocabulary: a chunk of logits is far larger than the rows
+        chunk = 8 * 4 * vocab  # 8 tokens' fp32 logits in the forward; backward: 66 of the vocabulary's rows
+        hidden = torch.randn(n // 4, 4, h, requires_grad=True)
+        weight = torch.randn(vocab, h)  # frozen (no [V, h] gradient), as an adapted model's head
+        ids = torch.randint(0, vocab, (4, n // 4))
+        with PeakWorkingBytes(least=chunk // 4) as forward:
+            logprobs, _ = head.head_scores(hidden, weight, ids, 1.0, False, with_entropy, chunk)
+        with PeakWorkingBytes(least=chunk // 4) as backward:
+            logprobs.sum().backward()
+    finally:
+        parallel.destroy_parallel()
+        parallel.release_process_group()
+    assert hidden.grad.abs().sum() > 0
+    assert forward.peak >= 2 * 8 * 4 * vocab  # (the bound below can fail: two chunks are seen)
+    assert forward.peak <= 2.5 * chunk and backward.peak <= 2.5 * chunk, (forward.peak / chunk, backward.peak / chunk)

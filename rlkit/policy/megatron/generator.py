@@ -57,6 +57,7 @@ class MegatronGenerator(KeepsItsMemory):
 
     @torch.no_grad()
     def generate(self, prompt_token_ids: list[list[int]], n: int, sampling: SamplingSettings) -> Generation:
+        release_freed_heap_pages()  # what the stages before left free (the train step's), under this call's peak
         rows = [list(p) for p in prompt_token_ids for _ in range(n)]
         seed = self.seed if sampling.seed is None else sampling.seed
         streams = [torch.Generator(device=self.model.device).manual_seed(request_seed(seed, i, n) + j)

@@ -128,9 +128,10 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
             z = _chunk_logits(rows[i:i + step], weight, temperature)
             z_max = z.max(dim=-1).values
             dist.all_reduce(z_max, op=dist.ReduceOp.MAX, group=group)
-            e = torch.exp(z - z_max.unsqueeze(-1))
             target = torch.where(mine[i:i + step], z.gather(1, local[i:i + step, None]).squeeze(1), 0.0)
-            stats = [e.sum(dim=-1), target] + ([(e * z).sum(dim=-1)] if with_entropy else [])
+            e = torch.sub(z, z_max.unsqueeze(-1)).exp_()  # (in place: one chunk-sized working tensor beside z)
+            stats = [e.sum(dim=-1), target] + ([e.mul_(z).sum(dim=-1)] if with_entropy else [])
+            del e, z
             stats = torch.stack(stats)
             dist.all_reduce(stats, group=group)
             lse[i:i + step] = z_max + torch.log(stats[0])
@@ -157,7 +158,7 @@ class _ChunkedHeadLogprobs(torch.autograd.Function):
         for v in range(0, vocab, step):
             w = weight[v:v + step]
             # d logprob / d z = onehot(target) - softmax, times the incoming gradient, over the temperature
-            grad_z = torch.exp(_chunk_logits(rows, w, ctx.temperature) - lse.unsqueeze(-1))
+            grad_z = _chunk_logits(rows, w, ctx.temperature).sub_(lse.unsqueeze(-1)).exp_()  # (in place)
             grad_z.mul_(-g.unsqueeze(-1))
             hit = (mine & (local >= v) & (local < v + step)).nonzero().squeeze(1)
             grad_z.index_put_((hit, local[hit] - v), g[hit], accumulate=True)
