@@ -24,7 +24,8 @@ Memory: Megatron's static context computes the logits of the last position only,
 (``materialize_only_last_token_logits``), so no [B, prompt, V] tensor is made. On the CPU a call leaves its KV cache
 and its many small per-step tensors as free pages inside glibc's heap, which stay resident and grow the process
 between stages (at the Qwen3-0.6B shape, 2 x 4 x 128 tokens: +400 MB a rollout); they go back to the system when it
-returns (``malloc_trim``, :func:`rlkit.host_memory.release_freed_heap_pages`).
+returns (``malloc_trim``, :func:`rlkit.host_memory.release_freed_heap_pages`), and what the train step before left
+free goes back when it starts, so that the KV cache is not added on top of it.
 """
 
 from __future__ import annotations
