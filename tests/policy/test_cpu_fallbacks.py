@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from rlkit.policy.megatron.cpu import CPURNGStatesTracker, apply_cpu_fallbacks
@@ -35,3 +36,33 @@ def test_applied_only_without_cuda():
     assert apply_cpu_fallbacks() == (not torch.cuda.is_available())
     if not torch.cuda.is_available():
         assert torch.cuda.current_device() == "cpu"
+
+
+@pytest.mark.parametrize("recompute", [False, True])
+def test_each_layer_hands_its_freed_pages_back_in_a_train_step_only(model_factory, monkeypatch, recompute):
+    """Once per layer after its backward, and after the first (autograd-free) forward of a recomputed layer; the
+    logprob pass (eval) and a rollout trim per call, not per layer."""
+    from rlkit import host_memory
+    from rlkit.config.backends import MegatronConfig
+    from rlkit.config.components import PolicyConfig
+    from rlkit.policy.backends import in_process_policy
+    from tests.helpers import pg_token_mean_loss, random_batch
+
+    from rlkit.policy.megatron import policy as megatron_policy
+
+    trims = []
+    monkeypatch.setattr(host_memory, "release_freed_heap_pages", lambda: trims.append(1) or True)
+    monkeypatch.setattr(megatron_policy, "release_freed_heap_pages", lambda: True)  # (the step's own: not counted)
+    mc = MegatronConfig(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1) if recompute \
+        else MegatronConfig()
+    policy = in_process_policy(PolicyConfig(model_name=str(model_factory("nano", "qwen3")), train_micro_batch_size=8,
+                                            megatron_cfg=mc))
+    try:
+        layers = policy.adapter.arch.num_layers
+        batch = random_batch(b=8, t=16)
+        policy.logprobs(batch.input_ids, batch.attention_mask)
+        assert trims == []
+        policy.train_step(batch, pg_token_mean_loss)
+    finally:
+        policy.close()
+    assert len(trims) == layers * (2 if recompute else 1)

@@ -57,6 +57,7 @@ from rlkit.policy.megatron import convert, head, lora, parallel, pipeline
 from rlkit.policy.architecture import Architecture, load_hf_state
 from rlkit.policy.frozen_base import FrozenBase
 from rlkit.policy.megatron.build import bf16_twin_of, build_gpt_model, data_parallel_wrapper, transformer_config
+from rlkit.policy.megatron.cpu import return_freed_pages_after_each_layer
 from rlkit.policy.megatron.scores import shifted_entropy, shifted_token_logprobs
 from rlkit.policy.megatron.shared_prompt import rope_at, share_prompts
 from rlkit.policy.packing import PackedRows, pack_rows
@@ -120,6 +121,8 @@ class MegatronAdapter(ModelAdapter):
             self.copy_hf_state(load_hf_state(cfg.model_name))
             self.twin.pull()
         self._forward_module = data_parallel_wrapper(self._forward_module, ddp_cfg)
+        if self.device.type == "cpu":  # (the module that computes: at bf16 the copy)
+            return_freed_pages_after_each_layer(unwrap_model(self._forward_module))
         if self.pp_size > 1:  # Megatron's schedule runs the microbatches
             self.pipeline = pipeline.PipelineSchedule(self._forward_module, self._stage_forward, self._padded_length)
         self._no_sync = None  # Megatron's no_sync() context, held over all but the last microbatch
