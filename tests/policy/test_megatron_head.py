@@ -166,7 +166,8 @@ class PeakWorkingBytes(TorchDispatchMode):
         from torch.utils._pytree import tree_flatten
 
         out = func(*args, **(kwargs or {}))
-        inputs = {a.untyped_storage().data_ptr() for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)}
+        tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        inputs = {a.untyped_storage().data_ptr() for a in tensors}
         for t in out if isinstance(out, (tuple, list)) else [out]:
             if (isinstance(t, torch.Tensor) and not t._is_view() and t.untyped_storage().data_ptr() not in inputs
                     and t.untyped_storage().nbytes() >= self.least):

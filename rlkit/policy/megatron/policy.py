@@ -392,7 +392,7 @@ class MegatronAdapter(ModelAdapter):
         gpt = unwrap_model(self._forward_module)
         with head.hidden_states_out(gpt):
             hidden = self._stage_forward(ids, positions, **kwargs)
-        release_freed_heap_pages()  # the decoder's freed working tensors, not under the head's chunks (rlkit.host_memory)
+        release_freed_heap_pages()  # the decoder's freed working tensors, not kept under the head's (rlkit.host_memory)
         values = head.head_scores(hidden, head.output_weight(gpt), ids.to(self.device), temperature,
                                   self.layout.sequence_parallel, with_entropy, chunk_bytes,
                                   None if scored is None else scored.to(self.device))
