@@ -22,8 +22,8 @@ TEMPERATURE, SAMPLES, NEW_TOKENS = 0.7, 48, 16
 def sampled(model_factory, tmp_path_factory):
     """(folder, prompt ids [N], sampled completions [N * SAMPLES]) at TEMPERATURE from the nano Llama with its output
     layer scaled by 8: a random model's next-token distribution is nearly uniform, where every temperature samples
-    alike; scaled, its entropy at T=0.7 is ~3.5 nats of the 4.9 of uniform, and a temperature shows (samples drawn at 0.8 and
-    read at 0.7: -0.32, 15 standard errors; drawn and read at 0.7: -0.01 +- 0.02)."""
+    alike; scaled, its entropy at T=0.7 is ~3.5 nats of the 4.9 of uniform, and a temperature shows (samples drawn
+    at 0.8 and read at 0.7: -0.32, 15 standard errors; drawn and read at 0.7: -0.01 +- 0.02)."""
     import shutil
 
     from transformers import AutoModelForCausalLM
