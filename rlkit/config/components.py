@@ -233,7 +233,8 @@ class PolicyConfig(Section):
     # (accumulated and reduced) and fp32 optimizer state, logits -> logprobs -> loss in fp32
     precision: Literal["float32", "bfloat16"] = "float32"
     # on the CPU, host memory a step frees leaves the process at once (glibc's mmap threshold fixed at 1 MiB,
-    # rlkit.host_memory): a lower peak and nothing kept between steps, for more CPU per step
+    # rlkit.host_memory; and the Megatron policy's layers trim the heap after each pass of a train step,
+    # rlkit.policy.megatron.cpu): a lower peak and nothing kept between steps, for more CPU per step
     return_freed_host_memory: bool = False
     train_global_batch_size: Optional[int] = Field(None, ge=1)  # default: every sample of the step
     train_micro_batch_size: int = Field(8, ge=1)

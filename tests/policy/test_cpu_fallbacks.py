@@ -38,10 +38,11 @@ def test_applied_only_without_cuda():
         assert torch.cuda.current_device() == "cpu"
 
 
-@pytest.mark.parametrize("recompute", [False, True])
-def test_each_layer_hands_its_freed_pages_back_in_a_train_step_only(model_factory, monkeypatch, recompute):
-    """Once per layer after its backward, and after the first (autograd-free) forward of a recomputed layer; the
-    logprob pass (eval) and a rollout trim per call, not per layer."""
+@pytest.mark.parametrize("recompute,asked", [(False, True), (True, True), (True, False)])
+def test_each_layer_hands_its_freed_pages_back_in_a_train_step_only(model_factory, monkeypatch, recompute, asked):
+    """With ``policy.return_freed_host_memory``: once per layer after its backward, and after the first
+    (autograd-free) forward of a recomputed layer; the logprob pass (eval) and a rollout trim per call, not per
+    layer. Without it (the default: each trim's pages are faulted in again by the next layer), never per layer."""
     from rlkit import host_memory
     from rlkit.config.backends import MegatronConfig
     from rlkit.config.components import PolicyConfig
@@ -55,8 +56,9 @@ def test_each_layer_hands_its_freed_pages_back_in_a_train_step_only(model_factor
     monkeypatch.setattr(megatron_policy, "release_freed_heap_pages", lambda: True)  # (the step's own: not counted)
     mc = MegatronConfig(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1) if recompute \
         else MegatronConfig()
+    monkeypatch.setattr(host_memory, "return_freed_memory_to_os", lambda: None)  # (not this test process's malloc)
     policy = in_process_policy(PolicyConfig(model_name=str(model_factory("nano", "qwen3")), train_micro_batch_size=8,
-                                            megatron_cfg=mc))
+                                            megatron_cfg=mc, return_freed_host_memory=asked))
     try:
         layers = policy.adapter.arch.num_layers
         batch = random_batch(b=8, t=16)
@@ -65,4 +67,4 @@ def test_each_layer_hands_its_freed_pages_back_in_a_train_step_only(model_factor
         policy.train_step(batch, pg_token_mean_loss)
     finally:
         policy.close()
-    assert len(trims) == layers * (2 if recompute else 1)
+    assert len(trims) == (layers * (2 if recompute else 1) if asked else 0)

@@ -116,7 +116,10 @@ def return_freed_pages_after_each_layer(model) -> None:
     under the step's peak (the Qwen3-0.6B shape with adapters: +300-400 MB of free pages resident at its end). Each
     ``TransformerLayer`` of ``model`` hands them back (``malloc_trim``) once its training forward is done (the first
     pass of a recomputed layer, which runs without autograd) and once its backward is done (a hook on its input's
-    gradient). Neither changes a value; a trim walks the free blocks of the heap (milliseconds)."""
+    gradient). Neither changes a value; a trim walks the free blocks of the heap (milliseconds), and the pages it
+    hands back are faulted in and zeroed again by the next layer: CPU for memory, so only with
+    ``policy.return_freed_host_memory`` (at the Qwen3-0.6B shape with adapters 2,667 -> 2,581 MB peak, docs/
+    measurements.md)."""
     from megatron.core.transformer.transformer_layer import TransformerLayer
 
     from rlkit import host_memory

@@ -121,7 +121,7 @@ class MegatronAdapter(ModelAdapter):
             self.copy_hf_state(load_hf_state(cfg.model_name))
             self.twin.pull()
         self._forward_module = data_parallel_wrapper(self._forward_module, ddp_cfg)
-        if self.device.type == "cpu":  # (the module that computes: at bf16 the copy)
+        if self.device.type == "cpu" and cfg.return_freed_host_memory:  # (the module that computes: at bf16 the copy)
             return_freed_pages_after_each_layer(unwrap_model(self._forward_module))
         if self.pp_size > 1:  # Megatron's schedule runs the microbatches
             self.pipeline = pipeline.PipelineSchedule(self._forward_module, self._stage_forward, self._padded_length)
