@@ -392,7 +392,8 @@ class MegatronAdapter(ModelAdapter):
         gpt = unwrap_model(self._forward_module)
         with head.hidden_states_out(gpt):
             hidden = self._stage_forward(ids, positions, **kwargs)
-        release_freed_heap_pages()  # the decoder's freed working tensors, not kept under the head's (rlkit.host_memory)
+        if self.device.type == "cpu":  # the decoder's freed working tensors, not kept under the head's (on a GPU
+            release_freed_heap_pages()  # they were never in glibc's heap: no host-side trim per microbatch)
         values = head.head_scores(hidden, head.output_weight(gpt), ids.to(self.device), temperature,
                                   self.layout.sequence_parallel, with_entropy, chunk_bytes,
                                   None if scored is None else scored.to(self.device))
